@@ -1,0 +1,56 @@
+"""django-jobs: durable background jobs kept in your Django database.
+
+    from django_jobs import job, enqueue_on_commit
+
+    @job(max_attempts=5)
+    def send_welcome(payload, ctx):
+        ...
+
+    enqueue_on_commit(send_welcome, {"user_id": user.pk})
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django_jobs.context import JobContext
+from django_jobs.exceptions import (
+    FatalError,
+    IdempotencyConflict,
+    InvalidJob,
+    InvalidPayload,
+    JobsError,
+    UnknownJob,
+)
+from django_jobs.registry import Backoff, job
+
+if TYPE_CHECKING:
+    from django_jobs.api import EnqueueResult, enqueue, enqueue_on_commit
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Backoff",
+    "EnqueueResult",
+    "FatalError",
+    "IdempotencyConflict",
+    "InvalidJob",
+    "InvalidPayload",
+    "JobContext",
+    "JobsError",
+    "UnknownJob",
+    "enqueue",
+    "enqueue_on_commit",
+    "job",
+]
+
+# These import the models, which need the app registry: load them on first use.
+_LAZY = {"enqueue", "enqueue_on_commit", "EnqueueResult"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from django_jobs import api as module
+
+        return getattr(module, name)
+    raise AttributeError(f"module 'django_jobs' has no attribute {name!r}")

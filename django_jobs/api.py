@@ -1,0 +1,306 @@
+"""Enqueue: validate a job, then write its row inside the caller's transaction.
+
+``enqueue_on_commit`` is what views call: the job row is written in the current
+transaction on the jobs database, so the job exists if and only if that
+transaction commits, and no worker can see it before. It is not built on
+``transaction.on_commit``: a process that died between the commit and the
+callback would lose the job.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from functools import partial
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.db import IntegrityError, connections, transaction
+from django.utils import timezone
+
+from django_jobs import conf, payloads, registry, signals, sql
+from django_jobs.exceptions import IdempotencyConflict, InvalidJob, InvalidPayload
+from django_jobs.models import CompletionMarker, Job, uuid7
+from django_jobs.registry import Handler
+
+MAX_KEY_LENGTH = 255
+# A job whose key is live or done: a few rounds cover a job finishing mid-enqueue.
+_DEDUPE_ROUNDS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    """What enqueue did: the job's id, and whether an existing job already had its key.
+
+    ``duplicate`` is None only for ``enqueue_on_commit(..., commit_of=other_alias)``,
+    whose row is written after that other database commits.
+    """
+
+    id: UUID
+    duplicate: bool | None
+    name: str
+    queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    id: UUID
+    name: str
+    queue: str
+    payload: str
+    priority: int
+    run_at: datetime | None
+    delay: float
+    max_attempts: int
+    key: str | None
+    fingerprint: str | None
+
+
+def enqueue(
+    handler: Handler | str,
+    payload: Any = None,
+    *,
+    key: str | None = None,
+    delay: timedelta | float | None = None,
+    run_at: datetime | None = None,
+    priority: int | None = None,
+    queue: str | None = None,
+    max_attempts: int | None = None,
+) -> EnqueueResult:
+    """Write a job now on the jobs database, inside whatever transaction is open there.
+
+    Raises InvalidJob (or its subclasses InvalidPayload, UnknownJob) for bad
+    arguments and IdempotencyConflict when `key` belongs to a job with another
+    name or payload; in both cases nothing is written.
+    """
+    job = _prepare(handler, payload, key, delay, run_at, priority, queue, max_attempts)
+    return _write(job, conf.database())
+
+
+def enqueue_on_commit(
+    handler: Handler | str,
+    payload: Any = None,
+    *,
+    key: str | None = None,
+    delay: timedelta | float | None = None,
+    run_at: datetime | None = None,
+    priority: int | None = None,
+    queue: str | None = None,
+    max_attempts: int | None = None,
+    commit_of: str | None = None,
+) -> EnqueueResult:
+    """Enqueue a job that exists if and only if the current transaction commits.
+
+    The row is written in the caller's transaction on the jobs database (at
+    once when no transaction is open). `commit_of` ties the job to the commit
+    of another database alias instead: the row is then written after that
+    commit, which is NOT atomic (a crash in between loses the job).
+    """
+    job = _prepare(handler, payload, key, delay, run_at, priority, queue, max_attempts)
+    alias = conf.database()
+    if commit_of is None or commit_of == alias:
+        return _write(job, alias)
+    if commit_of not in connections:
+        raise InvalidJob(f"commit_of names no database alias in DATABASES: {commit_of!r}")
+    transaction.on_commit(partial(_write, job, alias), using=commit_of)
+    return EnqueueResult(job.id, None, job.name, job.queue)
+
+
+def _prepare(
+    handler: Handler | str,
+    payload: Any,
+    key: str | None,
+    delay: timedelta | float | None,
+    run_at: datetime | None,
+    priority: int | None,
+    queue: str | None,
+    max_attempts: int | None,
+) -> _Prepared:
+    handler = _resolve(handler)
+    queue = registry.check_queue(queue if queue is not None else handler.get_queue())
+    priority = registry.check_priority(priority if priority is not None else handler.priority)
+    max_attempts = registry.check_max_attempts(
+        max_attempts if max_attempts is not None else handler.get_max_attempts()
+    )
+    if key is not None:
+        key = check_key(key)
+    run_at, delay_seconds = _schedule(delay, run_at)
+    if handler.validate is not None:
+        try:
+            handler.validate(payload)
+        except (ValueError, TypeError) as exc:
+            raise InvalidPayload(f"payload rejected by {handler.name}'s validator: {exc}") from exc
+    text = payloads.encode(payload)
+    return _Prepared(
+        id=uuid7(),
+        name=handler.name,
+        queue=queue,
+        payload=text,
+        priority=priority,
+        run_at=run_at,
+        delay=delay_seconds,
+        max_attempts=max_attempts,
+        key=key,
+        fingerprint=payloads.fingerprint(handler.name, text) if key is not None else None,
+    )
+
+
+def _resolve(handler: Handler | str) -> Handler:
+    if isinstance(handler, Handler):
+        registered = registry.lookup(handler.name)
+        if registered is None:
+            raise InvalidJob(f"handler {handler.name!r} is not registered")
+        return registered
+    if isinstance(handler, str):
+        registry.check_name(handler)
+        return registry.get_handler(handler)
+    raise InvalidJob(
+        f"enqueue takes a @job handler or its name, not {type(handler).__name__}; "
+        "decorate the function with @job"
+    )
+
+
+def check_key(key: object) -> str:
+    """Return key if it is a valid dedupe key, else raise InvalidJob."""
+    if not isinstance(key, str):
+        raise InvalidJob(f"key must be a string, not {type(key).__name__}")
+    if not key:
+        raise InvalidJob("key must not be empty (pass None for no key)")
+    if len(key) > MAX_KEY_LENGTH:
+        raise InvalidJob(f"key is {len(key)} characters long; the limit is {MAX_KEY_LENGTH}")
+    if not key.isprintable() or key != key.strip():
+        raise InvalidJob(
+            f"key {key!r} must be printable, without control characters or surrounding spaces"
+        )
+    return key
+
+
+def _schedule(delay: timedelta | float | None, run_at: datetime | None) -> tuple[datetime | None, float]:
+    if delay is not None and run_at is not None:
+        raise InvalidJob("pass delay or run_at, not both")
+    if run_at is not None:
+        if not isinstance(run_at, datetime):
+            raise InvalidJob(f"run_at must be a datetime, not {type(run_at).__name__}")
+        if settings.USE_TZ and timezone.is_naive(run_at):
+            raise InvalidJob("run_at must be an aware datetime when USE_TZ is on")
+        if not settings.USE_TZ and timezone.is_aware(run_at):
+            run_at = timezone.make_naive(run_at)
+        return run_at, 0.0
+    if delay is None:
+        return None, 0.0
+    if isinstance(delay, timedelta):
+        seconds = delay.total_seconds()
+    elif isinstance(delay, int | float) and not isinstance(delay, bool):
+        seconds = float(delay)
+    else:
+        raise InvalidJob(f"delay must be a timedelta or a number of seconds, not {delay!r}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise InvalidJob(f"delay must be zero or more seconds, not {delay!r}")
+    if seconds > 10 * 365 * 24 * 3600:
+        raise InvalidJob("delay is more than ten years; pass run_at for far-off dates")
+    return None, seconds
+
+
+def _write(job: _Prepared, alias: str) -> EnqueueResult:
+    if connections[alias].vendor == "postgresql":
+        result = _write_postgres(job, alias)
+    else:
+        result = _write_portable(job, alias)
+    if signals.job_enqueued.has_listeners():
+        transaction.on_commit(partial(_send_enqueued, result), using=alias)
+    return result
+
+
+def _send_enqueued(result: EnqueueResult) -> None:
+    signals.job_enqueued.send(
+        sender=result.name,
+        job_id=result.id,
+        name=result.name,
+        queue=result.queue,
+        duplicate=result.duplicate,
+    )
+
+
+def _params(job: _Prepared) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "name": job.name,
+        "queue": job.queue,
+        "payload": job.payload,
+        "priority": job.priority,
+        "run_at": job.run_at,
+        "delay": job.delay,
+        "max_attempts": job.max_attempts,
+        "key": job.key,
+        "fingerprint": job.fingerprint,
+        "channel": conf.get("CHANNEL"),
+        "notify": bool(conf.get("LISTEN")),
+    }
+
+
+def _write_postgres(job: _Prepared, alias: str) -> EnqueueResult:
+    params = _params(job)
+    with connections[alias].cursor() as cursor:
+        if job.key is None:
+            cursor.execute(sql.INSERT, params)
+            return EnqueueResult(job.id, False, job.name, job.queue)
+        for _ in range(_DEDUPE_ROUNDS):
+            cursor.execute(sql.INSERT_KEYED, params)
+            row = cursor.fetchone()
+            if row is not None:
+                kind, job_id, fingerprint = row[:3]
+                if kind == "inserted":
+                    return EnqueueResult(job_id, False, job.name, job.queue)
+                return _duplicate(job, job_id, fingerprint)
+            existing = Job.objects.using(alias).filter(key=job.key).values_list("id", "fingerprint").first()
+            if existing is not None:
+                return _duplicate(job, *existing)
+            # The live job finished between the two statements: its marker answers next round.
+    raise InvalidJob(f"key {job.key!r} keeps changing hands; try again")
+
+
+def _write_portable(job: _Prepared, alias: str) -> EnqueueResult:
+    now = timezone.now()
+    row = Job(
+        id=job.id,
+        name=job.name,
+        queue=job.queue,
+        payload=job.payload,
+        priority=job.priority,
+        run_at=job.run_at or now + timedelta(seconds=job.delay),
+        enqueued_at=now,
+        attempts=0,
+        max_attempts=job.max_attempts,
+        key=job.key,
+        fingerprint=job.fingerprint,
+        errors=[],
+    )
+    if job.key is None:
+        row.save(using=alias, force_insert=True)
+        return EnqueueResult(job.id, False, job.name, job.queue)
+    for _ in range(_DEDUPE_ROUNDS):
+        done = (
+            CompletionMarker.objects.using(alias)
+            .filter(key=job.key)
+            .values_list("job_id", "fingerprint")
+            .first()
+        )
+        if done is not None:
+            return _duplicate(job, *done)
+        try:
+            with transaction.atomic(using=alias):
+                row.save(using=alias, force_insert=True)
+            return EnqueueResult(job.id, False, job.name, job.queue)
+        except IntegrityError:
+            existing = Job.objects.using(alias).filter(key=job.key).values_list("id", "fingerprint").first()
+            if existing is not None:
+                return _duplicate(job, *existing)
+    raise InvalidJob(f"key {job.key!r} keeps changing hands; try again")
+
+
+def _duplicate(job: _Prepared, existing_id: UUID, fingerprint: str | None) -> EnqueueResult:
+    if fingerprint is not None and fingerprint != job.fingerprint:
+        raise IdempotencyConflict(job.key or "", existing_id)
+    return EnqueueResult(existing_id, True, job.name, job.queue)

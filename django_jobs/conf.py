@@ -1,0 +1,67 @@
+"""The DJANGO_JOBS settings, read through one cached function."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+DEFAULTS: dict[str, Any] = {
+    # Database alias that holds the jobs, completion markers and dead letters.
+    "DATABASE": "default",
+    # Queue of handlers that name none.
+    "DEFAULT_QUEUE": "default",
+    # If a list, the only queue names enqueue accepts.
+    "QUEUES": None,
+    # Retry policy of handlers that declare none.
+    "MAX_ATTEMPTS": 5,
+    "BACKOFF": {"kind": "exponential", "base": 2.0, "ceiling": 600.0, "jitter": 0.25},
+    # Seconds a handler may run before its attempt fails; None: no limit.
+    "TIMEOUT": None,
+    # Worker defaults (runjobs options override them).
+    "CONCURRENCY": 4,
+    "BATCH": 100,
+    "LEASE": 30.0,
+    # Seconds between lease extensions of running jobs; None: lease / 3; 0: never.
+    "HEARTBEAT": None,
+    "GRACE": 30.0,
+    "POLL_INTERVAL": 1.0,
+    # LISTEN/NOTIFY wake-ups on PostgreSQL; set False behind PgBouncer in transaction pooling.
+    "LISTEN": True,
+    "CHANNEL": "django_jobs",
+    # Payloads larger than this (in UTF-8 bytes of JSON) are refused at enqueue.
+    "MAX_PAYLOAD_BYTES": 64 * 1024,
+    # Dotted path of a json.JSONEncoder subclass for payloads (e.g. DjangoJSONEncoder).
+    "JSON_ENCODER": None,
+    # Payload keys whose values the admin and the logs show as "********".
+    "MASK_KEYS": ["password", "passwd", "secret", "token", "api_key", "apikey", "authorization"],
+}
+
+
+@cache
+def get_settings() -> dict[str, Any]:
+    """Return DEFAULTS updated with the project's DJANGO_JOBS."""
+    return {**DEFAULTS, **getattr(settings, "DJANGO_JOBS", {})}
+
+
+def get(name: str) -> Any:
+    """Return one setting."""
+    return get_settings()[name]
+
+
+def database() -> str:
+    """Return the alias of the jobs database."""
+    return get_settings()["DATABASE"]
+
+
+@receiver(setting_changed)
+def _clear_cache(*, setting: str, **kwargs: Any) -> None:
+    if setting == "DJANGO_JOBS":
+        get_settings.cache_clear()
+        # Derived caches (the JSON encoder) follow the settings they derive from.
+        from django_jobs import payloads
+
+        payloads.encoder.cache_clear()

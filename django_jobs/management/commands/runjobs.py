@@ -1,0 +1,144 @@
+"""python manage.py runjobs: run a worker until SIGTERM/SIGINT (or, with --burst, until idle)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from django_jobs import conf
+from django_jobs.registry import QUEUE_RE
+from django_jobs.worker import Worker
+
+LOG_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
+    return value
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
+    return value
+
+
+def seconds_or_zero(text: str) -> float:
+    return 0.0 if text.strip() in ("0", "0.0") else seconds(text)
+
+
+def queue_name(text: str) -> str:
+    if not QUEUE_RE.fullmatch(text) or len(text) > 100:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a valid queue name")
+    return text
+
+
+@contextlib.contextmanager
+def on_stop(graceful: Callable[[], None]) -> Iterator[None]:
+    """Call graceful() at the first SIGTERM/SIGINT, exit at once at the second; restore after."""
+    received: list[int] = []
+
+    def handle(signum: int, frame: Any) -> None:
+        if received:
+            logging.getLogger("django_jobs.worker").warning(
+                "second %s: exiting now; unfinished leases expire and are rescued",
+                signal.Signals(signum).name,
+            )
+            sys.stderr.flush()
+            os._exit(128 + signum)
+        received.append(signum)
+        graceful()
+
+    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class Command(BaseCommand):
+    help = "Run a django-jobs worker: claim due jobs and run their handlers."
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--queue", "-q", action="append", dest="queues", type=queue_name, metavar="NAME",
+            help="Queue to serve (repeatable). Default: every queue a registered handler names.",
+        )  # fmt: skip
+        parser.add_argument("--concurrency", "-c", type=positive_int, help="Handler threads (default CONCURRENCY, 4).")
+        parser.add_argument("--batch", type=positive_int, help="Most jobs claimed at once (default BATCH, 100).")
+        parser.add_argument("--burst", action="store_true", help="Run what is due, then exit 0.")
+        parser.add_argument("--max-jobs", type=positive_int, help="Exit 0 after this many jobs.")
+        parser.add_argument("--lease", type=seconds, help="Lease length in seconds (default LEASE, 30).")
+        parser.add_argument(
+            "--heartbeat", type=seconds_or_zero,
+            help="Seconds between lease extensions of running jobs; 0 turns them off (default: lease / 3).",
+        )  # fmt: skip
+        parser.add_argument("--grace", type=seconds_or_zero, help="Seconds running jobs get to finish at shutdown (default GRACE, 30).")
+        parser.add_argument("--poll-interval", type=seconds, help="Seconds between polls (default POLL_INTERVAL, 1).")
+        parser.add_argument(
+            "--no-listen", action="store_true",
+            help="Poll only, without LISTEN/NOTIFY (for PgBouncer in transaction pooling).",
+        )  # fmt: skip
+
+    def handle(
+        self,
+        *,
+        queues: list[str] | None,
+        concurrency: int | None,
+        batch: int | None,
+        burst: bool,
+        max_jobs: int | None,
+        lease: float | None,
+        heartbeat: float | None,
+        grace: float | None,
+        poll_interval: float | None,
+        no_listen: bool,
+        verbosity: int,
+        **options: Any,
+    ) -> None:
+        self._configure_logging(verbosity)
+        lease = lease or conf.get("LEASE")
+        if heartbeat and heartbeat >= lease:
+            raise CommandError(f"--heartbeat ({heartbeat:g}s) must be shorter than the lease ({lease:g}s)")
+        worker = Worker(
+            queues=queues,
+            concurrency=concurrency,
+            batch=batch,
+            burst=burst,
+            max_jobs=max_jobs,
+            lease=lease,
+            heartbeat=heartbeat,
+            grace=grace,
+            poll_interval=poll_interval,
+            listen=False if no_listen else None,
+        )
+        with on_stop(worker.stop):
+            code = worker.run()
+        if code:
+            sys.exit(code)
+
+    def _configure_logging(self, verbosity: int) -> None:
+        logger = logging.getLogger("django_jobs")
+        logger.setLevel(LOG_LEVELS.get(verbosity, logging.DEBUG))
+        if not logger.handlers and not logging.getLogger().handlers:
+            handler = logging.StreamHandler(self.stderr._out)
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+            logger.addHandler(handler)

@@ -1,0 +1,502 @@
+"""Live jobs, completion markers and dead letters, and every state change between them.
+
+Each table has one job: ``Job`` holds live work only (waiting, scheduled or
+leased), ``CompletionMarker`` one row per finished unit of work (keyed by its
+idempotency key), ``DeadLetter`` the jobs that will not run again unless
+replayed. Finishing or dead-lettering a job deletes its row in the same
+transaction that writes the marker or the letter, so the hot table stays small.
+
+All writes to job rows go through the named methods of ``JobQuerySet`` below.
+PostgreSQL runs the hot ones (claim, complete, extend) as single statements from
+``sql.py``; other databases use the ORM equivalents next to them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import IntegrityError, connections, models, transaction
+from django.db.models import F, Q
+from django.db.models.functions import Coalesce, Greatest, Now
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+from django_jobs import conf, sql
+from django_jobs.exceptions import LeaseLost
+
+
+def uuid7() -> uuid.UUID:
+    """Return a time-ordered UUID (RFC 9562 version 7): ids sort roughly by creation."""
+    ms = time.time_ns() // 1_000_000
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (ms & 0xFFFF_FFFF_FFFF) << 80 | rand
+    value = value & ~(0xF << 76) | 0x7 << 76  # version 7
+    value = value & ~(0x3 << 62) | 0x2 << 62  # RFC 4122 variant
+    return uuid.UUID(int=value)
+
+
+def _is_postgres(alias: str) -> bool:
+    return connections[alias].vendor == "postgresql"
+
+
+class DeadReason(models.TextChoices):
+    INVALID_PAYLOAD = "invalid_payload", _("invalid payload")
+    UNKNOWN_NAME = "unknown_name", _("unknown name")
+    ATTEMPTS_EXHAUSTED = "attempts_exhausted", _("attempts exhausted")
+    FATAL = "fatal", _("fatal error")
+    CANCELLED = "cancelled", _("cancelled")
+
+
+@dataclass(slots=True)
+class ClaimedJob:
+    """A job row as a worker holds it between claim and settle."""
+
+    id: uuid.UUID
+    name: str
+    queue: str
+    payload: str
+    priority: int
+    run_at: datetime
+    attempts: int
+    max_attempts: int
+    key: str | None
+    fingerprint: str | None
+    enqueued_at: datetime
+    started_at: datetime | None
+    errors: list[dict[str, Any]]
+    token: str
+    completed: bool = False  # a completion marker for its key already exists
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def idempotency_key(self) -> str:
+        return self.key if self.key is not None else str(self.id)
+
+    @property
+    def worker_id(self) -> str:
+        return self.token.rpartition("#")[0]
+
+
+_CLAIMED_FIELDS = (
+    "id", "name", "queue", "payload", "priority", "run_at", "attempts", "max_attempts",
+    "key", "fingerprint", "enqueued_at", "started_at", "errors",
+)  # fmt: skip
+
+
+class JobsDatabaseManager(models.Manager):
+    """Send queries to the jobs database (DJANGO_JOBS["DATABASE"]) unless told otherwise."""
+
+    def get_queryset(self) -> models.QuerySet:
+        return super().get_queryset().using(self._db or conf.database())
+
+
+class JobQuerySet(models.QuerySet):
+    """Named state changes of live jobs. Nothing else writes job rows."""
+
+    # ---- worker ---------------------------------------------------------
+
+    def claim(
+        self,
+        *,
+        queues: Sequence[str],
+        limit: int,
+        token: str,
+        lease: float,
+        exclude_names: Sequence[str] = (),
+    ) -> list[ClaimedJob]:
+        """Lease up to `limit` due jobs of `queues` to `token`, counting an attempt each.
+
+        Leases that expired (their worker died or hung) are released first, so
+        that their jobs become claimable again with no task for the user to run.
+        """
+        if limit <= 0 or not queues:
+            return []
+        alias = self.db
+        if _is_postgres(alias):
+            with connections[alias].cursor() as cursor:
+                cursor.execute(
+                    sql.CLAIM,
+                    {
+                        "queues": list(queues),
+                        "limit": limit,
+                        "token": token,
+                        "lease": lease,
+                        "exclude": list(exclude_names),
+                        "rescue_limit": max(limit, 100),
+                    },
+                )
+                rows = cursor.fetchall()
+            jobs = [ClaimedJob(*row[:-1], token=token, completed=row[-1]) for row in rows]
+            for job in jobs:
+                if isinstance(job.errors, str):  # jsonb arrives as text through Django's cursor
+                    job.errors = _json_loads(job.errors)
+        else:
+            jobs = self._claim_portable(queues, limit, token, lease, exclude_names)
+        jobs.sort(key=lambda j: (-j.priority, j.run_at, j.id))
+        return jobs
+
+    def _claim_portable(self, queues, limit, token, lease, exclude_names) -> list[ClaimedJob]:
+        # A single conditional UPDATE: on SQLite it takes the write lock at once,
+        # and "locked_by IS NULL" keeps two workers from taking one row.
+        self.rescue_expired()
+        now = Now()
+        candidates = (
+            self.filter(locked_by__isnull=True, queue__in=list(queues), run_at__lte=now)
+            .exclude(name__in=list(exclude_names))
+            .order_by("-priority", "run_at", "id")
+            .values("id")[:limit]
+        )
+        claimed = self.model.objects.using(self.db).filter(
+            id__in=list(candidates.values_list("id", flat=True)), locked_by__isnull=True
+        )
+        claimed.update(
+            attempts=F("attempts") + 1,
+            locked_by=token,
+            lease_expires_at=now + timedelta(seconds=lease),
+            attempted_at=now,
+            started_at=Coalesce("started_at", now),
+        )
+        rows = self.model.objects.using(self.db).filter(locked_by=token).values_list(*_CLAIMED_FIELDS)
+        jobs = [ClaimedJob(*row, token=token) for row in rows]
+        keys = {j.idempotency_key for j in jobs if j.key is not None or j.attempts > 1}
+        if keys:
+            done = set(
+                CompletionMarker.objects.using(self.db).filter(key__in=keys).values_list("key", flat=True)
+            )
+            for job in jobs:
+                job.completed = job.idempotency_key in done
+        return jobs
+
+    def rescue_expired(self) -> int:
+        """Release jobs whose lease expired, noting the lost attempt in their errors."""
+        expired = list(
+            self.filter(locked_by__isnull=False, lease_expires_at__lt=Now()).values_list(
+                "id", "locked_by", "attempts", "errors"
+            )[:100]
+        )
+        rescued = 0
+        for job_id, locked_by, attempts, errors in expired:
+            entry = lease_expired_entry(attempts, locked_by.rpartition("#")[0], timezone.now())
+            rescued += self.filter(id=job_id, locked_by=locked_by, lease_expires_at__lt=Now()).update(
+                locked_by=None, lease_expires_at=None, errors=[*errors, entry]
+            )
+        return rescued
+
+    def complete(self, finished: Sequence[tuple[uuid.UUID, str, str | None]]) -> set[uuid.UUID]:
+        """Settle (id, token, result JSON) triples as done: delete each job and write its marker.
+
+        One transaction for the batch. Rows whose lease another worker holds now
+        are left alone; the ids that were settled are returned.
+        """
+        if not finished:
+            return set()
+        alias = self.db
+        if _is_postgres(alias):
+            ids, tokens, results = zip(*finished, strict=True)
+            with connections[alias].cursor() as cursor:
+                cursor.execute(sql.COMPLETE, [list(ids), list(tokens), list(results)])
+                return {row[0] for row in cursor.fetchall()}
+        token_of = {job_id: (token, result) for job_id, token, result in finished}
+        with transaction.atomic(using=alias):
+            rows = list(
+                self.filter(id__in=list(token_of))
+                .values_list(*_CLAIMED_FIELDS, "locked_by")
+            )
+            held = [row for row in rows if row[-1] == token_of[row[0]][0]]
+            if not held:
+                return set()
+            self.filter(id__in=[row[0] for row in held]).delete()
+            now = timezone.now()
+            CompletionMarker.objects.using(alias).bulk_create(
+                [
+                    CompletionMarker(
+                        job_id=row[0],
+                        key=row[8] if row[8] is not None else str(row[0]),
+                        name=row[1],
+                        queue=row[2],
+                        attempts=row[6],
+                        enqueued_at=row[10],
+                        started_at=row[11],
+                        completed_at=now,
+                        worker_id=row[-1].rpartition("#")[0],
+                        result=_json_loads(token_of[row[0]][1]),
+                        fingerprint=row[9],
+                    )
+                    for row in held
+                ],
+                ignore_conflicts=True,
+            )
+        return {row[0] for row in held}
+
+    def complete_atomically(self, job: ClaimedJob, result: str | None) -> bool:
+        """Inside the handler's transaction: delete the job and write its marker.
+
+        Raises LeaseLost when another worker holds the job now (the caller's
+        transaction must roll back). Returns False when a marker for the key
+        already exists: the work was done before, and the caller must roll back
+        this attempt's effects too.
+        """
+        alias = self.db
+        conn = connections[alias]
+        if not conn.in_atomic_block:
+            raise RuntimeError("complete_atomically must run inside transaction.atomic()")
+        deleted, _ = self.filter(id=job.id, locked_by=job.token).delete()
+        if not deleted:
+            raise LeaseLost(f"job {job.id} was taken over by another worker")
+        marker = CompletionMarker(
+            job_id=job.id,
+            key=job.idempotency_key,
+            name=job.name,
+            queue=job.queue,
+            attempts=job.attempts,
+            enqueued_at=job.enqueued_at,
+            started_at=job.started_at,
+            completed_at=timezone.now(),
+            worker_id=job.worker_id,
+            result=_json_loads(result),
+            fingerprint=job.fingerprint,
+        )
+        try:
+            with transaction.atomic(using=alias):
+                marker.save(using=alias, force_insert=True)
+        except IntegrityError:
+            return False
+        return True
+
+    def retry(self, job: ClaimedJob, *, delay: float, error: dict[str, Any]) -> bool:
+        """Give up the lease and make the job due again after `delay` seconds."""
+        return bool(
+            self.filter(id=job.id, locked_by=job.token).update(
+                locked_by=None,
+                lease_expires_at=None,
+                run_at=Now() + timedelta(seconds=delay),
+                errors=[*job.errors, error],
+            )
+        )
+
+    def release(self, jobs: Iterable[ClaimedJob]) -> int:
+        """Give leases back without consuming the attempt their claim counted."""
+        jobs = list(jobs)
+        if not jobs:
+            return 0
+        return self.filter(
+            id__in=[j.id for j in jobs], locked_by__in={j.token for j in jobs}
+        ).update(locked_by=None, lease_expires_at=None, attempts=F("attempts") - 1)
+
+    def extend_leases(self, jobs: Iterable[ClaimedJob], seconds: float) -> set[uuid.UUID]:
+        """Push the leases of jobs `seconds` ahead; return the ids still held."""
+        jobs = list(jobs)
+        if not jobs:
+            return set()
+        ids = [j.id for j in jobs]
+        tokens = list({j.token for j in jobs})
+        alias = self.db
+        if _is_postgres(alias):
+            with connections[alias].cursor() as cursor:
+                cursor.execute(sql.EXTEND_LEASES, [seconds, ids, tokens])
+                return {row[0] for row in cursor.fetchall()}
+        held = self.filter(id__in=ids, locked_by__in=tokens)
+        held.update(lease_expires_at=Greatest("lease_expires_at", Now() + timedelta(seconds=seconds)))
+        return set(held.values_list("id", flat=True))
+
+    def dead_letter(
+        self,
+        job: ClaimedJob,
+        *,
+        reason: str,
+        error: dict[str, Any],
+        attempts: int | None = None,
+    ) -> DeadLetter | None:
+        """Move a held job to the dead letters in one transaction; None if its lease is gone."""
+        alias = self.db
+        with transaction.atomic(using=alias):
+            deleted, _ = self.filter(id=job.id, locked_by=job.token).delete()
+            if not deleted:
+                return None
+            return DeadLetter.objects.using(alias).create(
+                id=job.id,
+                name=job.name,
+                queue=job.queue,
+                payload=job.payload,
+                priority=job.priority,
+                key=job.key,
+                fingerprint=job.fingerprint,
+                attempts=job.attempts if attempts is None else attempts,
+                max_attempts=job.max_attempts,
+                reason=reason,
+                error=error_summary(error),
+                traceback=error.get("traceback", ""),
+                errors=[*job.errors, error],
+                enqueued_at=job.enqueued_at,
+                started_at=job.started_at,
+                dead_at=timezone.now(),
+            )
+
+
+def error_summary(error: dict[str, Any]) -> str:
+    kind = error.get("type", "")
+    message = error.get("message", "")
+    return f"{kind}: {message}" if kind and message else kind or message
+
+
+def lease_expired_entry(attempt: int, worker_id: str, at: datetime) -> dict[str, Any]:
+    return {
+        "attempt": attempt,
+        "at": at.isoformat(),
+        "type": "django_jobs.LeaseExpired",
+        "message": "the lease expired before the attempt settled (worker killed, hung or cut off)",
+        "traceback": "",
+        "worker": worker_id,
+    }
+
+
+def _json_loads(text: str | None) -> Any:
+    import json
+
+    return None if text is None else json.loads(text)
+
+
+class Job(models.Model):
+    """A job that has not finished: waiting, scheduled for later, or leased to a worker."""
+
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    name = models.CharField(max_length=200)
+    queue = models.CharField(max_length=100, default="default")
+    payload = models.TextField(help_text=_("JSON text, exactly as enqueued."))
+    priority = models.SmallIntegerField(default=0, help_text=_("-100..100; higher runs first."))
+    run_at = models.DateTimeField(help_text=_("Not claimed before this time."))
+    enqueued_at = models.DateTimeField()
+    attempts = models.IntegerField(default=0, help_text=_("Attempts started, counted at claim."))
+    max_attempts = models.IntegerField()
+    key = models.CharField(max_length=255, null=True, blank=True, help_text=_("Dedupe key."))
+    fingerprint = models.CharField(max_length=64, null=True, blank=True)
+    locked_by = models.CharField(
+        max_length=160, null=True, blank=True, help_text=_("Lease token: worker id and claim.")
+    )
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True, help_text=_("First attempt."))
+    attempted_at = models.DateTimeField(null=True, blank=True, help_text=_("Latest attempt."))
+    errors = models.JSONField(default=list, blank=True, help_text=_("Errors of earlier attempts."))
+
+    objects = JobsDatabaseManager.from_queryset(JobQuerySet)()
+
+    class Meta:
+        db_table = "django_jobs_job"
+        ordering = ["-priority", "run_at", "id"]
+        indexes = [
+            # Matches sql.CLAIM exactly: one queue, unleased, in claim order.
+            models.Index(
+                fields=["queue", "-priority", "run_at", "id"],
+                condition=Q(locked_by__isnull=True),
+                name="django_jobs_job_claim",
+            ),
+            # Finds expired leases without scanning waiting jobs.
+            models.Index(
+                fields=["lease_expires_at"],
+                condition=Q(locked_by__isnull=False),
+                name="django_jobs_job_lease",
+            ),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["key"], condition=Q(key__isnull=False), name="django_jobs_job_key_unique"
+            ),
+            models.CheckConstraint(condition=Q(attempts__gte=0), name="django_jobs_job_attempts"),
+            models.CheckConstraint(
+                condition=Q(max_attempts__gte=1), name="django_jobs_job_max_attempts"
+            ),
+            models.CheckConstraint(
+                condition=Q(priority__gte=-100, priority__lte=100), name="django_jobs_job_priority"
+            ),
+            models.CheckConstraint(
+                condition=Q(locked_by__isnull=True, lease_expires_at__isnull=True)
+                | Q(locked_by__isnull=False, lease_expires_at__isnull=False),
+                name="django_jobs_job_lease_pair",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.id}"
+
+    @property
+    def idempotency_key(self) -> str:
+        return self.key if self.key is not None else str(self.id)
+
+
+class CompletionMarker(models.Model):
+    """Proof that the work of an idempotency key is done: it will not run again."""
+
+    job_id = models.UUIDField(primary_key=True, help_text=_("Id of the job that finished."))
+    key = models.CharField(max_length=255, help_text=_("Dedupe key, or the job id."))
+    name = models.CharField(max_length=200)
+    queue = models.CharField(max_length=100)
+    attempts = models.IntegerField(default=1)
+    enqueued_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField()
+    worker_id = models.CharField(max_length=160, blank=True, default="")
+    result = models.JSONField(null=True, blank=True, help_text=_("The handler's return value."))
+    fingerprint = models.CharField(max_length=64, null=True, blank=True)
+
+    objects = JobsDatabaseManager()
+
+    class Meta:
+        db_table = "django_jobs_marker"
+        ordering = ["-completed_at"]
+        indexes = [models.Index(fields=["completed_at"], name="django_jobs_marker_completed")]
+        constraints = [
+            models.UniqueConstraint(fields=["key"], name="django_jobs_marker_key_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.key}"
+
+
+class DeadLetter(models.Model):
+    """A job that will not run again unless replayed, with why and every attempt's error."""
+
+    id = models.UUIDField(primary_key=True, help_text=_("Id of the job that died."))
+    name = models.CharField(max_length=200)
+    queue = models.CharField(max_length=100)
+    payload = models.TextField()
+    priority = models.SmallIntegerField(default=0)
+    key = models.CharField(max_length=255, null=True, blank=True)
+    fingerprint = models.CharField(max_length=64, null=True, blank=True)
+    attempts = models.IntegerField()
+    max_attempts = models.IntegerField()
+    reason = models.CharField(max_length=32, choices=DeadReason.choices)
+    error = models.TextField(blank=True, help_text=_("The last error, one line."))
+    traceback = models.TextField(blank=True)
+    errors = models.JSONField(default=list, blank=True, help_text=_("Every attempt's error."))
+    enqueued_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    dead_at = models.DateTimeField()
+    replayed_at = models.DateTimeField(null=True, blank=True)
+    replayed_by = models.CharField(max_length=150, blank=True, default="")
+    replay_job_id = models.UUIDField(null=True, blank=True)
+
+    objects = JobsDatabaseManager()
+
+    class Meta:
+        db_table = "django_jobs_deadletter"
+        ordering = ["-dead_at"]
+        permissions = [("replay_deadletter", "Can replay dead letters")]
+        indexes = [
+            models.Index(fields=["dead_at"], name="django_jobs_dead_dead_at"),
+            models.Index(fields=["enqueued_at"], name="django_jobs_dead_enqueued_at"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(replayed_at__isnull=True) | Q(replay_job_id__isnull=False),
+                name="django_jobs_dead_replay_pair",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.id} ({self.reason})"

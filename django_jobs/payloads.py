@@ -1,0 +1,134 @@
+"""JSON payloads: strict encoding at enqueue, decoding in the worker, fingerprints, masking.
+
+Payloads are stored as JSON text, not jsonb, so that what a handler receives is
+exactly what was enqueued (jsonb reorders keys and rewrites numbers) and so that
+a row whose text does not decode can be told apart and dead-lettered.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from functools import cache
+from typing import Any
+
+from django.utils.module_loading import import_string
+
+from django_jobs import conf
+from django_jobs.exceptions import InvalidPayload
+
+MASK = "********"
+
+
+class _StrictEncoder(json.JSONEncoder):
+    """Refuse what json would silently turn into something else."""
+
+    def default(self, o: Any) -> Any:
+        raise TypeError(
+            f"{type(o).__name__} is not JSON: pass JSON types (dict, list, str, int, "
+            "float, bool, None), or set DJANGO_JOBS['JSON_ENCODER']"
+        )
+
+
+@cache
+def encoder() -> json.JSONEncoder:
+    """Return the payload encoder, built once from the JSON_ENCODER setting."""
+    path = conf.get("JSON_ENCODER")
+    base = import_string(path) if isinstance(path, str) else (path or _StrictEncoder)
+    return base(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def _check_keys(value: Any) -> None:
+    # json.dumps turns {1: "a"} into {"1": "a"}: the handler would not get what was sent.
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    raise InvalidPayload(
+                        f"payload dict keys must be strings, got {type(key).__name__} {key!r}"
+                    )
+                stack.append(child)
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+
+
+def encode(payload: Any) -> str:
+    """Return payload as JSON text, or raise InvalidPayload naming what is wrong."""
+    # Fast path for the common flat dict of plain values; anything else is walked.
+    if isinstance(payload, dict | list | tuple):
+        _check_keys(payload)
+    try:
+        text = encoder().encode(payload)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, ValueError) and "Out of range float" in str(exc):
+            raise InvalidPayload("payload holds NaN or Infinity, which JSON cannot carry") from exc
+        if isinstance(exc, ValueError) and "Circular reference" in str(exc):
+            raise InvalidPayload("payload holds a circular reference") from exc
+        raise InvalidPayload(f"payload is not JSON-serialisable: {exc}") from exc
+    limit = conf.get("MAX_PAYLOAD_BYTES")
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidPayload("payload holds a lone surrogate, which UTF-8 cannot carry") from exc
+    if "\x00" in text:
+        # Strings are escaped by json; this only trips on a custom encoder's raw output.
+        raise InvalidPayload("payload JSON holds a NUL character")
+    if limit is not None and size > limit:
+        raise InvalidPayload(
+            f"payload is {size} bytes of JSON, over the {limit}-byte limit "
+            "(DJANGO_JOBS['MAX_PAYLOAD_BYTES']); store large data elsewhere and pass its id"
+        )
+    return text
+
+
+def decode(text: str) -> Any:
+    """Return the payload stored as text; raise ValueError when it is not JSON."""
+    return json.loads(text, parse_constant=_refuse_constant)
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
+
+
+def fingerprint(name: str, text: str) -> str:
+    """Return a digest of a job's name and payload, independent of dict key order."""
+    canonical = json.dumps(json.loads(text), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(f"{name}\x00{canonical}".encode()).hexdigest()
+
+
+def encode_result(value: Any) -> str | None:
+    """Return a handler's return value as JSON text (None stays None)."""
+    if value is None:
+        return None
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False, cls=type(encoder()))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"the handler returned a value that is not JSON-serialisable: {exc}") from exc
+
+
+def mask(value: Any, keys: frozenset[str] | None = None) -> Any:
+    """Return value with the configured secret keys' values replaced by a mask."""
+    if keys is None:
+        keys = frozenset(k.lower() for k in conf.get("MASK_KEYS") or ())
+    if not keys:
+        return value
+    if isinstance(value, dict):
+        return {
+            k: MASK if isinstance(k, str) and k.lower() in keys else mask(v, keys)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [mask(v, keys) for v in value]
+    return value
+
+
+def is_finite_number(value: Any) -> bool:
+    """Return True for an int or a finite float (bools excluded)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    return isinstance(value, float) and math.isfinite(value)

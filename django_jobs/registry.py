@@ -1,0 +1,292 @@
+"""Handlers: the @job decorator, retry policies, and the registry the worker looks names up in.
+
+The worker finds handlers here by name and nowhere else: a name read from a row
+is never imported, so a row naming ``os.system`` runs nothing.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, overload
+
+from django_jobs import conf
+from django_jobs.exceptions import HandlerConflict, InvalidJob, UnknownJob
+
+# Default names are dotted paths; "<locals>" appears in those of nested functions.
+NAME_RE = re.compile(r"[A-Za-z_<][A-Za-z0-9_.:<>\-]*")
+QUEUE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]*")
+MAX_NAME_LENGTH = 200
+MAX_QUEUE_LENGTH = 100
+MIN_PRIORITY, MAX_PRIORITY = -100, 100
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """How long to wait before attempt n + 1 after attempt n failed.
+
+    ``Backoff.exponential(base=2, ceiling=600)`` waits 2, 4, 8 … seconds up to
+    ten minutes; ``Backoff.fixed(30)`` always 30. ``jitter`` spreads each delay
+    by ± that fraction so that jobs that failed together do not retry together.
+    """
+
+    kind: Literal["fixed", "exponential"]
+    base: float
+    ceiling: float
+    jitter: float = 0.25
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("fixed", "exponential"):
+            raise ValueError(f"backoff kind must be 'fixed' or 'exponential', not {self.kind!r}")
+        if not (0 <= self.base <= self.ceiling):
+            raise ValueError("backoff needs 0 <= base <= ceiling")
+        if not (0 <= self.jitter < 1):
+            raise ValueError("backoff jitter must be in [0, 1)")
+
+    @classmethod
+    def fixed(cls, seconds: float, *, jitter: float = 0.25) -> Backoff:
+        return cls("fixed", float(seconds), float(seconds), jitter)
+
+    @classmethod
+    def exponential(cls, base: float = 2.0, ceiling: float = 600.0, *, jitter: float = 0.25) -> Backoff:
+        return cls("exponential", float(base), float(ceiling), jitter)
+
+    @classmethod
+    def coerce(cls, value: Backoff | dict[str, Any] | float | int) -> Backoff:
+        """Accept a Backoff, a settings dict, or a number of seconds (fixed)."""
+        if isinstance(value, Backoff):
+            return value
+        if isinstance(value, dict):
+            return cls(**value)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return cls.fixed(value)
+        raise TypeError(f"backoff must be a Backoff, a dict or seconds, not {value!r}")
+
+    def delay(self, attempt: int) -> float:
+        """Return the seconds to wait after failed attempt number `attempt` (from 1)."""
+        if self.kind == "fixed":
+            nominal = self.base
+        else:
+            nominal = min(self.ceiling, self.base * 2 ** min(attempt - 1, 62))
+        spread = nominal * self.jitter
+        return max(0.0, min(self.ceiling, nominal + random.uniform(-spread, spread)))  # noqa: S311
+
+
+@dataclass(slots=True)
+class Handler:
+    """A registered job handler and its options."""
+
+    func: Callable[..., Any]
+    name: str
+    queue: str | None = None
+    priority: int = 0
+    max_attempts: int | None = None
+    backoff: Backoff | None = None
+    timeout: float | None = None
+    concurrency: int | None = None
+    atomic: bool = False
+    validate: Callable[[Any], Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __call__(self, payload: Any = None, ctx: Any = None) -> Any:
+        """Call the function directly (in tests, say), bypassing the queue."""
+        return self.func(payload, ctx)
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.func)
+
+    def get_queue(self) -> str:
+        return self.queue or conf.get("DEFAULT_QUEUE")
+
+    def get_max_attempts(self) -> int:
+        return self.max_attempts or conf.get("MAX_ATTEMPTS")
+
+    def get_backoff(self) -> Backoff:
+        return self.backoff or Backoff.coerce(conf.get("BACKOFF"))
+
+    def get_timeout(self) -> float | None:
+        return self.timeout if self.timeout is not None else conf.get("TIMEOUT")
+
+    def enqueue(self, payload: Any = None, **options: Any) -> Any:
+        """Shortcut for ``django_jobs.enqueue(self, payload, **options)``."""
+        from django_jobs.api import enqueue
+
+        return enqueue(self, payload, **options)
+
+    def enqueue_on_commit(self, payload: Any = None, **options: Any) -> Any:
+        """Shortcut for ``django_jobs.enqueue_on_commit(self, payload, **options)``."""
+        from django_jobs.api import enqueue_on_commit
+
+        return enqueue_on_commit(self, payload, **options)
+
+
+_handlers: dict[str, Handler] = {}
+
+
+def check_name(name: object) -> str:
+    """Return name if it is a valid job name, else raise InvalidJob."""
+    return _check_identifier("job name", name, NAME_RE, MAX_NAME_LENGTH)
+
+
+def check_queue(queue: object, *, allowlist: bool = True) -> str:
+    """Return queue if it is a valid queue name (and allowed by QUEUES), else raise InvalidJob."""
+    queue = _check_identifier("queue", queue, QUEUE_RE, MAX_QUEUE_LENGTH)
+    allowed = conf.get("QUEUES") if allowlist else None
+    if allowed is not None and queue not in allowed:
+        raise InvalidJob(f"unknown queue {queue!r}: DJANGO_JOBS['QUEUES'] allows {sorted(allowed)}")
+    return queue
+
+
+def check_priority(priority: object) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise InvalidJob(f"priority must be an integer, not {priority!r}")
+    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise InvalidJob(f"priority must be between {MIN_PRIORITY} and {MAX_PRIORITY}, not {priority}")
+    return priority
+
+
+def check_max_attempts(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidJob(f"max_attempts must be a positive integer, not {value!r}")
+    return value
+
+
+def _check_identifier(what: str, value: object, pattern: re.Pattern[str], limit: int) -> str:
+    if not isinstance(value, str):
+        raise InvalidJob(f"{what} must be a string, not {type(value).__name__}")
+    if not value:
+        raise InvalidJob(f"{what} must not be empty")
+    if len(value) > limit:
+        raise InvalidJob(f"{what} is {len(value)} characters long; the limit is {limit}")
+    if not pattern.fullmatch(value):
+        raise InvalidJob(
+            f"{what} {value!r} may hold only letters, digits and _ . : - "
+            "(no spaces or control characters)"
+        )
+    return value
+
+
+def register(handler: Handler) -> Handler:
+    """Add handler to the registry; a second function under the same name is an error."""
+    existing = _handlers.get(handler.name)
+    if existing is not None and _origin(existing.func) != _origin(handler.func):
+        raise HandlerConflict(
+            f"job name {handler.name!r} is taken by {_origin(existing.func)}; "
+            f"{_origin(handler.func)} needs another name"
+        )
+    _handlers[handler.name] = handler
+    return handler
+
+
+def unregister(name: str) -> None:
+    """Remove a handler (for tests)."""
+    _handlers.pop(name, None)
+
+
+def _origin(func: Callable[..., Any]) -> str:
+    return f"{func.__module__}.{func.__qualname__}"
+
+
+def get_handler(name: str) -> Handler:
+    """Return the handler registered under name, or raise UnknownJob."""
+    try:
+        return _handlers[name]
+    except KeyError:
+        raise UnknownJob(f"no job handler is registered under the name {name!r}") from None
+
+
+def lookup(name: str) -> Handler | None:
+    """Return the handler registered under name, or None."""
+    return _handlers.get(name)
+
+
+def all_handlers() -> dict[str, Handler]:
+    return dict(_handlers)
+
+
+@overload
+def job(func: Callable[..., Any], /) -> Handler: ...
+@overload
+def job(
+    *,
+    name: str | None = None,
+    queue: str | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+    backoff: Backoff | dict[str, Any] | float | None = None,
+    timeout: float | None = None,
+    concurrency: int | None = None,
+    atomic: bool = False,
+    validate: Callable[[Any], Any] | None = None,
+) -> Callable[[Callable[..., Any]], Handler]: ...
+
+
+def job(
+    func: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    queue: str | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+    backoff: Backoff | dict[str, Any] | float | None = None,
+    timeout: float | None = None,
+    concurrency: int | None = None,
+    atomic: bool = False,
+    validate: Callable[[Any], Any] | None = None,
+) -> Handler | Callable[[Callable[..., Any]], Handler]:
+    """Declare a job handler, called as ``handler(payload, ctx)`` by the worker.
+
+    Options: ``name`` (default: the function's dotted path), ``queue``,
+    ``priority`` (-100..100, higher runs first), ``max_attempts``, ``backoff``,
+    ``timeout`` (seconds), ``concurrency`` (cap per worker process), ``atomic``
+    (run inside a transaction that also records completion: database effects
+    happen exactly once), ``validate`` (called with the payload at enqueue and
+    before running; raising ValueError/TypeError dead-letters the job).
+    """
+
+    def decorate(f: Callable[..., Any]) -> Handler:
+        if not callable(f):
+            raise TypeError("@job decorates a function")
+        handler = Handler(
+            func=f,
+            name=check_name(name if name is not None else f"{f.__module__}.{f.__qualname__}"),
+            queue=check_queue(queue, allowlist=False) if queue is not None else None,
+            priority=check_priority(priority),
+            max_attempts=check_max_attempts(max_attempts) if max_attempts is not None else None,
+            backoff=Backoff.coerce(backoff) if backoff is not None else None,
+            timeout=_positive("timeout", timeout),
+            concurrency=_positive_int("concurrency", concurrency),
+            atomic=bool(atomic),
+            validate=validate,
+        )
+        return register(handler)
+
+    return decorate(func) if func is not None else decorate
+
+
+def _positive(what: str, value: float | None) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{what} must be a positive number of seconds, not {value!r}")
+    return float(value)
+
+
+def _positive_int(what: str, value: int | None) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{what} must be a positive integer, not {value!r}")
+    return value
+
+
+def autodiscover() -> None:
+    """Import every installed app's ``jobs`` module, where handlers are declared."""
+    from django.utils.module_loading import autodiscover_modules
+
+    autodiscover_modules("jobs")

@@ -1,0 +1,18 @@
+"""Signals django-jobs sends. Receivers live elsewhere (logging, metrics, your code).
+
+Every signal is sent with ``sender`` set to the job's name (a str) and these
+keyword arguments: ``job_id`` (UUID), ``name``, ``queue``. Others:
+
+- ``job_enqueued``: ``duplicate`` (bool); sent once the job's transaction commits.
+- ``job_started``: ``attempt``; sent by the worker thread about to run the handler.
+- ``job_finished``: ``attempt``, ``outcome`` ("succeeded", "retried", "dead" or
+  "released"), ``error`` (the exception or None), ``duration`` (seconds or None).
+- ``job_dead_lettered``: ``reason`` (a DeadReason), ``attempts``, ``error`` (str).
+"""
+
+from django.dispatch import Signal
+
+job_enqueued = Signal()
+job_started = Signal()
+job_finished = Signal()
+job_dead_lettered = Signal()

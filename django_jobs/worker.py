@@ -1,0 +1,894 @@
+"""The worker: claims due jobs, runs their handlers on threads, settles the outcomes.
+
+One dispatcher loop (the thread that calls ``Worker.run``) owns one database
+connection and does every claim, settle and heartbeat; ``concurrency`` executor
+threads run handlers (each with its own connection, opened only if the handler
+touches the database); on PostgreSQL one listener thread waits for NOTIFY
+wake-ups. A worker therefore holds at most concurrency + 2 connections.
+
+Guarantees, in the order a job meets them:
+
+- a claim leases jobs to a token and counts an attempt each, so a job that kills
+  its worker every time still ends in the dead letters after max attempts;
+- leases are extended while jobs run (heartbeat) and every settle is fenced on
+  the token: a worker whose lease was taken over changes nothing;
+- a job whose completion marker exists is settled as done without running;
+- successes are settled in batches (delete + marker in one statement); atomic
+  handlers commit their marker with their own effects instead;
+- failures retry with the handler's backoff, then dead-letter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import queue as queue_module
+import secrets
+import socket
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
+from django.utils import timezone
+
+from django_jobs import conf, payloads, registry, signals
+from django_jobs.context import JobContext
+from django_jobs.exceptions import FatalError, LeaseLost
+from django_jobs.models import ClaimedJob, DeadReason, Job, error_summary
+from django_jobs.registry import Handler
+
+logger = logging.getLogger(__name__)
+
+# Successes wait at most this long (or for a full batch) before being settled together.
+FLUSH_INTERVAL = 0.01
+# How much work to hold beyond free threads: enough to keep them busy this long.
+LOOKAHEAD = 0.02
+# A thread idle longer than this checks its connection before the next handler.
+IDLE_CHECK = 30.0
+# Longest traceback kept per attempt.
+MAX_TRACEBACK = 16_000
+# Reconnection backoff after database errors.
+RETRY_MIN, RETRY_MAX = 0.1, 5.0
+
+_DB_ERRORS = (OperationalError, InterfaceError)
+
+
+def _extra(job: ClaimedJob) -> dict[str, Any]:
+    return {"job_id": str(job.id), "job_name": job.name, "queue": job.queue, "attempt": job.attempts}
+
+
+def error_entry(exc: BaseException, attempt: int, worker_id: str) -> dict[str, Any]:
+    """Describe an attempt's exception for the errors list of a job or dead letter."""
+    kind = type(exc)
+    text = "".join(traceback.format_exception(exc))
+    if len(text) > MAX_TRACEBACK:
+        text = "…" + text[-MAX_TRACEBACK:]
+    return {
+        "attempt": attempt,
+        "at": timezone.now().isoformat(),
+        "type": f"{kind.__module__}.{kind.__qualname__}",
+        "message": str(exc),
+        "traceback": text,
+        "worker": worker_id,
+    }
+
+
+# ---- outcomes an executor reports -------------------------------------------
+
+
+@dataclass(slots=True)
+class _Succeeded:
+    result: str | None
+
+
+@dataclass(slots=True)
+class _SettledAtomically:
+    """An atomic handler committed its effects, the marker and the job's deletion."""
+
+
+@dataclass(slots=True)
+class _AlreadyDone:
+    """An atomic handler found the key's marker at commit: its effects were rolled back."""
+
+
+@dataclass(slots=True)
+class _Lost:
+    """The lease was taken over before an atomic handler could commit."""
+
+
+@dataclass(slots=True)
+class _Failed:
+    error: dict[str, Any]
+    fatal: bool = False
+    exc: BaseException | None = None
+
+
+@dataclass(slots=True)
+class _Dead:
+    reason: str
+    error: dict[str, Any]
+
+
+Outcome = _Succeeded | _SettledAtomically | _AlreadyDone | _Lost | _Failed | _Dead
+
+
+@dataclass(slots=True, eq=False)
+class _Run:
+    """A job handed to an executor thread."""
+
+    job: ClaimedJob
+    handler: Handler | None  # None: settled without running
+    ctx: JobContext | None
+    deadline: float | None = None
+    started: float = 0.0
+    abandoned: bool = False  # timed out or released: whatever it reports is ignored
+    timed_out: bool = False
+
+
+# ---- inbox events ---------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Finished:
+    run: _Run
+    outcome: Outcome
+    duration: float
+
+
+@dataclass(slots=True)
+class _Wake:
+    queue: str | None  # None: any queue
+
+
+@dataclass(slots=True)
+class _Extend:
+    job_id: Any
+    seconds: float
+
+
+@dataclass(slots=True)
+class _Stop:
+    pass
+
+
+_STOP_EXECUTOR = object()
+
+
+@dataclass
+class WorkerStats:
+    claimed: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    dead: int = 0
+    released: int = 0
+    lost: int = 0  # leases taken over by another worker: the job may have run twice
+    skipped: int = 0  # settled as done without running: the key's marker existed
+
+
+@dataclass
+class Worker:
+    """Run jobs until stopped (or, in burst mode, until nothing is due)."""
+
+    queues: list[str] | None = None
+    concurrency: int | None = None
+    batch: int | None = None
+    lease: float | None = None
+    heartbeat: float | None = None
+    grace: float | None = None
+    poll_interval: float | None = None
+    listen: bool | None = None
+    burst: bool = False
+    max_jobs: int | None = None
+    database: str | None = None
+    stats: WorkerStats = field(default_factory=WorkerStats)
+
+    def __post_init__(self) -> None:
+        settings = conf.get_settings()
+        self.database = self.database or settings["DATABASE"]
+        self.concurrency = self.concurrency or settings["CONCURRENCY"]
+        self.batch = self.batch or settings["BATCH"]
+        self.lease = float(self.lease or settings["LEASE"])
+        if self.heartbeat is None:
+            self.heartbeat = settings["HEARTBEAT"]
+        if self.heartbeat is None:
+            self.heartbeat = self.lease / 3
+        self.grace = float(self.grace if self.grace is not None else settings["GRACE"])
+        self.poll_interval = float(self.poll_interval or settings["POLL_INTERVAL"])
+        if self.listen is None:
+            self.listen = bool(settings["LISTEN"])
+        self.listen = self.listen and connections[self.database].vendor == "postgresql"
+        if not self.queues:
+            self.queues = sorted(
+                {settings["DEFAULT_QUEUE"]} | {h.get_queue() for h in registry.all_handlers().values()}
+            )
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self._claims = itertools.count(1)
+        self._inbox: queue_module.SimpleQueue[Any] = queue_module.SimpleQueue()
+        self._work: queue_module.SimpleQueue[Any] = queue_module.SimpleQueue()
+        self._buffer: deque[_Run] = deque()
+        self._running: dict[Any, _Run] = {}
+        self._running_by_name: dict[str, int] = {}
+        self._done: list[tuple[_Run, str | None, float]] = []
+        self._done_since = 0.0
+        self._unsettled: list[tuple[_Run, Outcome, float]] = []  # settles that hit a DB error
+        self._next_unsettled_retry = 0.0
+        self._threads: list[threading.Thread] = []
+        self._stopping = False
+        self._closing = threading.Event()
+        self._more = True  # jobs may be due: claim without waiting for the poll
+        self._avg_duration: float | None = None
+        self._claimed_total = 0
+        self._db_failures = 0
+
+    # ---- public -----------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop claiming, let running jobs finish within the grace period, then return."""
+        self._inbox.put(_Stop())
+
+    def run(self) -> int:
+        """Work until stopped; return the process exit code (0 after a clean stop)."""
+        logger.info(
+            "worker %s starting: queues=%s concurrency=%d batch=%d lease=%.0fs",
+            self.id, ",".join(self.queues), self.concurrency, self.batch, self.lease,
+        )  # fmt: skip
+        for _ in range(self.concurrency):
+            self._start_executor()
+        if self.listen:
+            self._start_thread(self._listen, "django-jobs-listener")
+        try:
+            self._loop()
+        finally:
+            self._shutdown_threads()
+        logger.info(
+            "worker %s stopped: %d succeeded, %d retried, %d dead, %d released",
+            self.id, self.stats.succeeded, self.stats.retried, self.stats.dead, self.stats.released,
+        )  # fmt: skip
+        return 0
+
+    # ---- the dispatcher loop ----------------------------------------------
+
+    def _loop(self) -> None:
+        now = time.monotonic()
+        next_poll = now
+        next_heartbeat = now + self.heartbeat if self.heartbeat else float("inf")
+        grace_deadline: float | None = None
+        while True:
+            now = time.monotonic()
+            timeout = self._next_timeout(now, next_poll, next_heartbeat, grace_deadline)
+            self._drain_inbox(timeout)
+            if self._stopping and grace_deadline is None:
+                grace_deadline = self._begin_shutdown()
+            now = time.monotonic()
+
+            self._expire_timeouts(now)
+            if self._done and (
+                len(self._done) >= self.batch
+                or now - self._done_since >= FLUSH_INTERVAL
+                or not self._running
+                or self._stopping
+            ):
+                self._flush_done()
+            if self._unsettled and now >= self._next_unsettled_retry:
+                self._retry_unsettled()
+                self._next_unsettled_retry = now + 1.0
+
+            if self._stopping:
+                if not self._running or now >= grace_deadline:
+                    self._finish_shutdown()
+                    return
+                continue
+
+            if self._want_claim(now >= next_poll):
+                got, asked = self._claim()
+                self._more = got >= asked > 0
+                next_poll = time.monotonic() + self.poll_interval
+            self._dispatch()
+
+            if self.heartbeat and now >= next_heartbeat:
+                self._heartbeat()
+                next_heartbeat = now + self.heartbeat
+            self._clear_query_log()
+
+            if self._finished_work():
+                self._flush_done()
+                if not self._unsettled:
+                    return
+
+    def _next_timeout(
+        self, now: float, next_poll: float, next_heartbeat: float, grace_deadline: float | None
+    ) -> float:
+        if not self._stopping and self._want_claim(poll_due=False):
+            return 0.0
+        deadlines = [next_poll]
+        if self._running or self._buffer:
+            deadlines.append(next_heartbeat)
+        if self._done:
+            deadlines.append(self._done_since + FLUSH_INTERVAL)
+        if self._unsettled:
+            deadlines.append(self._next_unsettled_retry)
+        if grace_deadline is not None:
+            deadlines.append(grace_deadline)
+        deadlines.extend(run.deadline for run in self._running.values() if run.deadline)
+        return max(0.0, min(deadlines) - now)
+
+    def _drain_inbox(self, timeout: float) -> None:
+        try:
+            event = self._inbox.get(timeout=timeout) if timeout > 0 else self._inbox.get_nowait()
+        except queue_module.Empty:
+            return
+        while True:
+            self._handle(event)
+            try:
+                event = self._inbox.get_nowait()
+            except queue_module.Empty:
+                return
+
+    def _handle(self, event: Any) -> None:
+        if isinstance(event, _Finished):
+            self._on_finished(event)
+        elif isinstance(event, _Wake):
+            if event.queue is None or event.queue in self.queues:
+                self._more = True
+        elif isinstance(event, _Extend):
+            run = self._running.get(event.job_id)
+            if run is not None and not run.abandoned:
+                self._db(lambda: self._jobs().extend_leases([run.job], event.seconds))
+        elif isinstance(event, _Stop):
+            if not self._stopping:
+                logger.info("worker %s stopping: finishing running jobs (grace %.0fs)", self.id, self.grace)
+            self._stopping = True
+
+    def _finished_work(self) -> bool:
+        """In burst or max-jobs mode: True once there is nothing left to do."""
+        if self._running or self._buffer or self._done:
+            return False
+        if self.max_jobs is not None and self._claimed_total >= self.max_jobs:
+            return True
+        return self.burst and not self._more
+
+    # ---- claiming ---------------------------------------------------------
+
+    def _free_slots(self) -> int:
+        target = self.concurrency + self._prefetch()
+        free = target - len(self._running) - len(self._buffer)
+        if self.max_jobs is not None:
+            free = min(free, self.max_jobs - self._claimed_total)
+        return max(0, min(free, self.batch))
+
+    def _prefetch(self) -> int:
+        # Short jobs are claimed ahead of free threads so that claims stay few;
+        # long ones only as threads free up, so one worker does not hoard them.
+        if self._avg_duration is None:
+            return 0
+        ahead = int(self.concurrency * LOOKAHEAD / max(self._avg_duration, 1e-6))
+        return min(self.batch, ahead)
+
+    def _want_claim(self, poll_due: bool) -> bool:
+        free = self._free_slots()
+        if free <= 0:
+            return False
+        if not (self._more or poll_due):
+            return False
+        # With look-ahead, wait until half of it is free rather than claiming one job at a time.
+        return bool(self._running_idle() or free >= max(1, (self.concurrency + self._prefetch()) // 2))
+
+    def _running_idle(self) -> bool:
+        return len(self._running) < self.concurrency and not self._buffer
+
+    def _claim(self) -> tuple[int, int]:
+        asked = self._free_slots()
+        token = f"{self.id}#{next(self._claims)}"
+        capped = [
+            name
+            for name, count in self._running_by_name.items()
+            if (h := registry.lookup(name)) and h.concurrency and count >= h.concurrency
+        ]
+        jobs = self._db(
+            lambda: self._jobs().claim(
+                queues=self.queues, limit=asked, token=token, lease=self.lease, exclude_names=capped
+            )
+        )
+        if jobs is None:
+            return asked, asked  # the database is away: try again, do not conclude "idle"
+        self._claimed_total += len(jobs)
+        self.stats.claimed += len(jobs)
+        for job in jobs:
+            self._accept(job)
+        return len(jobs), asked
+
+    def _accept(self, job: ClaimedJob) -> None:
+        """Settle at once what must not run; buffer the rest for the executors."""
+        if job.completed:
+            self.stats.skipped += 1
+            logger.info("job %s already completed (marker exists): settling without running",
+                        job.id, extra=_extra(job))  # fmt: skip
+            self._settle(_Run(job, None, None), _Succeeded(None), 0.0)
+            return
+        if job.attempts > job.max_attempts:
+            # The previous attempt was lost with its worker (killed, OOM, os._exit).
+            last = job.errors[-1] if job.errors else {}
+            error = {
+                "attempt": job.attempts - 1,
+                "at": timezone.now().isoformat(),
+                "type": last.get("type", "django_jobs.LeaseExpired"),
+                "message": f"{job.max_attempts} attempts started and none settled; "
+                f"the last one: {error_summary(last) or 'worker lost'}",
+                "traceback": last.get("traceback", ""),
+                "worker": self.id,
+            }
+            job.errors = job.errors[:-1] if job.errors else []
+            self._dead_letter(job, DeadReason.ATTEMPTS_EXHAUSTED, error, attempts=job.attempts - 1)
+            return
+        handler = registry.lookup(job.name)
+        if handler is None:
+            error = {
+                "attempt": job.attempts,
+                "at": timezone.now().isoformat(),
+                "type": "django_jobs.UnknownJob",
+                "message": f"no handler is registered under the name {job.name!r} in this worker",
+                "traceback": "",
+                "worker": self.id,
+            }
+            self._dead_letter(job, DeadReason.UNKNOWN_NAME, error)
+            return
+        ctx = JobContext(
+            id=job.id,
+            name=job.name,
+            queue=job.queue,
+            attempt=job.attempts,
+            max_attempts=job.max_attempts,
+            enqueued_at=job.enqueued_at,
+            key=job.idempotency_key,
+            worker_id=self.id,
+        )
+        ctx._extend = lambda seconds, job_id=job.id: self._inbox.put(_Extend(job_id, seconds))
+        self._buffer.append(_Run(job, handler, ctx))
+
+    def _dispatch(self) -> None:
+        """Hand buffered jobs to free executor threads, respecting per-handler caps."""
+        free = self.concurrency - len(self._running)
+        if free <= 0 or not self._buffer:
+            return
+        skipped: list[_Run] = []
+        now = time.monotonic()
+        while free > 0 and self._buffer:
+            run = self._buffer.popleft()
+            cap = run.handler.concurrency
+            name = run.job.name
+            if cap and self._running_by_name.get(name, 0) >= cap:
+                skipped.append(run)
+                continue
+            timeout = run.handler.get_timeout()
+            run.deadline = now + timeout if timeout else None
+            self._running[run.job.id] = run
+            self._running_by_name[name] = self._running_by_name.get(name, 0) + 1
+            self._work.put(run)
+            free -= 1
+        self._buffer.extendleft(reversed(skipped))
+
+    # ---- outcomes -----------------------------------------------------------
+
+    def _on_finished(self, event: _Finished) -> None:
+        run = event.run
+        if run.abandoned:
+            return
+        self._forget(run)
+        duration = event.duration
+        if self._avg_duration is None:
+            self._avg_duration = duration
+        else:
+            self._avg_duration = 0.9 * self._avg_duration + 0.1 * duration
+        self._settle(run, event.outcome, duration)
+
+    def _forget(self, run: _Run) -> None:
+        if self._running.pop(run.job.id, None) is not None:
+            name = run.job.name
+            left = self._running_by_name.get(name, 1) - 1
+            if left:
+                self._running_by_name[name] = left
+            else:
+                self._running_by_name.pop(name, None)
+
+    def _settle(self, run: _Run, outcome: Outcome, duration: float) -> None:
+        job = run.job
+        if isinstance(outcome, _Succeeded):
+            if not self._done:
+                self._done_since = time.monotonic()
+            self._done.append((run, outcome.result, duration))
+        elif isinstance(outcome, _SettledAtomically):
+            self.stats.succeeded += 1
+            logger.debug("job %s succeeded (atomic)", job.id, extra=_extra(job))
+            self._send_finished(job, "succeeded", None, duration)
+        elif isinstance(outcome, _AlreadyDone):
+            self.stats.skipped += 1
+            logger.warning("job %s: its key was completed by another attempt; effects rolled back",
+                           job.id, extra=_extra(job))  # fmt: skip
+            self._settle(run, _Succeeded(None), duration)
+        elif isinstance(outcome, _Lost):
+            self.stats.lost += 1
+            logger.warning("job %s: lease lost to another worker; this attempt was rolled back",
+                           job.id, extra=_extra(job))  # fmt: skip
+        elif isinstance(outcome, _Dead):
+            self._dead_letter(job, outcome.reason, outcome.error)
+        elif isinstance(outcome, _Failed):
+            self._fail(run, outcome, duration)
+
+    def _fail(self, run: _Run, outcome: _Failed, duration: float) -> None:
+        job = run.job
+        if outcome.fatal:
+            self._dead_letter(job, DeadReason.FATAL, outcome.error, exc=outcome.exc)
+            return
+        if job.attempts >= job.max_attempts:
+            self._dead_letter(job, DeadReason.ATTEMPTS_EXHAUSTED, outcome.error, exc=outcome.exc)
+            return
+        delay = run.handler.get_backoff().delay(job.attempts)
+        ok = self._db(lambda: self._jobs().retry(job, delay=delay, error=outcome.error))
+        if ok is None:
+            self._unsettled.append((run, outcome, duration))
+            return
+        if ok:
+            self.stats.retried += 1
+            if delay <= 0:
+                self._more = True
+            logger.warning(
+                "job %s attempt %d/%d failed (%s); retrying in %.1fs",
+                job.id, job.attempts, job.max_attempts, error_summary(outcome.error), delay,
+                extra=_extra(job), exc_info=outcome.exc if logger.isEnabledFor(logging.DEBUG) else None,
+            )  # fmt: skip
+            self._send_finished(job, "retried", outcome.exc, duration)
+        else:
+            self._note_fenced(job)
+
+    def _dead_letter(
+        self,
+        job: ClaimedJob,
+        reason: str,
+        error: dict[str, Any],
+        *,
+        attempts: int | None = None,
+        exc: BaseException | None = None,
+    ) -> None:
+        letter = self._db(
+            lambda: self._jobs().dead_letter(job, reason=reason, error=error, attempts=attempts)
+        )
+        if letter is None:
+            # Fenced out (another worker holds it) or the database is away: the
+            # lease will expire and whoever claims the job next decides again.
+            return
+        self.stats.dead += 1
+        logger.error(
+            "job %s dead-lettered (%s) after %d attempt(s): %s",
+            job.id, reason, letter.attempts, error_summary(error), extra=_extra(job), exc_info=exc,
+        )  # fmt: skip
+        if signals.job_dead_lettered.has_listeners():
+            signals.job_dead_lettered.send(
+                sender=job.name, job_id=job.id, name=job.name, queue=job.queue,
+                reason=reason, attempts=letter.attempts, error=letter.error,
+            )  # fmt: skip
+        self._send_finished(job, "dead", exc, None)
+
+    def _flush_done(self) -> None:
+        batch, self._done = self._done, []
+        settled = self._db(
+            lambda: self._jobs().complete([(run.job.id, run.job.token, result) for run, result, _ in batch])
+        )
+        if settled is None:
+            # One poisoned row must not block the rest: settle one by one next time.
+            self._unsettled.extend((run, _Succeeded(result), d) for run, result, d in batch)
+            return
+        for run, _, duration in batch:
+            if run.job.id in settled:
+                self.stats.succeeded += 1
+                self._send_finished(run.job, "succeeded", None, duration)
+            else:
+                self._note_fenced(run.job)
+
+    def _retry_unsettled(self) -> None:
+        pending, self._unsettled = self._unsettled, []
+        for run, outcome, duration in pending:
+            if isinstance(outcome, _Succeeded):
+                settled = self._db(
+                    lambda run=run, outcome=outcome: self._jobs().complete(
+                        [(run.job.id, run.job.token, outcome.result)]
+                    )
+                )
+                if settled is None:
+                    self._unsettled.append((run, outcome, duration))
+                elif settled:
+                    self.stats.succeeded += 1
+                    self._send_finished(run.job, "succeeded", None, duration)
+                else:
+                    self._note_fenced(run.job)
+            else:
+                self._settle(run, outcome, duration)
+
+    def _note_fenced(self, job: ClaimedJob) -> None:
+        self.stats.lost += 1
+        logger.warning(
+            "job %s: lease was taken over before this worker settled it; its late result is dropped",
+            job.id, extra=_extra(job),
+        )  # fmt: skip
+
+    def _send_finished(self, job: ClaimedJob, outcome: str, error: Any, duration: float | None) -> None:
+        if signals.job_finished.has_listeners():
+            signals.job_finished.send(
+                sender=job.name, job_id=job.id, name=job.name, queue=job.queue,
+                attempt=job.attempts, outcome=outcome, error=error, duration=duration,
+            )  # fmt: skip
+
+    # ---- leases, timeouts and shutdown --------------------------------------
+
+    def _held(self) -> list[ClaimedJob]:
+        """Jobs whose leases the heartbeat keeps: running or waiting for a thread."""
+        return [run.job for run in self._running.values() if not run.abandoned] + [
+            run.job for run in self._buffer
+        ]
+
+    def _heartbeat(self) -> None:
+        held = self._held()
+        if not held:
+            return
+        kept = self._db(lambda: self._jobs().extend_leases(held, self.lease))
+        if kept is None:
+            return
+        for job in held:
+            if job.id not in kept:
+                run = self._running.get(job.id)
+                if run is not None:
+                    run.ctx.cancelled.set()
+                logger.warning("job %s: lease lost (another worker took it over)", job.id, extra=_extra(job))
+
+    def _expire_timeouts(self, now: float) -> None:
+        for run in list(self._running.values()):
+            if run.deadline is None or now < run.deadline:
+                continue
+            job = run.job
+            run.abandoned = run.timed_out = True
+            run.ctx.cancelled.set()
+            self._forget(run)
+            # The thread stays busy until the handler returns: replace it.
+            self._start_executor()
+            exc = TimeoutError(f"handler ran longer than its {run.handler.get_timeout():g}s timeout")
+            self._fail(run, _Failed(error_entry(exc, job.attempts, self.id), exc=exc), now - run.started)
+
+    def _begin_shutdown(self) -> float:
+        waiting = list(self._buffer)
+        self._buffer.clear()
+        if waiting:
+            released = self._db(lambda: self._jobs().release(run.job for run in waiting))
+            self.stats.released += released or 0
+        return time.monotonic() + self.grace
+
+    def _finish_shutdown(self) -> None:
+        unfinished = [run for run in self._running.values() if not run.abandoned]
+        for run in unfinished:
+            run.abandoned = True
+            run.ctx.cancelled.set()
+        if unfinished:
+            released = self._db(lambda: self._jobs().release(run.job for run in unfinished))
+            self.stats.released += released or 0
+            logger.warning(
+                "worker %s: %d job(s) still running after the grace period were released "
+                "without consuming an attempt", self.id, len(unfinished),
+            )  # fmt: skip
+        self._running.clear()
+        if self._done:
+            self._flush_done()
+        for _ in range(3):
+            if not self._unsettled:
+                break
+            self._retry_unsettled()
+
+    # ---- threads ----------------------------------------------------------
+
+    def _start_thread(self, target: Callable[[], None], name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _start_executor(self) -> None:
+        self._start_thread(self._execute_loop, f"django-jobs-executor-{len(self._threads)}")
+
+    def _shutdown_threads(self) -> None:
+        self._closing.set()
+        for _ in self._threads:
+            self._work.put(_STOP_EXECUTOR)
+        deadline = time.monotonic() + 2.0
+        for thread in self._threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        connections[self.database].close()
+
+    def _execute_loop(self) -> None:
+        last_job = time.monotonic()
+        loop: asyncio.AbstractEventLoop | None = None
+        try:
+            while True:
+                run = self._work.get()
+                if run is _STOP_EXECUTOR:
+                    return
+                if time.monotonic() - last_job > IDLE_CHECK:
+                    _check_connections()
+                if run.handler.is_async and loop is None:
+                    loop = asyncio.new_event_loop()
+                self._execute(run, loop)
+                last_job = time.monotonic()
+                if run.timed_out:
+                    return  # a replacement thread took this one's place
+        finally:
+            if loop is not None:
+                loop.close()
+            connections.close_all()
+
+    def _execute(self, run: _Run, loop: asyncio.AbstractEventLoop | None) -> None:
+        job, handler, ctx = run.job, run.handler, run.ctx
+        run.started = time.monotonic()
+        outcome: Outcome
+        try:
+            payload = payloads.decode(job.payload)
+            if handler.validate is not None:
+                validated = handler.validate(payload)
+                payload = payload if validated is None else validated
+        except (ValueError, TypeError, ValidationError) as exc:
+            error = error_entry(exc, job.attempts, self.id)
+            self._inbox.put(_Finished(run, _Dead(DeadReason.INVALID_PAYLOAD, error), 0.0))
+            return
+        if signals.job_started.has_listeners():
+            signals.job_started.send(
+                sender=job.name, job_id=job.id, name=job.name, queue=job.queue, attempt=job.attempts
+            )
+        try:
+            if handler.atomic:
+                outcome = self._run_atomic(run, payload)
+            else:
+                result = payloads.encode_result(_call(handler, payload, ctx, loop))
+                outcome = _Succeeded(result)
+        except LeaseLost:
+            outcome = _Lost()
+        except FatalError as exc:
+            outcome = _Failed(error_entry(exc, job.attempts, self.id), fatal=True, exc=exc)
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - a handler may raise anything
+            outcome = _Failed(error_entry(exc, job.attempts, self.id), exc=exc)
+        finally:
+            _tidy_connections()
+        self._inbox.put(_Finished(run, outcome, time.monotonic() - run.started))
+
+    def _run_atomic(self, run: _Run, payload: Any) -> Outcome:
+        job = run.job
+        try:
+            with transaction.atomic(using=self.database):
+                result = payloads.encode_result(_call(run.handler, payload, run.ctx, None))
+                if run.abandoned:
+                    raise LeaseLost(f"job {job.id} timed out or was released; rolling back")
+                if not self._jobs().complete_atomically(job, result):
+                    raise _MarkerExists
+        except _MarkerExists:
+            return _AlreadyDone()
+        return _SettledAtomically()
+
+    def _listen(self) -> None:
+        channel = conf.get("CHANNEL")
+        pause = RETRY_MIN
+        while not self._closing.is_set():
+            conn = connections[self.database]
+            try:
+                conn.ensure_connection()
+                raw = conn.connection
+                with conn.cursor() as cursor:
+                    cursor.execute(f"LISTEN {conn.ops.quote_name(channel)}")
+                # Jobs enqueued while this connection was not listening get no
+                # notification: claim once to catch them.
+                self._inbox.put(_Wake(None))
+                pause = RETRY_MIN
+                while not self._closing.is_set():
+                    for note in raw.notifies(timeout=1.0):
+                        self._inbox.put(_Wake(note.payload))
+            except Exception:  # noqa: BLE001 - any failure means: reconnect
+                if self._closing.is_set():
+                    break
+                logger.warning("worker %s: listener lost its connection; reconnecting in %.1fs",
+                               self.id, pause, exc_info=True)  # fmt: skip
+                _close_quietly(conn)
+                self._closing.wait(pause)
+                pause = min(RETRY_MAX, pause * 2)
+        _close_quietly(connections[self.database])
+
+    # ---- database access ------------------------------------------------------
+
+    def _jobs(self):
+        return Job.objects.using(self.database)
+
+    def _db(self, operation: Callable[[], Any]) -> Any:
+        """Run operation; on a connection error, reconnect later and return None."""
+        conn = connections[self.database]
+        try:
+            result = operation()
+        except _DB_ERRORS as exc:
+            self._db_failures += 1
+            pause = min(RETRY_MAX, RETRY_MIN * 2 ** min(self._db_failures - 1, 10))
+            logger.warning(
+                "worker %s: database error (%s); retrying in %.1fs", self.id, exc, pause
+            )
+            _close_quietly(conn)
+            self._pause(pause)
+            return None
+        except DatabaseError:
+            # A statement failed (a constraint, a trigger): the connection is fine.
+            logger.exception("worker %s: database operation failed", self.id)
+            self._pause(RETRY_MIN)
+            return None
+        self._db_failures = 0
+        return result
+
+    def _pause(self, seconds: float) -> None:
+        """Sleep, but wake early for a stop request."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                event = self._inbox.get(timeout=left)
+            except queue_module.Empty:
+                return
+            self._handle(event)
+            if self._stopping:
+                return
+
+    def _clear_query_log(self) -> None:
+        conn = connections[self.database]
+        if conn.queries_logged:
+            conn.queries_log.clear()
+
+
+class _MarkerExists(Exception):
+    pass
+
+
+def _call(handler: Handler, payload: Any, ctx: JobContext, loop: asyncio.AbstractEventLoop | None) -> Any:
+    if handler.is_async:
+        assert loop is not None
+        return loop.run_until_complete(handler.func(payload, ctx))
+    return handler.func(payload, ctx)
+
+
+def _tidy_connections() -> None:
+    """After a handler: roll back what it left open; drop broken connections; keep the rest.
+
+    Unlike close_old_connections() this keeps healthy connections whatever
+    CONN_MAX_AGE says: reconnecting for every job costs more than the job.
+    """
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is None:
+            continue
+        try:
+            if not conn.in_atomic_block and not conn.get_autocommit():
+                conn.rollback()
+                conn.set_autocommit(True)
+            if conn.errors_occurred:
+                if not conn.is_usable():
+                    conn.close()
+                conn.errors_occurred = False
+        except DatabaseError:
+            _close_quietly(conn)
+        conn.queries_log.clear()
+
+
+def _check_connections() -> None:
+    """Close connections that went bad while idle, so the next handler gets a fresh one."""
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is not None and not conn.is_usable():
+            _close_quietly(conn)
+
+
+def _close_quietly(conn: Any) -> None:
+    try:
+        conn.close()
+    except DatabaseError:
+        pass
+

@@ -1,0 +1,81 @@
+"""Settings of the test project: PostgreSQL by default, SQLite with TEST_DB=sqlite."""
+
+import os
+
+SECRET_KEY = "django-jobs-tests"  # noqa: S105
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+
+if os.environ.get("TEST_DB", "postgres") == "sqlite":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            # A file, not :memory:, so that worker subprocesses and threads share it.
+            "NAME": os.environ.get("TEST_DB_NAME", os.path.join(os.path.dirname(__file__), "db.sqlite3")),
+            "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20,
+                        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"},
+            "TEST": {"NAME": os.environ.get("TEST_DB_NAME", os.path.join(os.path.dirname(__file__), "test_db.sqlite3"))},
+        }
+    }
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "HOST": os.environ.get("PGHOST", "127.0.0.1"),
+            "PORT": os.environ.get("PGPORT", "5432"),
+            "USER": os.environ.get("PGUSER", "postgres"),
+            "PASSWORD": os.environ.get("PGPASSWORD", ""),
+            # Worker subprocesses get the name of the test database pytest-django made.
+            "NAME": os.environ.get("TEST_DB_NAME", "django_jobs"),
+        }
+    }
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "rangefilter",
+    "django_jobs",
+    "tests.testapp",
+]
+
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+ROOT_URLCONF = "tests.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+DJANGO_JOBS = {
+    "BACKOFF": {"kind": "fixed", "base": 0.0, "ceiling": 0.0, "jitter": 0.0},
+    "POLL_INTERVAL": 0.2,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_jobs": {"handlers": ["stderr"], "level": os.environ.get("JOBS_LOG_LEVEL", "WARNING")}},
+}

@@ -1,0 +1,9 @@
+from django.contrib import admin
+from django.urls import path
+
+from tests.testapp import views
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("orders/", views.create_order, name="create-order"),
+]
