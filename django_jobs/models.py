@@ -110,10 +110,11 @@ class JobQuerySet(models.QuerySet):
         lease: float,
         exclude_names: Sequence[str] = (),
     ) -> list[ClaimedJob]:
-        """Lease up to `limit` due jobs of `queues` to `token`, counting an attempt each.
+        """Lease up to `limit` jobs of `queues` to `token`, counting an attempt each.
 
-        Leases that expired (their worker died or hung) are released first, so
-        that their jobs become claimable again with no task for the user to run.
+        Jobs whose lease expired (their worker died, hung or lost its connection)
+        are taken over first, so no task is needed to rescue them; then due jobs
+        in priority order.
         """
         if limit <= 0 or not queues:
             return []
@@ -128,7 +129,6 @@ class JobQuerySet(models.QuerySet):
                         "token": token,
                         "lease": lease,
                         "exclude": list(exclude_names),
-                        "rescue_limit": max(limit, 100),
                     },
                 )
                 rows = cursor.fetchall()
@@ -142,28 +142,40 @@ class JobQuerySet(models.QuerySet):
         return jobs
 
     def _claim_portable(self, queues, limit, token, lease, exclude_names) -> list[ClaimedJob]:
-        # A single conditional UPDATE: on SQLite it takes the write lock at once,
-        # and "locked_by IS NULL" keeps two workers from taking one row.
-        self.rescue_expired()
+        # Conditional UPDATEs: on SQLite each takes the write lock at once, and
+        # re-checking the lease in the UPDATE keeps two workers from taking one row.
         now = Now()
+        lease_until = now + timedelta(seconds=lease)
+        taken = 0
+        expired = (
+            self.filter(locked_by__isnull=False, queue__in=list(queues), lease_expires_at__lt=now)
+            .order_by("lease_expires_at")
+            .values_list("id", "locked_by", "attempts", "errors")[:limit]
+        )
+        for job_id, locked_by, attempts, errors in expired:
+            entry = lease_expired_entry(attempts, locked_by.rpartition("#")[0], timezone.now())
+            taken += self.filter(id=job_id, locked_by=locked_by, lease_expires_at__lt=now).update(
+                attempts=F("attempts") + 1,
+                locked_by=token,
+                lease_expires_at=lease_until,
+                attempted_at=now,
+                errors=[*errors, entry],
+            )
         candidates = (
             self.filter(locked_by__isnull=True, queue__in=list(queues), run_at__lte=now)
             .exclude(name__in=list(exclude_names))
             .order_by("-priority", "run_at", "id")
-            .values("id")[:limit]
+            .values_list("id", flat=True)[: limit - taken]
         )
-        claimed = self.model.objects.using(self.db).filter(
-            id__in=list(candidates.values_list("id", flat=True)), locked_by__isnull=True
-        )
-        claimed.update(
-            attempts=F("attempts") + 1,
-            locked_by=token,
-            lease_expires_at=now + timedelta(seconds=lease),
-            attempted_at=now,
-            started_at=Coalesce("started_at", now),
-        )
-        rows = self.model.objects.using(self.db).filter(locked_by=token).values_list(*_CLAIMED_FIELDS)
-        jobs = [ClaimedJob(*row, token=token) for row in rows]
+        if limit > taken:
+            self.filter(id__in=list(candidates), locked_by__isnull=True).update(
+                attempts=F("attempts") + 1,
+                locked_by=token,
+                lease_expires_at=lease_until,
+                attempted_at=now,
+                started_at=Coalesce("started_at", now),
+            )
+        jobs = [ClaimedJob(*row, token=token) for row in self.filter(locked_by=token).values_list(*_CLAIMED_FIELDS)]
         keys = {j.idempotency_key for j in jobs if j.key is not None or j.attempts > 1}
         if keys:
             done = set(
@@ -172,21 +184,6 @@ class JobQuerySet(models.QuerySet):
             for job in jobs:
                 job.completed = job.idempotency_key in done
         return jobs
-
-    def rescue_expired(self) -> int:
-        """Release jobs whose lease expired, noting the lost attempt in their errors."""
-        expired = list(
-            self.filter(locked_by__isnull=False, lease_expires_at__lt=Now()).values_list(
-                "id", "locked_by", "attempts", "errors"
-            )[:100]
-        )
-        rescued = 0
-        for job_id, locked_by, attempts, errors in expired:
-            entry = lease_expired_entry(attempts, locked_by.rpartition("#")[0], timezone.now())
-            rescued += self.filter(id=job_id, locked_by=locked_by, lease_expires_at__lt=Now()).update(
-                locked_by=None, lease_expires_at=None, errors=[*errors, entry]
-            )
-        return rescued
 
     def complete(self, finished: Sequence[tuple[uuid.UUID, str, str | None]]) -> set[uuid.UUID]:
         """Settle (id, token, result JSON) triples as done: delete each job and write its marker.
@@ -396,9 +393,9 @@ class Job(models.Model):
                 condition=Q(locked_by__isnull=True),
                 name="django_jobs_job_claim",
             ),
-            # Finds expired leases without scanning waiting jobs.
+            # Finds a queue's expired leases without scanning waiting jobs.
             models.Index(
-                fields=["lease_expires_at"],
+                fields=["queue", "lease_expires_at"],
                 condition=Q(locked_by__isnull=False),
                 name="django_jobs_job_lease",
             ),

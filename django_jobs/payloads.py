@@ -41,6 +41,7 @@ def encoder() -> json.JSONEncoder:
 
 def _check_keys(value: Any) -> None:
     # json.dumps turns {1: "a"} into {"1": "a"}: the handler would not get what was sent.
+    # Called after json encoded the value, so it holds no cycle.
     stack = [value]
     while stack:
         item = stack.pop()
@@ -57,9 +58,6 @@ def _check_keys(value: Any) -> None:
 
 def encode(payload: Any) -> str:
     """Return payload as JSON text, or raise InvalidPayload naming what is wrong."""
-    # Fast path for the common flat dict of plain values; anything else is walked.
-    if isinstance(payload, dict | list | tuple):
-        _check_keys(payload)
     try:
         text = encoder().encode(payload)
     except (TypeError, ValueError) as exc:
@@ -68,6 +66,8 @@ def encode(payload: Any) -> str:
         if isinstance(exc, ValueError) and "Circular reference" in str(exc):
             raise InvalidPayload("payload holds a circular reference") from exc
         raise InvalidPayload(f"payload is not JSON-serialisable: {exc}") from exc
+    if isinstance(payload, dict | list | tuple):
+        _check_keys(payload)
     limit = conf.get("MAX_PAYLOAD_BYTES")
     try:
         size = len(text.encode("utf-8"))

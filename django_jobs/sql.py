@@ -6,49 +6,41 @@ PostgreSQL and falls back to the ORM elsewhere. Times come from the database
 clock (``now()``), never the worker's.
 """
 
-# Rescue expired leases, then lease up to %(limit)s due jobs to %(token)s.
+# Lease up to %(limit)s jobs of %(queues)s to %(token)s, counting an attempt each.
 #
-# - The rescue re-checks the expiry in its own UPDATE, so it never touches a job
-#   settled meanwhile; rescued jobs are claimable from the next poll on.
+# - Per queue, jobs whose lease expired (their worker was killed, hung or cut
+#   off) are taken over first, then due jobs in claim order (priority, run_at,
+#   id) along django_jobs_job_claim. Taking over an expired lease notes the lost
+#   attempt in the job's errors; it needs no task for the user to schedule.
 # - Candidates are locked with FOR UPDATE SKIP LOCKED in a MATERIALIZED CTE, so
 #   the outer UPDATE cannot touch more rows than the LIMIT (the planner trap of
-#   "UPDATE ... WHERE id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)").
-# - One LATERAL probe per queue walks django_jobs_job_claim in claim order.
+#   "UPDATE ... WHERE id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)"), and
+#   the UPDATE re-checks the lease, so a job settled meanwhile is left alone.
 # - The marker lookup rides along for the only jobs that can have one: those
 #   with a dedupe key and those on a second attempt.
 CLAIM = """
-WITH rescued AS (
-    UPDATE django_jobs_job AS j
-    SET locked_by = NULL,
-        lease_expires_at = NULL,
-        errors = j.errors || jsonb_build_array(jsonb_build_object(
-            'attempt', j.attempts,
-            'at', now(),
-            'type', 'django_jobs.LeaseExpired',
-            'message', 'the lease expired before the attempt settled (worker killed, hung or cut off)',
-            'traceback', '',
-            'worker', split_part(j.locked_by, '#', 1)))
-    WHERE j.id IN (
-        SELECT id FROM django_jobs_job
-        WHERE locked_by IS NOT NULL AND lease_expires_at < now()
-        ORDER BY lease_expires_at
-        LIMIT %(rescue_limit)s
-        FOR UPDATE SKIP LOCKED)
-      AND j.lease_expires_at < now()
-    RETURNING j.id
-),
-claimable AS MATERIALIZED (
+WITH claimable AS MATERIALIZED (
     SELECT candidate.id
     FROM unnest(%(queues)s::text[]) AS q(name)
     CROSS JOIN LATERAL (
-        SELECT id FROM django_jobs_job
-        WHERE locked_by IS NULL
-          AND queue = q.name
-          AND run_at <= now()
-          AND name <> ALL(%(exclude)s::text[])
-        ORDER BY priority DESC, run_at, id
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
+        SELECT id FROM (
+            SELECT id FROM django_jobs_job
+            WHERE locked_by IS NOT NULL AND queue = q.name AND lease_expires_at < now()
+            ORDER BY lease_expires_at
+            LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED
+        ) AS expired
+        UNION ALL
+        SELECT id FROM (
+            SELECT id FROM django_jobs_job
+            WHERE locked_by IS NULL
+              AND queue = q.name
+              AND run_at <= now()
+              AND name <> ALL(%(exclude)s::text[])
+            ORDER BY priority DESC, run_at, id
+            LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED
+        ) AS due
     ) AS candidate
     LIMIT %(limit)s
 ),
@@ -58,9 +50,18 @@ claimed AS (
         locked_by = %(token)s,
         lease_expires_at = now() + %(lease)s * interval '1 second',
         attempted_at = now(),
-        started_at = COALESCE(j.started_at, now())
+        started_at = COALESCE(j.started_at, now()),
+        errors = CASE WHEN j.locked_by IS NULL THEN j.errors ELSE j.errors || jsonb_build_array(
+            jsonb_build_object(
+                'attempt', j.attempts,
+                'at', now(),
+                'type', 'django_jobs.LeaseExpired',
+                'message', 'the lease expired before the attempt settled (worker killed, hung or cut off)',
+                'traceback', '',
+                'worker', split_part(j.locked_by, '#', 1))) END
     FROM claimable
     WHERE j.id = claimable.id
+      AND (j.locked_by IS NULL OR j.lease_expires_at < now())
     RETURNING j.id, j.name, j.queue, j.payload, j.priority, j.run_at, j.attempts,
               j.max_attempts, j.key, j.fingerprint, j.enqueued_at, j.started_at, j.errors
 )

@@ -20,7 +20,6 @@ Guarantees, in the order a job meets them:
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import os
@@ -35,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from asgiref.sync import async_to_sync
 from django.core.exceptions import ValidationError
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 from django.utils import timezone
@@ -55,6 +55,8 @@ LOOKAHEAD = 0.02
 IDLE_CHECK = 30.0
 # Longest traceback kept per attempt.
 MAX_TRACEBACK = 16_000
+# How often the listener looks up from its socket to see whether the worker is stopping.
+LISTEN_TIMEOUT = 0.25
 # Reconnection backoff after database errors.
 RETRY_MIN, RETRY_MAX = 0.1, 5.0
 
@@ -242,7 +244,7 @@ class Worker:
         )  # fmt: skip
         for _ in range(self.concurrency):
             self._start_executor()
-        if self.listen:
+        if self.listen and not self.burst:  # burst mode drains and leaves: nothing to wait for
             self._start_thread(self._listen, "django-jobs-listener")
         try:
             self._loop()
@@ -709,7 +711,6 @@ class Worker:
 
     def _execute_loop(self) -> None:
         last_job = time.monotonic()
-        loop: asyncio.AbstractEventLoop | None = None
         try:
             while True:
                 run = self._work.get()
@@ -717,18 +718,14 @@ class Worker:
                     return
                 if time.monotonic() - last_job > IDLE_CHECK:
                     _check_connections()
-                if run.handler.is_async and loop is None:
-                    loop = asyncio.new_event_loop()
-                self._execute(run, loop)
+                self._execute(run)
                 last_job = time.monotonic()
                 if run.timed_out:
                     return  # a replacement thread took this one's place
         finally:
-            if loop is not None:
-                loop.close()
             connections.close_all()
 
-    def _execute(self, run: _Run, loop: asyncio.AbstractEventLoop | None) -> None:
+    def _execute(self, run: _Run) -> None:
         job, handler, ctx = run.job, run.handler, run.ctx
         run.started = time.monotonic()
         outcome: Outcome
@@ -749,7 +746,7 @@ class Worker:
             if handler.atomic:
                 outcome = self._run_atomic(run, payload)
             else:
-                result = payloads.encode_result(_call(handler, payload, ctx, loop))
+                result = payloads.encode_result(_call(handler, payload, ctx))
                 outcome = _Succeeded(result)
         except LeaseLost:
             outcome = _Lost()
@@ -765,7 +762,7 @@ class Worker:
         job = run.job
         try:
             with transaction.atomic(using=self.database):
-                result = payloads.encode_result(_call(run.handler, payload, run.ctx, None))
+                result = payloads.encode_result(_call(run.handler, payload, run.ctx))
                 if run.abandoned:
                     raise LeaseLost(f"job {job.id} timed out or was released; rolling back")
                 if not self._jobs().complete_atomically(job, result):
@@ -789,7 +786,7 @@ class Worker:
                 self._inbox.put(_Wake(None))
                 pause = RETRY_MIN
                 while not self._closing.is_set():
-                    for note in raw.notifies(timeout=1.0):
+                    for note in raw.notifies(timeout=LISTEN_TIMEOUT):
                         self._inbox.put(_Wake(note.payload))
             except Exception:  # noqa: BLE001 - any failure means: reconnect
                 if self._closing.is_set():
@@ -850,10 +847,11 @@ class _MarkerExists(Exception):
     pass
 
 
-def _call(handler: Handler, payload: Any, ctx: JobContext, loop: asyncio.AbstractEventLoop | None) -> Any:
+def _call(handler: Handler, payload: Any, ctx: JobContext) -> Any:
     if handler.is_async:
-        assert loop is not None
-        return loop.run_until_complete(handler.func(payload, ctx))
+        # async_to_sync sends the coroutine's thread-sensitive sync_to_async calls
+        # (the ORM) back to this thread, so they use this thread's connection.
+        return async_to_sync(handler.func)(payload, ctx)
     return handler.func(payload, ctx)
 
 

@@ -1,0 +1,132 @@
+"""Shared fixtures: the database in use, worker runs in-process and as real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from django_jobs.worker import Worker
+
+ROOT = Path(__file__).resolve().parent.parent
+POSTGRES = os.environ.get("TEST_DB", "postgres") != "sqlite"
+
+
+def pytest_collection_modifyitems(config, items):
+    if POSTGRES:
+        return
+    skip = pytest.mark.skip(reason="needs PostgreSQL (this run uses SQLite)")
+    for item in items:
+        if "postgres" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def run_worker():
+    """Run an in-process worker in burst mode until nothing is due; return it."""
+
+    def run(**options):
+        options.setdefault("burst", True)
+        options.setdefault("concurrency", 2)
+        worker = Worker(**options)
+        assert worker.run() == 0
+        return worker
+
+    return run
+
+
+class WorkerProcess:
+    """A real `manage.py runjobs` process, its output kept in a file."""
+
+    def __init__(self, args, log_path, env):
+        self.log_path = log_path
+        self.log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "django", "runjobs", *args],
+            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def signal(self, signum):
+        self.proc.send_signal(signum)
+
+    def wait(self, timeout=60):
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            self.log.flush()
+
+    def output(self):
+        self.log.flush()
+        return Path(self.log_path).read_text(errors="replace")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def worker_process(tmp_path):
+    """Start real runjobs processes on the test database; kill leftovers afterwards."""
+    started = []
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "TEST_DB_NAME": str(connection.settings_dict["NAME"]),
+        "PYTHONPATH": str(ROOT),
+    }
+
+    def start(*args, extra_env=None):
+        log = tmp_path / f"worker-{len(started)}.log"
+        proc = WorkerProcess(list(args), log, {**env, **(extra_env or {})})
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
+
+
+def wait_for(predicate, timeout=30.0, interval=0.05, message="condition"):
+    """Poll predicate until it returns a truthy value; fail after timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_connections(request):
+    """Fail a test whose worker threads left database sessions open behind them."""
+    yield
+    if not POSTGRES or "django_db" not in request.keywords:
+        return
+    marker = request.node.get_closest_marker("django_db")
+    if not (marker and marker.kwargs.get("transaction")):
+        return
+    deadline = time.monotonic() + 5
+    while True:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+            )
+            others = cursor.fetchone()[0]
+        if not others or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert others == 0, f"{others} database session(s) still open after the test"

@@ -16,7 +16,13 @@ if os.environ.get("TEST_DB", "postgres") == "sqlite":
             "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20,
                         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"},
             "TEST": {"NAME": os.environ.get("TEST_DB_NAME", os.path.join(os.path.dirname(__file__), "test_db.sqlite3"))},
-        }
+        },
+        # A second database, for jobs tied to the commit of another alias.
+        "other": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.path.join(os.path.dirname(__file__), "other.sqlite3"),
+            "TEST": {"NAME": os.path.join(os.path.dirname(__file__), "test_other.sqlite3")},
+        },
     }
 else:
     DATABASES = {
@@ -30,6 +36,7 @@ else:
             "NAME": os.environ.get("TEST_DB_NAME", "django_jobs"),
         }
     }
+    DATABASES["other"] = {**DATABASES["default"], "NAME": "django_jobs_other"}
 
 INSTALLED_APPS = [
     "django.contrib.admin",

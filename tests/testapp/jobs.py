@@ -85,3 +85,44 @@ async def async_record(payload, ctx):
 
     await sync_to_async(Audit.objects.create)(label=payload["label"], job_id=ctx.id)
     return "async-ok"
+
+
+# In-process observations (a worker thread writes, the test reads).
+running_now = {"count": 0, "max": 0}
+
+
+@job(name="tests.capped", concurrency=1)
+def capped(payload, ctx):
+    import threading
+
+    lock = running_now.setdefault("lock", threading.Lock())
+    with lock:
+        running_now["count"] += 1
+        running_now["max"] = max(running_now["max"], running_now["count"])
+    time.sleep(0.05)
+    with lock:
+        running_now["count"] -= 1
+
+
+@job(name="tests.leaky")
+def leaky(payload, ctx):
+    """Leave a transaction open and uncommitted: the worker must roll it back."""
+    from django.db import connection
+
+    connection.set_autocommit(False)
+    Audit.objects.create(label="uncommitted", job_id=ctx.id)
+
+
+@job(name="tests.connection_info")
+def connection_info(payload, ctx):
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    backend = connection.connection.info.backend_pid if connection.vendor == "postgresql" else id(connection.connection)
+    Audit.objects.create(label=f"pid={backend} queries={len(connection.queries)}", job_id=ctx.id)
+
+
+@job(name="tests.bad_return")
+def bad_return(payload, ctx):
+    return {"not json": {1, 2}}
