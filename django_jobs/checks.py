@@ -12,7 +12,7 @@ from django_jobs import conf
 from django_jobs.registry import Backoff, QUEUE_RE
 
 
-@register(Tags.compatibility, Tags.database)
+@register(Tags.compatibility)
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     errors: list[Any] = []
     user = getattr(settings, "DJANGO_JOBS", {})

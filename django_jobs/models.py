@@ -146,7 +146,7 @@ class JobQuerySet(models.QuerySet):
         # re-checking the lease in the UPDATE keeps two workers from taking one row.
         now = Now()
         lease_until = now + timedelta(seconds=lease)
-        taken = 0
+        attempted: list[uuid.UUID] = []
         expired = (
             self.filter(locked_by__isnull=False, queue__in=list(queues), lease_expires_at__lt=now)
             .order_by("lease_expires_at")
@@ -154,28 +154,31 @@ class JobQuerySet(models.QuerySet):
         )
         for job_id, locked_by, attempts, errors in expired:
             entry = lease_expired_entry(attempts, locked_by.rpartition("#")[0], timezone.now())
-            taken += self.filter(id=job_id, locked_by=locked_by, lease_expires_at__lt=now).update(
+            self.filter(id=job_id, locked_by=locked_by, lease_expires_at__lt=now).update(
                 attempts=F("attempts") + 1,
                 locked_by=token,
                 lease_expires_at=lease_until,
                 attempted_at=now,
                 errors=[*errors, entry],
             )
-        candidates = (
-            self.filter(locked_by__isnull=True, queue__in=list(queues), run_at__lte=now)
-            .exclude(name__in=list(exclude_names))
-            .order_by("-priority", "run_at", "id")
-            .values_list("id", flat=True)[: limit - taken]
-        )
-        if limit > taken:
-            self.filter(id__in=list(candidates), locked_by__isnull=True).update(
+            attempted.append(job_id)
+        if limit > len(attempted):
+            candidates = list(
+                self.filter(locked_by__isnull=True, queue__in=list(queues), run_at__lte=now)
+                .exclude(name__in=list(exclude_names))
+                .order_by("-priority", "run_at", "id")
+                .values_list("id", flat=True)[: limit - len(attempted)]
+            )
+            self.filter(id__in=candidates, locked_by__isnull=True).update(
                 attempts=F("attempts") + 1,
                 locked_by=token,
                 lease_expires_at=lease_until,
                 attempted_at=now,
                 started_at=Coalesce("started_at", now),
             )
-        jobs = [ClaimedJob(*row, token=token) for row in self.filter(locked_by=token).values_list(*_CLAIMED_FIELDS)]
+            attempted += candidates
+        rows = self.filter(id__in=attempted, locked_by=token).values_list(*_CLAIMED_FIELDS)
+        jobs = [ClaimedJob(*row, token=token) for row in rows]
         keys = {j.idempotency_key for j in jobs if j.key is not None or j.attempts > 1}
         if keys:
             done = set(

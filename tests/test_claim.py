@@ -1,0 +1,105 @@
+"""The claim: exclusive under concurrency, in order, on its partial index, on the database clock."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from django_jobs import enqueue
+from django_jobs.models import Job
+from tests.testapp import jobs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_concurrent_claims_never_share_a_job():
+    for i in range(300):
+        enqueue(jobs.noop, {"i": i})
+    claimed: dict[str, list] = {}
+    barrier = threading.Barrier(6)
+
+    def claimer(n):
+        barrier.wait()
+        got = []
+        while True:
+            batch = Job.objects.claim(queues=["default"], limit=7, token=f"w{n}#1", lease=60)
+            if not batch:
+                break
+            got.extend(j.id for j in batch)
+        claimed[n] = got
+        connection.close()
+
+    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    every = [job_id for got in claimed.values() for job_id in got]
+    assert len(every) == 300
+    assert len(set(every)) == 300  # no job handed to two claimers
+    assert Job.objects.filter(attempts=1, locked_by__isnull=False).count() == 300
+
+
+def test_claim_counts_the_attempt_and_sets_the_lease():
+    enqueue(jobs.noop)
+    [job] = Job.objects.claim(queues=["default"], limit=5, token="host:1:ab#1", lease=30)
+    row = Job.objects.get()
+    assert job.attempts == row.attempts == 1
+    assert row.locked_by == "host:1:ab#1"
+    assert timezone.now() + dt.timedelta(seconds=20) < row.lease_expires_at
+    assert row.started_at is not None and row.attempted_at is not None
+    assert job.worker_id == "host:1:ab"
+    assert Job.objects.claim(queues=["default"], limit=5, token="other#1", lease=30) == []
+
+
+def test_claim_respects_queues_limit_and_exclusions():
+    for _ in range(3):
+        enqueue(jobs.noop)
+    enqueue(jobs.other_queue)
+    assert len(Job.objects.claim(queues=["default"], limit=2, token="a#1", lease=30)) == 2
+    assert [j.queue for j in Job.objects.claim(queues=["emails"], limit=9, token="b#1", lease=30)] == ["emails"]
+    assert Job.objects.claim(queues=["default"], limit=9, token="c#1", lease=30, exclude_names=["tests.noop"]) == []
+    assert len(Job.objects.claim(queues=["default"], limit=9, token="d#1", lease=30)) == 1
+
+
+def test_claim_uses_the_database_clock_for_due_jobs():
+    # A run_at one second ahead of the database clock is not due, whatever the worker's clock says.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT CURRENT_TIMESTAMP")
+    enqueue(jobs.noop, delay=2)
+    assert Job.objects.claim(queues=["default"], limit=1, token="a#1", lease=30) == []
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_claim_uses_its_partial_index_on_a_big_table():
+    with connection.cursor() as cursor:
+        # 100,000 jobs, most of them scheduled for later, a few hundred due, some leased.
+        cursor.execute(
+            """
+            INSERT INTO django_jobs_job (id, name, queue, payload, priority, run_at, enqueued_at,
+                                         attempts, max_attempts, errors)
+            SELECT gen_random_uuid(), 'tests.noop', CASE WHEN g % 10 = 0 THEN 'emails' ELSE 'default' END,
+                   '{}', (g % 3) - 1,
+                   CASE WHEN g % 200 = 1 THEN now() - interval '1 minute' ELSE now() + interval '1 day' END,
+                   now(), 0, 3, '[]'
+            FROM generate_series(1, 100000) AS g
+            """
+        )
+        cursor.execute("ANALYZE django_jobs_job")
+        from django_jobs import sql
+
+        cursor.execute(
+            "EXPLAIN " + sql.CLAIM,
+            {"queues": ["default"], "limit": 50, "token": "t#1", "lease": 30, "exclude": []},
+        )
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "django_jobs_job_claim" in plan, plan
+    assert "Seq Scan on django_jobs_job" not in plan, plan
+    claimed = Job.objects.claim(queues=["default"], limit=50, token="t#1", lease=30)
+    assert len(claimed) == 50
+    assert all(j.run_at < timezone.now() for j in claimed)

@@ -1,0 +1,26 @@
+"""The README's first command: the example project's demo, on a fresh SQLite file."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+@pytest.mark.slow
+def test_demo_shows_jobs_done_and_a_dead_letter(tmp_path):
+    env = {**os.environ, "EXAMPLE_SQLITE": str(tmp_path / "demo.sqlite3"), "PYTHONPATH": str(ROOT)}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    env.pop("EXAMPLE_DB", None)
+    out = subprocess.run(
+        [sys.executable, "manage.py", "demo"], cwd=ROOT / "example_project", env=env,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "live jobs left: 0" in out.stdout
+    assert "completion markers: 8" in out.stdout
+    assert "emails sent: 3, cards charged: 3" in out.stdout
+    assert "dead letters: 1" in out.stdout
+    assert "reason=fatal" in out.stdout
