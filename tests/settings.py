@@ -32,11 +32,12 @@ else:
             "PORT": os.environ.get("PGPORT", "5432"),
             "USER": os.environ.get("PGUSER", "postgres"),
             "PASSWORD": os.environ.get("PGPASSWORD", ""),
-            # Worker subprocesses get the name of the test database pytest-django made.
-            "NAME": os.environ.get("TEST_DB_NAME", "django_jobs"),
+            # pytest-django makes "test_" + NAME; JOBS_TEST_DB lets parallel checkouts use their own.
+            # Worker subprocesses get the name of the test database itself in TEST_DB_NAME.
+            "NAME": os.environ.get("TEST_DB_NAME", os.environ.get("JOBS_TEST_DB", "django_jobs")),
         }
     }
-    DATABASES["other"] = {**DATABASES["default"], "NAME": "django_jobs_other"}
+    DATABASES["other"] = {**DATABASES["default"], "NAME": os.environ.get("JOBS_TEST_DB", "django_jobs") + "_other"}
 
 INSTALLED_APPS = [
     "django.contrib.admin",
