@@ -25,7 +25,7 @@ from django_jobs.exceptions import (
 from django_jobs.registry import Backoff, job
 
 if TYPE_CHECKING:
-    from django_jobs.api import EnqueueResult, enqueue, enqueue_on_commit
+    from django_jobs.api import EnqueueResult, enqueue, enqueue_many, enqueue_on_commit
 
 __version__ = "0.1.0"
 
@@ -40,12 +40,13 @@ __all__ = [
     "JobsError",
     "UnknownJob",
     "enqueue",
+    "enqueue_many",
     "enqueue_on_commit",
     "job",
 ]
 
 # These import the models, which need the app registry: load them on first use.
-_LAZY = {"enqueue", "enqueue_on_commit", "EnqueueResult"}
+_LAZY = {"enqueue", "enqueue_many", "enqueue_on_commit", "EnqueueResult"}
 
 
 def __getattr__(name: str) -> Any:

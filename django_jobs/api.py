@@ -13,10 +13,12 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
+from collections.abc import Iterable
 from typing import Any
 from uuid import UUID
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
@@ -108,6 +110,64 @@ def enqueue_on_commit(
     return EnqueueResult(job.id, None, job.name, job.queue)
 
 
+@dataclass(frozen=True, slots=True)
+class _Options:
+    """Options shared by the jobs of one enqueue call, validated once."""
+
+    handler: Handler
+    queue: str
+    priority: int
+    max_attempts: int
+    run_at: datetime | None
+    delay: float
+
+
+def _options(
+    handler: Handler | str,
+    delay: timedelta | float | None,
+    run_at: datetime | None,
+    priority: int | None,
+    queue: str | None,
+    max_attempts: int | None,
+) -> _Options:
+    handler = _resolve(handler)
+    run_at, delay_seconds = _schedule(delay, run_at)
+    return _Options(
+        handler=handler,
+        queue=registry.check_queue(queue if queue is not None else handler.get_queue()),
+        priority=registry.check_priority(priority if priority is not None else handler.priority),
+        max_attempts=registry.check_max_attempts(
+            max_attempts if max_attempts is not None else handler.get_max_attempts()
+        ),
+        run_at=run_at,
+        delay=delay_seconds,
+    )
+
+
+def _item(options: _Options, payload: Any, key: str | None) -> _Prepared:
+    handler = options.handler
+    if key is not None:
+        key = check_key(key)
+    if handler.validate is not None:
+        try:
+            handler.validate(payload)
+        except (ValueError, TypeError, ValidationError) as exc:
+            raise InvalidPayload(f"payload rejected by {handler.name}'s validator: {exc}") from exc
+    text = payloads.encode(payload)
+    return _Prepared(
+        id=uuid7(),
+        name=handler.name,
+        queue=options.queue,
+        payload=text,
+        priority=options.priority,
+        run_at=options.run_at,
+        delay=options.delay,
+        max_attempts=options.max_attempts,
+        key=key,
+        fingerprint=payloads.fingerprint(handler.name, text) if key is not None else None,
+    )
+
+
 def _prepare(
     handler: Handler | str,
     payload: Any,
@@ -118,33 +178,50 @@ def _prepare(
     queue: str | None,
     max_attempts: int | None,
 ) -> _Prepared:
-    handler = _resolve(handler)
-    queue = registry.check_queue(queue if queue is not None else handler.get_queue())
-    priority = registry.check_priority(priority if priority is not None else handler.priority)
-    max_attempts = registry.check_max_attempts(
-        max_attempts if max_attempts is not None else handler.get_max_attempts()
-    )
-    if key is not None:
-        key = check_key(key)
-    run_at, delay_seconds = _schedule(delay, run_at)
-    if handler.validate is not None:
+    return _item(_options(handler, delay, run_at, priority, queue, max_attempts), payload, key)
+
+
+def enqueue_many(
+    handler: Handler | str,
+    payloads_: Iterable[Any],
+    *,
+    keys: Iterable[str | None] | None = None,
+    delay: timedelta | float | None = None,
+    run_at: datetime | None = None,
+    priority: int | None = None,
+    queue: str | None = None,
+    max_attempts: int | None = None,
+) -> list[EnqueueResult]:
+    """Enqueue one job per payload in one round of writes (COPY on PostgreSQL).
+
+    Same validation, dedupe and transaction semantics as ``enqueue``: the rows
+    are written in the caller's transaction on the jobs database, and if any
+    item is invalid or conflicts, nothing is written. `keys`, when given, holds
+    one dedupe key (or None) per payload. Results come back in input order.
+    """
+    options = _options(handler, delay, run_at, priority, queue, max_attempts)
+    items = list(payloads_)
+    key_list = [None] * len(items) if keys is None else list(keys)
+    if len(key_list) != len(items):
+        raise InvalidJob(f"keys has {len(key_list)} entries for {len(items)} payloads")
+    jobs = []
+    for index, (payload, key) in enumerate(zip(items, key_list, strict=True)):
         try:
-            handler.validate(payload)
-        except (ValueError, TypeError) as exc:
-            raise InvalidPayload(f"payload rejected by {handler.name}'s validator: {exc}") from exc
-    text = payloads.encode(payload)
-    return _Prepared(
-        id=uuid7(),
-        name=handler.name,
-        queue=queue,
-        payload=text,
-        priority=priority,
-        run_at=run_at,
-        delay=delay_seconds,
-        max_attempts=max_attempts,
-        key=key,
-        fingerprint=payloads.fingerprint(handler.name, text) if key is not None else None,
-    )
+            jobs.append(_item(options, payload, key))
+        except InvalidJob as exc:
+            raise type(exc)(f"job {index}: {exc}") from exc
+    if not jobs:
+        return []
+    alias = conf.database()
+    with transaction.atomic(using=alias):
+        if connections[alias].vendor == "postgresql":
+            results = _write_many_postgres(jobs, alias)
+        else:
+            results = [_write_portable(job, alias) for job in jobs]
+    if signals.job_enqueued.receivers:
+        for result in results:
+            transaction.on_commit(partial(_send_enqueued, result), using=alias)
+    return results
 
 
 def _resolve(handler: Handler | str) -> Handler:
@@ -208,7 +285,7 @@ def _write(job: _Prepared, alias: str) -> EnqueueResult:
         result = _write_postgres(job, alias)
     else:
         result = _write_portable(job, alias)
-    if signals.job_enqueued.has_listeners():
+    if signals.job_enqueued.receivers:
         transaction.on_commit(partial(_send_enqueued, result), using=alias)
     return result
 
@@ -242,23 +319,65 @@ def _params(job: _Prepared) -> dict[str, Any]:
 
 def _write_postgres(job: _Prepared, alias: str) -> EnqueueResult:
     params = _params(job)
-    with connections[alias].cursor() as cursor:
-        if job.key is None:
-            cursor.execute(sql.INSERT, params)
-            return EnqueueResult(job.id, False, job.name, job.queue)
-        for _ in range(_DEDUPE_ROUNDS):
-            cursor.execute(sql.INSERT_KEYED, params)
-            row = cursor.fetchone()
-            if row is not None:
-                kind, job_id, fingerprint = row[:3]
-                if kind == "inserted":
-                    return EnqueueResult(job_id, False, job.name, job.queue)
-                return _duplicate(job, job_id, fingerprint)
-            existing = Job.objects.using(alias).filter(key=job.key).values_list("id", "fingerprint").first()
-            if existing is not None:
-                return _duplicate(job, *existing)
-            # The live job finished between the two statements: its marker answers next round.
+    if job.key is None:
+        sql.run(alias, sql.INSERT, params)
+        return EnqueueResult(job.id, False, job.name, job.queue)
+    for _ in range(_DEDUPE_ROUNDS):
+        rows = sql.run(alias, sql.INSERT_KEYED, params)
+        if rows:
+            kind, job_id, fingerprint = rows[0][:3]
+            if kind == "inserted":
+                return EnqueueResult(job_id, False, job.name, job.queue)
+            return _duplicate(job, job_id, fingerprint)
+        existing = Job.objects.using(alias).filter(key=job.key).values_list("id", "fingerprint").first()
+        if existing is not None:
+            return _duplicate(job, *existing)
+        # The live job finished between the two statements: its marker answers next round.
     raise InvalidJob(f"key {job.key!r} keeps changing hands; try again")
+
+
+def _write_many_postgres(jobs: list[_Prepared], alias: str) -> list[EnqueueResult]:
+    results: dict[UUID, EnqueueResult] = {}
+    plain = [job for job in jobs if job.key is None]
+    keyed: dict[str, _Prepared] = {}
+    for job in jobs:
+        if job.key is None:
+            continue
+        first = keyed.setdefault(job.key, job)
+        if first is not job:  # the same key twice in one call
+            results[job.id] = _duplicate(job, first.id, first.fingerprint)
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp()")
+        now = cursor.fetchone()[0]
+        if plain:
+            with cursor.cursor.copy(sql.COPY_JOBS) as copy:
+                copy.write(_copy_rows(plain, now))
+            for job in plain:
+                results[job.id] = EnqueueResult(job.id, False, job.name, job.queue)
+        if keyed:
+            for job in keyed.values():
+                results[job.id] = _write_postgres(job, alias)
+        if conf.get("LISTEN"):
+            for queue_name in {job.queue for job in jobs if (job.run_at or now) <= now}:
+                cursor.execute(sql.NOTIFY, [conf.get("CHANNEL"), queue_name])
+    return [results[job.id] for job in jobs]
+
+
+# COPY's text format: backslash, tab, newline and carriage return are escaped.
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def _copy_rows(jobs: list[_Prepared], now: datetime) -> str:
+    """Return jobs as COPY text rows: building the text in Python beats adapting each value."""
+    stamp = now.isoformat()
+    lines = []
+    for job in jobs:
+        run_at = (job.run_at or now + timedelta(seconds=job.delay)).isoformat()
+        lines.append(
+            f"{job.id}\t{job.name}\t{job.queue}\t{job.payload.translate(_COPY_ESCAPES)}\t"
+            f"{job.priority}\t{run_at}\t{stamp}\t0\t{job.max_attempts}\t[]\n"
+        )
+    return "".join(lines)
 
 
 def _write_portable(job: _Prepared, alias: str) -> EnqueueResult:

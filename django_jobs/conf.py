@@ -32,6 +32,9 @@ DEFAULTS: dict[str, Any] = {
     # LISTEN/NOTIFY wake-ups on PostgreSQL; set False behind PgBouncer in transaction pooling.
     "LISTEN": True,
     "CHANNEL": "django_jobs",
+    # Prepare the hot statements once per connection on PostgreSQL; set False behind
+    # a pooler that cannot keep prepared statements (PgBouncer < 1.21, transaction pooling).
+    "PREPARED_STATEMENTS": True,
     # Payloads larger than this (in UTF-8 bytes of JSON) are refused at enqueue.
     "MAX_PAYLOAD_BYTES": 64 * 1024,
     # Dotted path of a json.JSONEncoder subclass for payloads (e.g. DjangoJSONEncoder).

@@ -24,19 +24,42 @@ class JobContext:
     attempt: int
     max_attempts: int
     enqueued_at: datetime
-    key: str
+    dedupe_key: str | None = None
     worker_id: str = ""
-    cancelled: threading.Event = field(default_factory=threading.Event)
     _extend: Callable[[float], None] | None = field(default=None, repr=False)
+    # Most handlers never look at the cancellation event: make it on first use.
+    _event: threading.Event | None = field(default=None, repr=False)
+    _cancel_requested: bool = field(default=False, repr=False)
+
+    @property
+    def key(self) -> str:
+        """The dedupe key given at enqueue, else the job id as text."""
+        return self.dedupe_key if self.dedupe_key is not None else str(self.id)
+
+    @property
+    def cancelled(self) -> threading.Event:
+        """Set when the worker wants this attempt to stop (timeout, shutdown, lost lease)."""
+        event = self._event
+        if event is None:
+            event = self._event = threading.Event()
+            # cancel() may have run between the check above and the assignment.
+            if self._cancel_requested:
+                event.set()
+        return event
 
     @property
     def is_cancelled(self) -> bool:
-        """True once the worker wants this attempt to stop (timeout, shutdown, lost lease)."""
-        return self.cancelled.is_set()
+        return self._cancel_requested
 
     @property
     def is_last_attempt(self) -> bool:
         return self.attempt >= self.max_attempts
+
+    def cancel(self) -> None:
+        """Ask the handler to stop (called by the worker)."""
+        self._cancel_requested = True
+        if self._event is not None:
+            self._event.set()
 
     def extend_lease(self, seconds: float) -> None:
         """Ask the worker to keep this job leased for at least `seconds` more."""

@@ -13,7 +13,8 @@ PostgreSQL runs the hot ones (claim, complete, extend) as single statements from
 
 from __future__ import annotations
 
-import os
+import json
+import random
 import time
 import uuid
 from collections.abc import Iterable, Sequence
@@ -34,7 +35,9 @@ from django_jobs.exceptions import LeaseLost
 def uuid7() -> uuid.UUID:
     """Return a time-ordered UUID (RFC 9562 version 7): ids sort roughly by creation."""
     ms = time.time_ns() // 1_000_000
-    rand = int.from_bytes(os.urandom(10), "big")
+    # Ids must be unique, not secret: the module PRNG (seeded from os.urandom and
+    # reseeded in forked children) is 20x cheaper than a syscall per id.
+    rand = random.getrandbits(80)
     value = (ms & 0xFFFF_FFFF_FFFF) << 80 | rand
     value = value & ~(0xF << 76) | 0x7 << 76  # version 7
     value = value & ~(0x3 << 62) | 0x2 << 62  # RFC 4122 variant
@@ -62,13 +65,11 @@ class ClaimedJob:
     queue: str
     payload: str
     priority: int
-    run_at: datetime
     attempts: int
     max_attempts: int
     key: str | None
     fingerprint: str | None
     enqueued_at: datetime
-    started_at: datetime | None
     errors: list[dict[str, Any]]
     token: str
     completed: bool = False  # a completion marker for its key already exists
@@ -84,8 +85,8 @@ class ClaimedJob:
 
 
 _CLAIMED_FIELDS = (
-    "id", "name", "queue", "payload", "priority", "run_at", "attempts", "max_attempts",
-    "key", "fingerprint", "enqueued_at", "started_at", "errors",
+    "id", "name", "queue", "payload", "priority", "attempts", "max_attempts",
+    "key", "fingerprint", "enqueued_at", "errors",
 )  # fmt: skip
 
 
@@ -119,27 +120,24 @@ class JobQuerySet(models.QuerySet):
         if limit <= 0 or not queues:
             return []
         alias = self.db
-        if _is_postgres(alias):
-            with connections[alias].cursor() as cursor:
-                cursor.execute(
-                    sql.CLAIM,
-                    {
-                        "queues": list(queues),
-                        "limit": limit,
-                        "token": token,
-                        "lease": lease,
-                        "exclude": list(exclude_names),
-                    },
-                )
-                rows = cursor.fetchall()
-            jobs = [ClaimedJob(*row[:-1], token=token, completed=row[-1]) for row in rows]
-            for job in jobs:
-                if isinstance(job.errors, str):  # jsonb arrives as text through Django's cursor
-                    job.errors = _json_loads(job.errors)
-        else:
-            jobs = self._claim_portable(queues, limit, token, lease, exclude_names)
-        jobs.sort(key=lambda j: (-j.priority, j.run_at, j.id))
-        return jobs
+        if not _is_postgres(alias):
+            return self._claim_portable(queues, limit, token, lease, exclude_names)
+        rows = sql.run(
+            alias,
+            sql.CLAIM,
+            {
+                "queues": list(queues),
+                "limit": limit,
+                "token": token,
+                "lease": float(lease),
+                "exclude": list(exclude_names),
+            },
+        )
+        # errors come as JSON text (Django loads jsonb as text), NULL when empty.
+        return [
+            ClaimedJob(*row[:10], errors=json.loads(row[10]) if row[10] else [], token=token, completed=row[11])
+            for row in rows
+        ]
 
     def _claim_portable(self, queues, limit, token, lease, exclude_names) -> list[ClaimedJob]:
         # Conditional UPDATEs: on SQLite each takes the write lock at once, and
@@ -177,7 +175,11 @@ class JobQuerySet(models.QuerySet):
                 started_at=Coalesce("started_at", now),
             )
             attempted += candidates
-        rows = self.filter(id__in=attempted, locked_by=token).values_list(*_CLAIMED_FIELDS)
+        rows = (
+            self.filter(id__in=attempted, locked_by=token)
+            .order_by("-priority", "run_at", "id")
+            .values_list(*_CLAIMED_FIELDS)
+        )
         jobs = [ClaimedJob(*row, token=token) for row in rows]
         keys = {j.idempotency_key for j in jobs if j.key is not None or j.attempts > 1}
         if keys:
@@ -188,51 +190,56 @@ class JobQuerySet(models.QuerySet):
                 job.completed = job.idempotency_key in done
         return jobs
 
-    def complete(self, finished: Sequence[tuple[uuid.UUID, str, str | None]]) -> set[uuid.UUID]:
+    def complete(self, finished: Sequence[tuple[uuid.UUID, str, str | None]]) -> set[int]:
         """Settle (id, token, result JSON) triples as done: delete each job and write its marker.
 
         One transaction for the batch. Rows whose lease another worker holds now
-        are left alone; the ids that were settled are returned.
+        are left alone; the positions (in `finished`) of those settled are returned.
         """
         if not finished:
             return set()
         alias = self.db
         if _is_postgres(alias):
-            ids, tokens, results = zip(*finished, strict=True)
-            with connections[alias].cursor() as cursor:
-                cursor.execute(sql.COMPLETE, [list(ids), list(tokens), list(results)])
-                return {row[0] for row in cursor.fetchall()}
+            quoted: dict[str, str] = {}
+            batch = ",".join(
+                f'{{"i":{index},"id":"{job_id}","token":'
+                f"{quoted.get(token) or quoted.setdefault(token, json.dumps(token))},"
+                f'"result":{result if result is not None else "null"}}}'
+                for index, (job_id, token, result) in enumerate(finished)
+            )
+            return {row[0] for row in sql.run(alias, sql.COMPLETE, [f"[{batch}]"])}
         token_of = {job_id: (token, result) for job_id, token, result in finished}
         with transaction.atomic(using=alias):
             rows = list(
                 self.filter(id__in=list(token_of))
-                .values_list(*_CLAIMED_FIELDS, "locked_by")
+                .values_list(*_CLAIMED_FIELDS, "started_at", "locked_by")
             )
             held = [row for row in rows if row[-1] == token_of[row[0]][0]]
             if not held:
                 return set()
-            self.filter(id__in=[row[0] for row in held]).delete()
+            self.filter(id__in=[row[0] for row in held], locked_by__in={row[-1] for row in held}).delete()
             now = timezone.now()
             CompletionMarker.objects.using(alias).bulk_create(
                 [
                     CompletionMarker(
                         job_id=row[0],
-                        key=row[8] if row[8] is not None else str(row[0]),
+                        key=row[7] if row[7] is not None else str(row[0]),
                         name=row[1],
                         queue=row[2],
-                        attempts=row[6],
-                        enqueued_at=row[10],
+                        attempts=row[5],
+                        enqueued_at=row[9],
                         started_at=row[11],
                         completed_at=now,
                         worker_id=row[-1].rpartition("#")[0],
                         result=_json_loads(token_of[row[0]][1]),
-                        fingerprint=row[9],
+                        fingerprint=row[8],
                     )
                     for row in held
                 ],
                 ignore_conflicts=True,
             )
-        return {row[0] for row in held}
+        settled = {row[0] for row in held}
+        return {index for index, (job_id, _, _) in enumerate(finished) if job_id in settled}
 
     def complete_atomically(self, job: ClaimedJob, result: str | None) -> bool:
         """Inside the handler's transaction: delete the job and write its marker.
@@ -246,6 +253,14 @@ class JobQuerySet(models.QuerySet):
         conn = connections[alias]
         if not conn.in_atomic_block:
             raise RuntimeError("complete_atomically must run inside transaction.atomic()")
+        if _is_postgres(alias):
+            [(deleted, marked)] = sql.run(
+                alias, sql.COMPLETE_ATOMIC, {"id": job.id, "token": job.token, "result": result}
+            )
+            if not deleted:
+                raise LeaseLost(f"job {job.id} was taken over by another worker")
+            return bool(marked)
+        started_at = self.filter(id=job.id).values_list("started_at", flat=True).first()
         deleted, _ = self.filter(id=job.id, locked_by=job.token).delete()
         if not deleted:
             raise LeaseLost(f"job {job.id} was taken over by another worker")
@@ -256,7 +271,7 @@ class JobQuerySet(models.QuerySet):
             queue=job.queue,
             attempts=job.attempts,
             enqueued_at=job.enqueued_at,
-            started_at=job.started_at,
+            started_at=started_at,
             completed_at=timezone.now(),
             worker_id=job.worker_id,
             result=_json_loads(result),
@@ -298,9 +313,7 @@ class JobQuerySet(models.QuerySet):
         tokens = list({j.token for j in jobs})
         alias = self.db
         if _is_postgres(alias):
-            with connections[alias].cursor() as cursor:
-                cursor.execute(sql.EXTEND_LEASES, [seconds, ids, tokens])
-                return {row[0] for row in cursor.fetchall()}
+            return {row[0] for row in sql.run(alias, sql.EXTEND_LEASES, [float(seconds), ids, tokens])}
         held = self.filter(id__in=ids, locked_by__in=tokens)
         held.update(lease_expires_at=Greatest("lease_expires_at", Now() + timedelta(seconds=seconds)))
         return set(held.values_list("id", flat=True))
@@ -316,6 +329,7 @@ class JobQuerySet(models.QuerySet):
         """Move a held job to the dead letters in one transaction; None if its lease is gone."""
         alias = self.db
         with transaction.atomic(using=alias):
+            started_at = self.filter(id=job.id).values_list("started_at", flat=True).first()
             deleted, _ = self.filter(id=job.id, locked_by=job.token).delete()
             if not deleted:
                 return None
@@ -334,7 +348,7 @@ class JobQuerySet(models.QuerySet):
                 traceback=error.get("traceback", ""),
                 errors=[*job.errors, error],
                 enqueued_at=job.enqueued_at,
-                started_at=job.started_at,
+                started_at=started_at,
                 dead_at=timezone.now(),
             )
 
@@ -357,8 +371,6 @@ def lease_expired_entry(attempt: int, worker_id: str, at: datetime) -> dict[str,
 
 
 def _json_loads(text: str | None) -> Any:
-    import json
-
     return None if text is None else json.loads(text)
 
 

@@ -95,9 +95,12 @@ class Handler:
         """Call the function directly (in tests, say), bypassing the queue."""
         return self.func(payload, ctx)
 
-    @property
-    def is_async(self) -> bool:
-        return inspect.iscoroutinefunction(self.func)
+    is_async: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.is_async = inspect.iscoroutinefunction(self.func)
+        if self.is_async and self.atomic:
+            raise ValueError(f"{self.name}: an async handler cannot be atomic=True")
 
     def get_queue(self) -> str:
         return self.queue or conf.get("DEFAULT_QUEUE")

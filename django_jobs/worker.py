@@ -10,12 +10,17 @@ Guarantees, in the order a job meets them:
 
 - a claim leases jobs to a token and counts an attempt each, so a job that kills
   its worker every time still ends in the dead letters after max attempts;
-- leases are extended while jobs run (heartbeat) and every settle is fenced on
-  the token: a worker whose lease was taken over changes nothing;
+- leases are extended while jobs are held (heartbeat) and every settle is fenced
+  on the token: a worker whose lease was taken over changes nothing;
 - a job whose completion marker exists is settled as done without running;
 - successes are settled in batches (delete + marker in one statement); atomic
   handlers commit their marker with their own effects instead;
 - failures retry with the handler's backoff, then dead-letter.
+
+Throughput comes from keeping the executors busy while the dispatcher waits on
+the database: claimed jobs go straight onto the executors' queue (up to the
+concurrency plus a short look-ahead sized from how long jobs take), and
+successes are settled together every few milliseconds.
 """
 
 from __future__ import annotations
@@ -42,14 +47,14 @@ from django.utils import timezone
 from django_jobs import conf, payloads, registry, signals
 from django_jobs.context import JobContext
 from django_jobs.exceptions import FatalError, LeaseLost
-from django_jobs.models import ClaimedJob, DeadReason, Job, error_summary
+from django_jobs.models import ClaimedJob, DeadReason, Job, JobQuerySet, error_summary
 from django_jobs.registry import Handler
 
 logger = logging.getLogger(__name__)
 
 # Successes wait at most this long (or for a full batch) before being settled together.
 FLUSH_INTERVAL = 0.01
-# How much work to hold beyond free threads: enough to keep them busy this long.
+# How much work to queue beyond free threads: enough to keep them busy this long.
 LOOKAHEAD = 0.02
 # A thread idle longer than this checks its connection before the next handler.
 IDLE_CHECK = 30.0
@@ -107,6 +112,11 @@ class _Lost:
 
 
 @dataclass(slots=True)
+class _Unstarted:
+    """The worker was stopping when a thread picked the job up: it did not run."""
+
+
+@dataclass(slots=True)
 class _Failed:
     error: dict[str, Any]
     fatal: bool = False
@@ -119,20 +129,24 @@ class _Dead:
     error: dict[str, Any]
 
 
-Outcome = _Succeeded | _SettledAtomically | _AlreadyDone | _Lost | _Failed | _Dead
+Outcome = _Succeeded | _SettledAtomically | _AlreadyDone | _Lost | _Unstarted | _Failed | _Dead
 
 
 @dataclass(slots=True, eq=False)
 class _Run:
-    """A job handed to an executor thread."""
+    """A claimed job on its way through the worker (hashed by identity)."""
 
     job: ClaimedJob
     handler: Handler | None  # None: settled without running
     ctx: JobContext | None
-    deadline: float | None = None
-    started: float = 0.0
+    timeout: float | None = None
+    started: float = 0.0  # set by the executor thread when the handler starts
     abandoned: bool = False  # timed out or released: whatever it reports is ignored
     timed_out: bool = False
+
+    @property
+    def deadline(self) -> float | None:
+        return self.started + self.timeout if self.started and self.timeout else None
 
 
 # ---- inbox events ---------------------------------------------------------
@@ -152,7 +166,7 @@ class _Wake:
 
 @dataclass(slots=True)
 class _Extend:
-    job_id: Any
+    run: _Run
     seconds: float
 
 
@@ -215,20 +229,28 @@ class Worker:
         self._claims = itertools.count(1)
         self._inbox: queue_module.SimpleQueue[Any] = queue_module.SimpleQueue()
         self._work: queue_module.SimpleQueue[Any] = queue_module.SimpleQueue()
-        self._buffer: deque[_Run] = deque()
-        self._running: dict[Any, _Run] = {}
-        self._running_by_name: dict[str, int] = {}
+        # Runs handed to the executors (queued or running), and those a per-handler cap holds back.
+        self._inflight: set[_Run] = set()
+        self._held_back: deque[_Run] = deque()
+        self._by_name: dict[str, int] = {}
+        self._timed: set[_Run] = set()  # in-flight runs that have a timeout
         self._done: list[tuple[_Run, str | None, float]] = []
         self._done_since = 0.0
         self._unsettled: list[tuple[_Run, Outcome, float]] = []  # settles that hit a DB error
         self._next_unsettled_retry = 0.0
+        self._to_release: list[_Run] = []
         self._threads: list[threading.Thread] = []
         self._stopping = False
+        self._draining = False  # executors hand queued runs back instead of starting them
         self._closing = threading.Event()
         self._more = True  # jobs may be due: claim without waiting for the poll
         self._avg_duration: float | None = None
+        self._target = self.concurrency  # in-flight jobs to aim for
         self._claimed_total = 0
         self._db_failures = 0
+        self._queryset: JobQuerySet = Job.objects.using(self.database)
+        self._timeouts: dict[str, float | None] = {}
+        self._excluded: set[str] = set()  # capped handlers the last claim left out
 
     # ---- public -----------------------------------------------------------
 
@@ -265,18 +287,21 @@ class Worker:
         grace_deadline: float | None = None
         while True:
             now = time.monotonic()
-            timeout = self._next_timeout(now, next_poll, next_heartbeat, grace_deadline)
-            self._drain_inbox(timeout)
+            self._drain_inbox(self._next_timeout(now, next_poll, next_heartbeat, grace_deadline))
             if self._stopping and grace_deadline is None:
                 grace_deadline = self._begin_shutdown()
             now = time.monotonic()
 
-            self._expire_timeouts(now)
+            if self._timed:
+                self._expire_timeouts(now)
+            if self._to_release:
+                self._release(self._to_release)
+                self._to_release = []
             if self._done and (
                 len(self._done) >= self.batch
                 or now - self._done_since >= FLUSH_INTERVAL
-                or not self._running
                 or self._stopping
+                or not (self._inflight or self._more)
             ):
                 self._flush_done()
             if self._unsettled and now >= self._next_unsettled_retry:
@@ -284,7 +309,7 @@ class Worker:
                 self._next_unsettled_retry = now + 1.0
 
             if self._stopping:
-                if not self._running or now >= grace_deadline:
+                if not self._inflight or now >= grace_deadline:
                     self._finish_shutdown()
                     return
                 continue
@@ -293,7 +318,6 @@ class Worker:
                 got, asked = self._claim()
                 self._more = got >= asked > 0
                 next_poll = time.monotonic() + self.poll_interval
-            self._dispatch()
 
             if self.heartbeat and now >= next_heartbeat:
                 self._heartbeat()
@@ -311,7 +335,7 @@ class Worker:
         if not self._stopping and self._want_claim(poll_due=False):
             return 0.0
         deadlines = [next_poll]
-        if self._running or self._buffer:
+        if self._inflight or self._held_back:
             deadlines.append(next_heartbeat)
         if self._done:
             deadlines.append(self._done_since + FLUSH_INTERVAL)
@@ -319,7 +343,7 @@ class Worker:
             deadlines.append(self._next_unsettled_retry)
         if grace_deadline is not None:
             deadlines.append(grace_deadline)
-        deadlines.extend(run.deadline for run in self._running.values() if run.deadline)
+        deadlines.extend(d for run in self._timed if (d := run.deadline))
         return max(0.0, min(deadlines) - now)
 
     def _drain_inbox(self, timeout: float) -> None:
@@ -341,8 +365,8 @@ class Worker:
             if event.queue is None or event.queue in self.queues:
                 self._more = True
         elif isinstance(event, _Extend):
-            run = self._running.get(event.job_id)
-            if run is not None and not run.abandoned:
+            run = event.run
+            if run in self._inflight and not run.abandoned:
                 self._db(lambda: self._jobs().extend_leases([run.job], event.seconds))
         elif isinstance(event, _Stop):
             if not self._stopping:
@@ -351,7 +375,7 @@ class Worker:
 
     def _finished_work(self) -> bool:
         """In burst or max-jobs mode: True once there is nothing left to do."""
-        if self._running or self._buffer or self._done:
+        if self._inflight or self._held_back or self._done:
             return False
         if self.max_jobs is not None and self._claimed_total >= self.max_jobs:
             return True
@@ -360,40 +384,30 @@ class Worker:
     # ---- claiming ---------------------------------------------------------
 
     def _free_slots(self) -> int:
-        target = self.concurrency + self._prefetch()
-        free = target - len(self._running) - len(self._buffer)
+        free = self._target - len(self._inflight) - len(self._held_back)
         if self.max_jobs is not None:
             free = min(free, self.max_jobs - self._claimed_total)
         return max(0, min(free, self.batch))
 
-    def _prefetch(self) -> int:
-        # Short jobs are claimed ahead of free threads so that claims stay few;
-        # long ones only as threads free up, so one worker does not hoard them.
-        if self._avg_duration is None:
-            return 0
-        ahead = int(self.concurrency * LOOKAHEAD / max(self._avg_duration, 1e-6))
-        return min(self.batch, ahead)
-
     def _want_claim(self, poll_due: bool) -> bool:
+        if not (self._more or poll_due):
+            return False
         free = self._free_slots()
         if free <= 0:
             return False
-        if not (self._more or poll_due):
-            return False
-        # With look-ahead, wait until half of it is free rather than claiming one job at a time.
-        return bool(self._running_idle() or free >= max(1, (self.concurrency + self._prefetch()) // 2))
-
-    def _running_idle(self) -> bool:
-        return len(self._running) < self.concurrency and not self._buffer
+        # Claim at once when threads would idle; otherwise wait until half the
+        # look-ahead is free rather than claiming a job at a time.
+        return len(self._inflight) < self.concurrency or free >= self._target // 2
 
     def _claim(self) -> tuple[int, int]:
         asked = self._free_slots()
         token = f"{self.id}#{next(self._claims)}"
         capped = [
             name
-            for name, count in self._running_by_name.items()
+            for name, count in self._by_name.items()
             if (h := registry.lookup(name)) and h.concurrency and count >= h.concurrency
         ]
+        self._excluded = set(capped)
         jobs = self._db(
             lambda: self._jobs().claim(
                 queues=self.queues, limit=asked, token=token, lease=self.lease, exclude_names=capped
@@ -408,7 +422,7 @@ class Worker:
         return len(jobs), asked
 
     def _accept(self, job: ClaimedJob) -> None:
-        """Settle at once what must not run; buffer the rest for the executors."""
+        """Settle at once what must not run; hand the rest to the executors."""
         if job.completed:
             self.stats.skipped += 1
             logger.info("job %s already completed (marker exists): settling without running",
@@ -449,33 +463,36 @@ class Worker:
             attempt=job.attempts,
             max_attempts=job.max_attempts,
             enqueued_at=job.enqueued_at,
-            key=job.idempotency_key,
+            dedupe_key=job.key,
             worker_id=self.id,
         )
-        ctx._extend = lambda seconds, job_id=job.id: self._inbox.put(_Extend(job_id, seconds))
-        self._buffer.append(_Run(job, handler, ctx))
+        run = _Run(job, handler, ctx, timeout=self._timeout_of(handler))
+        ctx._extend = lambda seconds: self._inbox.put(_Extend(run, seconds))
+        self._hand_out(run)
 
-    def _dispatch(self) -> None:
-        """Hand buffered jobs to free executor threads, respecting per-handler caps."""
-        free = self.concurrency - len(self._running)
-        if free <= 0 or not self._buffer:
+    def _timeout_of(self, handler: Handler) -> float | None:
+        try:
+            return self._timeouts[handler.name]
+        except KeyError:
+            return self._timeouts.setdefault(handler.name, handler.get_timeout())
+
+    def _hand_out(self, run: _Run) -> None:
+        """Queue run for the executors, unless its handler's cap is reached."""
+        name = run.job.name
+        cap = run.handler.concurrency
+        if cap and self._by_name.get(name, 0) >= cap:
+            self._held_back.append(run)
             return
-        skipped: list[_Run] = []
-        now = time.monotonic()
-        while free > 0 and self._buffer:
-            run = self._buffer.popleft()
-            cap = run.handler.concurrency
-            name = run.job.name
-            if cap and self._running_by_name.get(name, 0) >= cap:
-                skipped.append(run)
-                continue
-            timeout = run.handler.get_timeout()
-            run.deadline = now + timeout if timeout else None
-            self._running[run.job.id] = run
-            self._running_by_name[name] = self._running_by_name.get(name, 0) + 1
-            self._work.put(run)
-            free -= 1
-        self._buffer.extendleft(reversed(skipped))
+        self._inflight.add(run)
+        self._by_name[name] = self._by_name.get(name, 0) + 1
+        if run.timeout:
+            self._timed.add(run)
+        self._work.put(run)
+
+    def _release_held_back(self) -> None:
+        waiting, self._held_back = self._held_back, deque()
+        for run in waiting:
+            self._hand_out(run)
 
     # ---- outcomes -----------------------------------------------------------
 
@@ -484,21 +501,31 @@ class Worker:
         if run.abandoned:
             return
         self._forget(run)
+        if isinstance(event.outcome, _Unstarted):
+            self._to_release.append(run)
+            return
         duration = event.duration
-        if self._avg_duration is None:
-            self._avg_duration = duration
-        else:
-            self._avg_duration = 0.9 * self._avg_duration + 0.1 * duration
+        avg = self._avg_duration
+        self._avg_duration = avg = duration if avg is None else 0.9 * avg + 0.1 * duration
+        # Short jobs are queued ahead of free threads so that claims stay few;
+        # long ones only as threads free up, so one worker does not hoard them.
+        self._target = self.concurrency + min(self.batch, int(self.concurrency * LOOKAHEAD / max(avg, 1e-6)))
         self._settle(run, event.outcome, duration)
 
     def _forget(self, run: _Run) -> None:
-        if self._running.pop(run.job.id, None) is not None:
+        if run in self._inflight:
+            self._inflight.discard(run)
+            self._timed.discard(run)
             name = run.job.name
-            left = self._running_by_name.get(name, 1) - 1
+            left = self._by_name.get(name, 1) - 1
             if left:
-                self._running_by_name[name] = left
+                self._by_name[name] = left
             else:
-                self._running_by_name.pop(name, None)
+                self._by_name.pop(name, None)
+            if name in self._excluded:
+                self._more = True  # the last claim skipped this capped handler's jobs
+            if self._held_back and not self._stopping:
+                self._release_held_back()
 
     def _settle(self, run: _Run, outcome: Outcome, duration: float) -> None:
         job = run.job
@@ -571,7 +598,7 @@ class Worker:
             "job %s dead-lettered (%s) after %d attempt(s): %s",
             job.id, reason, letter.attempts, error_summary(error), extra=_extra(job), exc_info=exc,
         )  # fmt: skip
-        if signals.job_dead_lettered.has_listeners():
+        if signals.job_dead_lettered.receivers:
             signals.job_dead_lettered.send(
                 sender=job.name, job_id=job.id, name=job.name, queue=job.queue,
                 reason=reason, attempts=letter.attempts, error=letter.error,
@@ -587,8 +614,8 @@ class Worker:
             # One poisoned row must not block the rest: settle one by one next time.
             self._unsettled.extend((run, _Succeeded(result), d) for run, result, d in batch)
             return
-        for run, _, duration in batch:
-            if run.job.id in settled:
+        for index, (run, _, duration) in enumerate(batch):
+            if index in settled:
                 self.stats.succeeded += 1
                 self._send_finished(run.job, "succeeded", None, duration)
             else:
@@ -621,7 +648,7 @@ class Worker:
         )  # fmt: skip
 
     def _send_finished(self, job: ClaimedJob, outcome: str, error: Any, duration: float | None) -> None:
-        if signals.job_finished.has_listeners():
+        if signals.job_finished.receivers:
             signals.job_finished.send(
                 sender=job.name, job_id=job.id, name=job.name, queue=job.queue,
                 attempt=job.attempts, outcome=outcome, error=error, duration=duration,
@@ -629,60 +656,56 @@ class Worker:
 
     # ---- leases, timeouts and shutdown --------------------------------------
 
-    def _held(self) -> list[ClaimedJob]:
-        """Jobs whose leases the heartbeat keeps: running or waiting for a thread."""
-        return [run.job for run in self._running.values() if not run.abandoned] + [
-            run.job for run in self._buffer
-        ]
-
     def _heartbeat(self) -> None:
-        held = self._held()
+        held = [run for run in self._inflight if not run.abandoned] + list(self._held_back)
         if not held:
             return
-        kept = self._db(lambda: self._jobs().extend_leases(held, self.lease))
+        kept = self._db(lambda: self._jobs().extend_leases([run.job for run in held], self.lease))
         if kept is None:
             return
-        for job in held:
-            if job.id not in kept:
-                run = self._running.get(job.id)
-                if run is not None:
-                    run.ctx.cancelled.set()
-                logger.warning("job %s: lease lost (another worker took it over)", job.id, extra=_extra(job))
+        for run in held:
+            if run.job.id not in kept:
+                if run.ctx is not None:
+                    run.ctx.cancel()
+                logger.warning("job %s: lease lost (another worker took it over)", run.job.id,
+                               extra=_extra(run.job))  # fmt: skip
 
     def _expire_timeouts(self, now: float) -> None:
-        for run in list(self._running.values()):
-            if run.deadline is None or now < run.deadline:
-                continue
+        for run in [run for run in self._timed if (d := run.deadline) and now >= d]:
             job = run.job
             run.abandoned = run.timed_out = True
-            run.ctx.cancelled.set()
+            run.ctx.cancel()
             self._forget(run)
             # The thread stays busy until the handler returns: replace it.
             self._start_executor()
-            exc = TimeoutError(f"handler ran longer than its {run.handler.get_timeout():g}s timeout")
+            exc = TimeoutError(f"handler ran longer than its {run.timeout:g}s timeout")
             self._fail(run, _Failed(error_entry(exc, job.attempts, self.id), exc=exc), now - run.started)
 
+    def _release(self, runs: list[_Run]) -> None:
+        released = self._db(lambda: self._jobs().release(run.job for run in runs))
+        self.stats.released += released or 0
+
     def _begin_shutdown(self) -> float:
-        waiting = list(self._buffer)
-        self._buffer.clear()
-        if waiting:
-            released = self._db(lambda: self._jobs().release(run.job for run in waiting))
-            self.stats.released += released or 0
+        # Queued runs come back from the executors unstarted and are released.
+        self._draining = True
+        if self._held_back:
+            self._release(list(self._held_back))
+            self._held_back.clear()
         return time.monotonic() + self.grace
 
     def _finish_shutdown(self) -> None:
-        unfinished = [run for run in self._running.values() if not run.abandoned]
+        unfinished = [run for run in self._inflight if not run.abandoned]
         for run in unfinished:
             run.abandoned = True
-            run.ctx.cancelled.set()
+            run.ctx.cancel()
         if unfinished:
-            released = self._db(lambda: self._jobs().release(run.job for run in unfinished))
-            self.stats.released += released or 0
+            self._release(unfinished)
             logger.warning(
                 "worker %s: %d job(s) still running after the grace period were released "
                 "without consuming an attempt", self.id, len(unfinished),
             )  # fmt: skip
-        self._running.clear()
+        self._inflight.clear()
+        self._timed.clear()
         if self._done:
             self._flush_done()
         for _ in range(3):
@@ -711,21 +734,26 @@ class Worker:
 
     def _execute_loop(self) -> None:
         last_job = time.monotonic()
+        # This thread's connection wrappers, looked up once: they live as long as the thread.
+        own = [connections[alias] for alias in connections]
         try:
             while True:
                 run = self._work.get()
                 if run is _STOP_EXECUTOR:
                     return
+                if self._draining:
+                    self._inbox.put(_Finished(run, _Unstarted(), 0.0))
+                    continue
                 if time.monotonic() - last_job > IDLE_CHECK:
-                    _check_connections()
-                self._execute(run)
+                    _check_connections(own)
+                self._execute(run, own)
                 last_job = time.monotonic()
                 if run.timed_out:
                     return  # a replacement thread took this one's place
         finally:
             connections.close_all()
 
-    def _execute(self, run: _Run) -> None:
+    def _execute(self, run: _Run, own: list[Any]) -> None:
         job, handler, ctx = run.job, run.handler, run.ctx
         run.started = time.monotonic()
         outcome: Outcome
@@ -738,7 +766,7 @@ class Worker:
             error = error_entry(exc, job.attempts, self.id)
             self._inbox.put(_Finished(run, _Dead(DeadReason.INVALID_PAYLOAD, error), 0.0))
             return
-        if signals.job_started.has_listeners():
+        if signals.job_started.receivers:
             signals.job_started.send(
                 sender=job.name, job_id=job.id, name=job.name, queue=job.queue, attempt=job.attempts
             )
@@ -746,8 +774,7 @@ class Worker:
             if handler.atomic:
                 outcome = self._run_atomic(run, payload)
             else:
-                result = payloads.encode_result(_call(handler, payload, ctx))
-                outcome = _Succeeded(result)
+                outcome = _Succeeded(payloads.encode_result(_call(handler, payload, ctx)))
         except LeaseLost:
             outcome = _Lost()
         except FatalError as exc:
@@ -755,7 +782,7 @@ class Worker:
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - a handler may raise anything
             outcome = _Failed(error_entry(exc, job.attempts, self.id), exc=exc)
         finally:
-            _tidy_connections()
+            _tidy_connections(own)
         self._inbox.put(_Finished(run, outcome, time.monotonic() - run.started))
 
     def _run_atomic(self, run: _Run, payload: Any) -> Outcome:
@@ -781,7 +808,7 @@ class Worker:
                 raw = conn.connection
                 with conn.cursor() as cursor:
                     cursor.execute(f"LISTEN {conn.ops.quote_name(channel)}")
-                # Jobs enqueued while this connection was not listening get no
+                # Jobs enqueued while this connection was not listening got no
                 # notification: claim once to catch them.
                 self._inbox.put(_Wake(None))
                 pause = RETRY_MIN
@@ -800,8 +827,8 @@ class Worker:
 
     # ---- database access ------------------------------------------------------
 
-    def _jobs(self):
-        return Job.objects.using(self.database)
+    def _jobs(self) -> JobQuerySet:
+        return self._queryset
 
     def _db(self, operation: Callable[[], Any]) -> Any:
         """Run operation; on a connection error, reconnect later and return None."""
@@ -811,9 +838,7 @@ class Worker:
         except _DB_ERRORS as exc:
             self._db_failures += 1
             pause = min(RETRY_MAX, RETRY_MIN * 2 ** min(self._db_failures - 1, 10))
-            logger.warning(
-                "worker %s: database error (%s); retrying in %.1fs", self.id, exc, pause
-            )
+            logger.warning("worker %s: database error (%s); retrying in %.1fs", self.id, exc, pause)
             _close_quietly(conn)
             self._pause(pause)
             return None
@@ -855,13 +880,13 @@ def _call(handler: Handler, payload: Any, ctx: JobContext) -> Any:
     return handler.func(payload, ctx)
 
 
-def _tidy_connections() -> None:
+def _tidy_connections(own: list[Any]) -> None:
     """After a handler: roll back what it left open; drop broken connections; keep the rest.
 
     Unlike close_old_connections() this keeps healthy connections whatever
     CONN_MAX_AGE says: reconnecting for every job costs more than the job.
     """
-    for conn in connections.all(initialized_only=True):
+    for conn in own:
         if conn.connection is None:
             continue
         try:
@@ -877,9 +902,9 @@ def _tidy_connections() -> None:
         conn.queries_log.clear()
 
 
-def _check_connections() -> None:
+def _check_connections(own: list[Any]) -> None:
     """Close connections that went bad while idle, so the next handler gets a fresh one."""
-    for conn in connections.all(initialized_only=True):
+    for conn in own:
         if conn.connection is not None and not conn.is_usable():
             _close_quietly(conn)
 
@@ -889,4 +914,3 @@ def _close_quietly(conn: Any) -> None:
         conn.close()
     except DatabaseError:
         pass
-

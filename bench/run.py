@@ -1,0 +1,380 @@
+#!/usr/bin/env python
+"""django-jobs benchmarks against the local PostgreSQL, with Django's default settings.
+
+    python3 dev.py bench            # full run: medians of 3, about five minutes
+    python3 dev.py bench --quick    # smoke run: a few hundred jobs, one run each
+
+Figures (no-op jobs, as the peers were measured):
+  E1   enqueue_on_commit, one job per call, autocommit            (jobs/s)
+  E1a  the same inside transaction.atomic(), one job per transaction
+  E2   enqueue_many of 10,000 jobs in one call (COPY)              (jobs/s)
+  D1   drain 10,000 due jobs, one runjobs process                  (jobs/s)
+  D2   the same, two runjobs processes                             (jobs/s)
+  L1   enqueue-commit to handler start at 20 jobs/s, p50 and p99   (ms)
+  idle CPU of a waiting worker (% of one core) and its database round trips per poll
+  claim median with 1,000 jobs vs 1,000,000 scheduled + 100,000 due (ms, and the ratio)
+  peak RSS of one worker (concurrency 4) draining 100,000 jobs     (MB)
+  pgbench single-row INSERT per transaction, one client, for scale (tx/s)
+
+It creates its own database (BENCH_DB, default django_jobs_bench) and drops it at the end.
+Not a test: nothing here fails on speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
+DB = os.environ.setdefault("BENCH_DB", "django_jobs_bench")
+PG = {
+    "host": os.environ.get("PGHOST", "127.0.0.1"),
+    "port": os.environ.get("PGPORT", "5432"),
+    "user": os.environ.get("PGUSER", "postgres"),
+}
+
+
+def admin(sql: str, dbname: str = "postgres") -> list[tuple]:
+    import psycopg
+
+    with psycopg.connect(dbname=dbname, autocommit=True, **PG) as conn:
+        cur = conn.execute(sql)
+        return cur.fetchall() if cur.description else []
+
+
+def create_database() -> None:
+    admin(f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)')
+    admin(f'CREATE DATABASE "{DB}"')
+
+
+def drop_database() -> None:
+    from django.db import connections
+
+    connections.close_all()
+    admin(f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)')
+
+
+def reset() -> None:
+    """Empty the job tables and vacuum them, so every run starts alike."""
+    admin("TRUNCATE django_jobs_job, django_jobs_marker, django_jobs_deadletter", DB)
+    admin("VACUUM ANALYZE django_jobs_job", DB)
+
+
+def spawn_worker(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "django", "runjobs", *args],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def finish(proc: subprocess.Popen, timeout: float = 600) -> None:
+    _, err = proc.communicate(timeout=timeout)
+    if proc.returncode not in (0,):
+        raise RuntimeError(f"worker exited {proc.returncode}: {err.decode()[-2000:]}")
+
+
+# ---- figures ----------------------------------------------------------------
+
+
+def enqueue_one_by_one(n: int, atomic: bool) -> float:
+    from django.db import transaction
+
+    from bench.benchapp.jobs import noop
+    from django_jobs import enqueue_on_commit
+
+    reset()
+    started = time.perf_counter()
+    for i in range(n):
+        if atomic:
+            with transaction.atomic():
+                enqueue_on_commit(noop, {"i": i})
+        else:
+            enqueue_on_commit(noop, {"i": i})
+    return n / (time.perf_counter() - started)
+
+
+def enqueue_bulk(n: int) -> float:
+    from bench.benchapp.jobs import noop
+    from django_jobs import enqueue_many
+
+    reset()
+    payloads = [{"i": i} for i in range(n)]
+    started = time.perf_counter()
+    enqueue_many(noop, payloads)
+    return n / (time.perf_counter() - started)
+
+
+def fill(n: int) -> None:
+    from bench.benchapp.jobs import noop
+    from django_jobs import enqueue_many
+
+    for start in range(0, n, 10_000):
+        enqueue_many(noop, [{"i": i} for i in range(start, min(n, start + 10_000))])
+
+
+def drain(n: int, workers: int) -> float:
+    from django.db.models import Max, Min
+
+    from django_jobs.models import CompletionMarker, Job
+
+    reset()
+    fill(n)
+    procs = [spawn_worker("--burst") for _ in range(workers)]
+    for proc in procs:
+        finish(proc)
+    assert Job.objects.count() == 0, "jobs left after the drain"
+    assert CompletionMarker.objects.count() == n, "a job without its marker"
+    span = CompletionMarker.objects.aggregate(first=Min("started_at"), last=Max("completed_at"))
+    return n / (span["last"] - span["first"]).total_seconds()
+
+
+def latency(rate: float, seconds: float) -> tuple[float, float]:
+    from bench.benchapp.jobs import started
+    from django_jobs import enqueue_on_commit
+    from django_jobs.models import CompletionMarker
+
+    reset()
+    worker = spawn_worker()
+    time.sleep(2.0)  # let it connect and LISTEN
+    committed = {}
+    interval = 1.0 / rate
+    next_at = time.perf_counter()
+    for _ in range(int(rate * seconds)):
+        result = enqueue_on_commit(started, None)
+        committed[result.id] = time.time()
+        next_at += interval
+        time.sleep(max(0.0, next_at - time.perf_counter()))
+    deadline = time.monotonic() + 30
+    while CompletionMarker.objects.count() < len(committed) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    worker.send_signal(signal.SIGTERM)
+    finish(worker, 30)
+    waits = sorted(
+        (start - committed[job_id]) * 1000
+        for job_id, start in CompletionMarker.objects.values_list("job_id", "result")
+    )
+    assert len(waits) == len(committed), "some jobs did not run"
+    return _percentile(waits, 50), _percentile(waits, 99)
+
+
+def _percentile(values: list[float], pct: float) -> float:
+    index = max(0, min(len(values) - 1, round(pct / 100 * len(values) + 0.5) - 1))
+    return values[index]
+
+
+def idle(seconds: float) -> tuple[float, float]:
+    from django_jobs import conf
+
+    reset()
+    worker = spawn_worker()
+    time.sleep(3.0)
+
+    def cpu_ticks() -> int:
+        fields = Path(f"/proc/{worker.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime
+
+    def transactions() -> int:
+        [(count,)] = admin(f"SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = '{DB}'")
+        return count
+
+    ticks, xacts = cpu_ticks(), transactions()
+    time.sleep(seconds)
+    ticks, xacts = cpu_ticks() - ticks, transactions() - xacts
+    worker.send_signal(signal.SIGTERM)
+    finish(worker, 30)
+    cpu = ticks / os.sysconf("SC_CLK_TCK") / seconds * 100
+    polls = seconds / conf.get("POLL_INTERVAL")
+    return cpu, xacts / polls
+
+
+def claim_at_scale(scheduled: int, due: int, samples: int) -> tuple[float, float, float]:
+    from django.db import connection
+
+    from django_jobs import sql
+
+    def median_claim() -> float:
+        times = []
+        with connection.cursor() as cursor:
+            for n in range(samples):
+                cursor.execute("BEGIN")
+                started = time.perf_counter()
+                cursor.execute(
+                    sql.CLAIM,
+                    {"queues": ["default"], "limit": 100, "token": f"bench#{n}", "lease": 30, "exclude": []},
+                )
+                cursor.fetchall()
+                times.append((time.perf_counter() - started) * 1000)
+                cursor.execute("ROLLBACK")  # leave the table as it was for the next sample
+        return statistics.median(times)
+
+    reset()
+    admin(_insert_jobs(1_000, "now() - interval '1 minute'"), DB)
+    admin("ANALYZE django_jobs_job", DB)
+    small = median_claim()
+    reset()
+    admin(_insert_jobs(scheduled, "now() + interval '1 day' + g * interval '1 second'"), DB)
+    admin(_insert_jobs(due, "now() - interval '1 minute'"), DB)
+    admin("VACUUM ANALYZE django_jobs_job", DB)
+    big = median_claim()
+    return small, big, big / small
+
+
+def _insert_jobs(count: int, run_at: str) -> str:
+    return f"""
+        INSERT INTO django_jobs_job (id, name, queue, payload, priority, run_at, enqueued_at,
+                                     attempts, max_attempts, errors)
+        SELECT gen_random_uuid(), 'bench.noop', 'default', '{{}}', 0, {run_at}, now(), 0, 5, '[]'
+        FROM generate_series(1, {count}) AS g
+    """
+
+
+def memory(n: int) -> tuple[float, float]:
+    from django_jobs.models import CompletionMarker
+
+    reset()
+    fill(n)
+    worker = spawn_worker("--burst", "--concurrency", "4")
+    peak = 0
+    status = Path(f"/proc/{worker.pid}/status")
+    started = time.perf_counter()
+    while worker.poll() is None:
+        try:
+            for line in status.read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    peak = max(peak, int(line.split()[1]))
+        except (FileNotFoundError, ProcessLookupError):
+            break
+        time.sleep(0.1)
+    finish(worker)
+    elapsed = time.perf_counter() - started
+    assert CompletionMarker.objects.count() == n
+    return peak / 1024, n / elapsed
+
+
+def pgbench_insert_tps(seconds: int) -> float:
+    admin("CREATE TABLE IF NOT EXISTS pgbench_single (id bigserial PRIMARY KEY, x int)", DB)
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
+        script.write("INSERT INTO pgbench_single (x) VALUES (1);\n")
+    env = {**os.environ, "PGHOST": PG["host"], "PGPORT": PG["port"], "PGUSER": PG["user"]}
+    out = subprocess.run(
+        ["pgbench", "-n", "-c", "1", "-T", str(seconds), "-f", script.name, DB],
+        capture_output=True, text=True, env=env, check=True,
+    ).stdout  # fmt: skip
+    os.unlink(script.name)
+    for line in out.splitlines():
+        if line.startswith("tps = "):
+            return float(line.split()[2])
+    raise RuntimeError(out)
+
+
+# ---- the table ------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a smoke run with a few hundred jobs")
+    parser.add_argument("--runs", type=int, help="runs per figure (default 3; 1 with --quick)")
+    parser.add_argument("--only", help="comma-separated figures to run, e.g. D1,D2")
+    parser.add_argument("--keep", action="store_true", help="keep the benchmark database")
+    args = parser.parse_args()
+    quick = args.quick
+    runs = args.runs or (1 if quick else 3)
+    size = {
+        "enqueue": 300 if quick else 5_000,
+        "bulk": 500 if quick else 10_000,
+        "drain": 500 if quick else 10_000,
+        "latency_s": 2 if quick else 10,
+        "idle_s": 2 if quick else 10,
+        "scheduled": 10_000 if quick else 1_000_000,
+        "due": 1_000 if quick else 100_000,
+        "memory": 2_000 if quick else 100_000,
+        "pgbench_s": 2 if quick else 10,
+    }
+    only = set(args.only.upper().split(",")) if args.only else None
+
+    create_database()
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+
+    figures: list[tuple[str, str, list[float], str]] = []
+
+    def measure(key: str, fn, *fn_args) -> list[float]:
+        if only and key not in only:
+            return []
+        return [fn(*fn_args) for _ in range(runs)]
+
+    def add(key, label, unit, target, values):
+        if values:
+            figures.append((key, label + f" ({unit})", values, target))
+            print(f"  {key:<5} {label}: {_fmt(values)} {unit}", flush=True)  # noqa: T201
+
+    print(f"django-jobs benchmarks on {DB} ({'quick' if quick else f'medians of {runs}'})", flush=True)  # noqa: T201
+    add("E1", "enqueue_on_commit, autocommit", "jobs/s", ">= 2,000",
+        measure("E1", enqueue_one_by_one, size["enqueue"], False))  # fmt: skip
+    add("E1A", "enqueue_on_commit, one atomic() per job", "jobs/s", "",
+        measure("E1A", enqueue_one_by_one, size["enqueue"], True))  # fmt: skip
+    add("E2", f"enqueue_many of {size['bulk']:,}", "jobs/s", ">= 50,000",
+        measure("E2", enqueue_bulk, size["bulk"]))  # fmt: skip
+    add("D1", f"drain {size['drain']:,}, 1 worker", "jobs/s", ">= 6,000",
+        measure("D1", drain, size["drain"], 1))  # fmt: skip
+    add("D2", f"drain {size['drain']:,}, 2 workers", "jobs/s", ">= 8,000",
+        measure("D2", drain, size["drain"], 2))  # fmt: skip
+    if not only or "L1" in only:
+        pairs = [latency(20, size["latency_s"]) for _ in range(runs)]
+        add("L1", "enqueue to start p50 at 20/s", "ms", "<= 3", [p[0] for p in pairs])
+        add("L1", "enqueue to start p99 at 20/s", "ms", "<= 10", [p[1] for p in pairs])
+    if not only or "IDLE" in only:
+        pairs = [idle(size["idle_s"]) for _ in range(runs)]
+        add("IDLE", "idle worker CPU", "% of a core", "< 1", [p[0] for p in pairs])
+        add("IDLE", "idle round trips per poll", "", "<= 1", [p[1] for p in pairs])
+    if not only or "SCALE" in only:
+        small, big, ratio = claim_at_scale(size["scheduled"], size["due"], 15 if quick else 50)
+        add("SCALE", "claim of 100, 1,000 jobs", "ms", "", [small])
+        add("SCALE", f"claim of 100, {size['scheduled']:,} scheduled + {size['due']:,} due", "ms", "", [big])
+        add("SCALE", "ratio big / small", "x", "<= 2", [ratio])
+    if not only or "MEM" in only:
+        peak, rate = memory(size["memory"])
+        add("MEM", f"peak RSS, concurrency 4, {size['memory']:,} jobs", "MB", "< 100", [peak])
+    if not only or "PGBENCH" in only:
+        add("PGB", "pgbench single-row INSERT, 1 client", "tx/s", "",
+            [pgbench_insert_tps(size["pgbench_s"]) for _ in range(runs)])  # fmt: skip
+
+    print()  # noqa: T201
+    print(f"| figure | median | min–max | target |\n|---|---|---|---|")  # noqa: T201
+    for key, label, values, target in figures:
+        print(f"| {key} {label} | {_num(statistics.median(values))} | "  # noqa: T201
+              f"{_num(min(values))}–{_num(max(values))} | {target} |")  # fmt: skip
+    results_dir = ROOT / "bench" / "results"
+    results_dir.mkdir(exist_ok=True)
+    (results_dir / "latest.json").write_text(
+        json.dumps({label: values for _, label, values, _ in figures}, indent=2)
+    )
+    if not args.keep:
+        drop_database()
+    return 0
+
+
+def _num(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.2f}"
+
+
+def _fmt(values: list[float]) -> str:
+    return f"median {_num(statistics.median(values))} (min {_num(min(values))}, max {_num(max(values))})"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

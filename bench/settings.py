@@ -1,0 +1,24 @@
+"""Settings of the benchmark project: Django's defaults (CONN_MAX_AGE = 0, DEBUG off) on PostgreSQL."""
+
+import os
+
+SECRET_KEY = "django-jobs-bench"  # noqa: S105
+USE_TZ = True
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "HOST": os.environ.get("PGHOST", "127.0.0.1"),
+        "PORT": os.environ.get("PGPORT", "5432"),
+        "USER": os.environ.get("PGUSER", "postgres"),
+        "PASSWORD": os.environ.get("PGPASSWORD", ""),
+        "NAME": os.environ.get("BENCH_DB", "django_jobs_bench"),
+    }
+}
+INSTALLED_APPS = ["django.contrib.contenttypes", "django_jobs", "bench.benchapp"]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_jobs": {"handlers": ["stderr"], "level": "WARNING"}},
+}
