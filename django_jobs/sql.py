@@ -32,12 +32,12 @@ def run(alias: str, statement: str, params: Any = None) -> list[tuple]:
     started = time.monotonic() if connection.queries_logged else 0.0
     with connection.wrap_database_errors:
         connection.ensure_connection()
-        cursor = psycopg.Cursor(connection.connection)
-        try:
-            cursor.execute(statement, params, prepare=conf.get("PREPARED_STATEMENTS") or None)
-            rows = cursor.fetchall() if cursor.description else []
-        finally:
-            cursor.close()
+        # One cursor per connection, kept: making one copies the adapters map each time.
+        cursor = getattr(connection, "_django_jobs_cursor", None)
+        if cursor is None or cursor.connection is not connection.connection or cursor.closed:
+            cursor = connection._django_jobs_cursor = psycopg.Cursor(connection.connection)
+        cursor.execute(statement, params, prepare=conf.get("PREPARED_STATEMENTS") or None)
+        rows = cursor.fetchall() if cursor.description else []
     if started:
         connection.queries_log.append(
             {"sql": " ".join(statement.split()), "time": f"{time.monotonic() - started:.3f}"}

@@ -413,3 +413,54 @@ def test_enqueue_notifies_listeners_at_commit_with_the_queue_only():
         assert [n.payload for n in notes] == ["emails"]
         enqueue(jobs.noop, delay=60)  # not due: no wake-up needed
         assert list(listener.notifies(timeout=0.3)) == []
+
+
+class TestEnqueueMany:
+    def test_writes_every_job_in_order_with_the_same_semantics(self):
+        from django_jobs import enqueue_many
+
+        payloads = [{"i": i, "text": "tab\there \\ back"} for i in range(50)]
+        results = enqueue_many(jobs.record, payloads, priority=3)
+        assert [r.duplicate for r in results] == [False] * 50
+        rows = {row.id: row for row in Job.objects.all()}
+        assert len(rows) == 50
+        for result, payload in zip(results, payloads, strict=True):
+            row = rows[result.id]
+            assert json.loads(row.payload) == payload
+            assert (row.priority, row.queue, row.attempts, row.errors) == (3, "default", 0, [])
+
+    def test_keys_dedupe_within_the_call_and_against_the_table(self):
+        from django_jobs import enqueue_many
+
+        first = enqueue(jobs.record, {"label": "a"}, key="a")
+        results = enqueue_many(
+            jobs.record, [{"label": "a"}, {"label": "b"}, {"label": "b"}, {"label": "c"}],
+            keys=["a", "b", "b", None],
+        )  # fmt: skip
+        assert [r.duplicate for r in results] == [True, False, True, False]
+        assert results[0].id == first.id
+        assert results[2].id == results[1].id
+        assert Job.objects.count() == 3
+
+    def test_one_bad_item_writes_nothing(self):
+        from django_jobs import enqueue_many
+
+        with pytest.raises(InvalidPayload, match="job 2"):
+            enqueue_many(jobs.noop, [{"ok": 1}, {"ok": 2}, {"bad": {1, 2}}])
+        enqueue(jobs.record, {"label": "x"}, key="taken")
+        with pytest.raises(IdempotencyConflict):
+            enqueue_many(jobs.record, [{"label": "new"}, {"label": "other"}], keys=[None, "taken"])
+        with pytest.raises(InvalidJob, match="keys has 1 entries for 2 payloads"):
+            enqueue_many(jobs.noop, [1, 2], keys=["k"])
+        assert Job.objects.count() == 1
+
+    def test_delay_applies_to_all(self):
+        from django_jobs import enqueue_many
+
+        enqueue_many(jobs.noop, [1, 2, 3], delay=120)
+        assert Job.objects.filter(run_at__gt=timezone.now() + dt.timedelta(seconds=100)).count() == 3
+
+    def test_empty_call_does_nothing(self):
+        from django_jobs import enqueue_many
+
+        assert enqueue_many(jobs.noop, []) == []
