@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 from functools import partial
 from collections.abc import Iterable
 from typing import Any
@@ -262,8 +263,13 @@ def _schedule(delay: timedelta | float | None, run_at: datetime | None) -> tuple
             raise InvalidJob(f"run_at must be a datetime, not {type(run_at).__name__}")
         if settings.USE_TZ and timezone.is_naive(run_at):
             raise InvalidJob("run_at must be an aware datetime when USE_TZ is on")
-        if not settings.USE_TZ and timezone.is_aware(run_at):
-            run_at = timezone.make_naive(run_at)
+        try:
+            if timezone.is_aware(run_at):
+                run_at = run_at.astimezone(dt_timezone.utc)
+                if not settings.USE_TZ:
+                    run_at = timezone.make_naive(run_at)
+        except OverflowError as exc:
+            raise InvalidJob(f"run_at {run_at!r} is out of range") from exc
         return run_at, 0.0
     if delay is None:
         return None, 0.0

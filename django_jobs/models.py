@@ -359,11 +359,14 @@ def error_summary(error: dict[str, Any]) -> str:
     return f"{kind}: {message}" if kind and message else kind or message
 
 
+LEASE_EXPIRED = "django_jobs.LeaseExpired"
+
+
 def lease_expired_entry(attempt: int, worker_id: str, at: datetime) -> dict[str, Any]:
     return {
         "attempt": attempt,
         "at": at.isoformat(),
-        "type": "django_jobs.LeaseExpired",
+        "type": LEASE_EXPIRED,
         "message": "the lease expired before the attempt settled (worker killed, hung or cut off)",
         "traceback": "",
         "worker": worker_id,

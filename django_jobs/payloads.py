@@ -60,6 +60,8 @@ def encode(payload: Any) -> str:
     """Return payload as JSON text, or raise InvalidPayload naming what is wrong."""
     try:
         text = encoder().encode(payload)
+    except RecursionError as exc:
+        raise InvalidPayload("payload is nested too deeply") from exc
     except (TypeError, ValueError) as exc:
         if isinstance(exc, ValueError) and "Out of range float" in str(exc):
             raise InvalidPayload("payload holds NaN or Infinity, which JSON cannot carry") from exc
@@ -84,13 +86,19 @@ def encode(payload: Any) -> str:
     return text
 
 
-def decode(text: str) -> Any:
-    """Return the payload stored as text; raise ValueError when it is not JSON."""
-    return json.loads(text, parse_constant=_refuse_constant)
-
-
 def _refuse_constant(name: str) -> float:
     raise ValueError(f"{name} is not JSON")
+
+
+_decoder = json.JSONDecoder(parse_constant=_refuse_constant)
+
+
+def decode(text: str) -> Any:
+    """Return the payload stored as text; raise ValueError when it is not JSON."""
+    try:
+        return _decoder.decode(text)
+    except RecursionError:
+        raise ValueError("payload JSON is nested too deeply") from None
 
 
 def fingerprint(name: str, text: str) -> str:

@@ -47,7 +47,7 @@ from django.utils import timezone
 from django_jobs import conf, payloads, registry, signals
 from django_jobs.context import JobContext
 from django_jobs.exceptions import FatalError, LeaseLost
-from django_jobs.models import ClaimedJob, DeadReason, Job, JobQuerySet, error_summary
+from django_jobs.models import LEASE_EXPIRED, ClaimedJob, DeadReason, Job, JobQuerySet, error_summary
 from django_jobs.registry import Handler
 
 logger = logging.getLogger(__name__)
@@ -56,8 +56,9 @@ logger = logging.getLogger(__name__)
 FLUSH_INTERVAL = 0.01
 # How much work to queue beyond free threads: enough to keep them busy this long.
 LOOKAHEAD = 0.02
-# A thread idle longer than this checks its connection before the next handler.
-IDLE_CHECK = 30.0
+# A thread idle longer than this checks its connection before the next handler
+# (servers and poolers drop idle sessions; a failed first query would cost an attempt).
+IDLE_CHECK = 5.0
 # Longest traceback kept per attempt.
 MAX_TRACEBACK = 16_000
 # How often the listener looks up from its socket to see whether the worker is stopping.
@@ -185,7 +186,8 @@ class WorkerStats:
     retried: int = 0
     dead: int = 0
     released: int = 0
-    lost: int = 0  # leases taken over by another worker: the job may have run twice
+    lost: int = 0  # this worker's late settles fenced out: another worker took the job over
+    reexecuted: int = 0  # jobs this worker took over after a lease expired: they may run twice
     skipped: int = 0  # settled as done without running: the key's marker existed
 
 
@@ -272,9 +274,12 @@ class Worker:
             self._loop()
         finally:
             self._shutdown_threads()
+        stats = self.stats
         logger.info(
-            "worker %s stopped: %d succeeded, %d retried, %d dead, %d released",
-            self.id, self.stats.succeeded, self.stats.retried, self.stats.dead, self.stats.released,
+            "worker %s stopped: %d succeeded, %d retried, %d dead, %d released, "
+            "%d re-executed after an expired lease, %d late settles fenced out, %d skipped",
+            self.id, stats.succeeded, stats.retried, stats.dead, stats.released,
+            stats.reexecuted, stats.lost, stats.skipped,
         )  # fmt: skip
         return 0
 
@@ -429,13 +434,21 @@ class Worker:
                         job.id, extra=_extra(job))  # fmt: skip
             self._settle(_Run(job, None, None), _Succeeded(None), 0.0)
             return
+        if job.errors and job.errors[-1].get("type") == LEASE_EXPIRED and job.errors[-1].get("attempt") == job.attempts - 1:
+            # The claim took this job over from a worker whose lease expired: that
+            # attempt may have had effects, and this one repeats them.
+            self.stats.reexecuted += 1
+            logger.warning(
+                "job %s: attempt %d's lease expired (worker %s); taking it over as attempt %d",
+                job.id, job.attempts - 1, job.errors[-1].get("worker", "?"), job.attempts, extra=_extra(job),
+            )  # fmt: skip
         if job.attempts > job.max_attempts:
             # The previous attempt was lost with its worker (killed, OOM, os._exit).
             last = job.errors[-1] if job.errors else {}
             error = {
                 "attempt": job.attempts - 1,
                 "at": timezone.now().isoformat(),
-                "type": last.get("type", "django_jobs.LeaseExpired"),
+                "type": last.get("type", LEASE_EXPIRED),
                 "message": f"{job.max_attempts} attempts started and none settled; "
                 f"the last one: {error_summary(last) or 'worker lost'}",
                 "traceback": last.get("traceback", ""),

@@ -3,7 +3,8 @@
 import os
 
 SECRET_KEY = "django-jobs-tests"  # noqa: S105
-DEBUG = False
+# Worker subprocesses of the chaos tests run with DEBUG on, or a short CONN_MAX_AGE, on request.
+DEBUG = os.environ.get("JOBS_DEBUG") == "1"
 USE_TZ = True
 TIME_ZONE = "UTC"
 
@@ -35,6 +36,7 @@ else:
             # pytest-django makes "test_" + NAME; JOBS_TEST_DB lets parallel checkouts use their own.
             # Worker subprocesses get the name of the test database itself in TEST_DB_NAME.
             "NAME": os.environ.get("TEST_DB_NAME", os.environ.get("JOBS_TEST_DB", "django_jobs")),
+            "CONN_MAX_AGE": int(os.environ.get("JOBS_CONN_MAX_AGE", "0")),
         }
     }
     DATABASES["other"] = {**DATABASES["default"], "NAME": os.environ.get("JOBS_TEST_DB", "django_jobs") + "_other"}

@@ -126,3 +126,35 @@ def connection_info(payload, ctx):
 @job(name="tests.bad_return")
 def bad_return(payload, ctx):
     return {"not json": {1, 2}}
+
+
+@job(name="tests.chaos_atomic", atomic=True, max_attempts=30, backoff=0.5)
+def chaos_atomic(payload, ctx):
+    """An atomic effect that takes a while: the kill storm's and the settle-failure test's job."""
+    Audit.objects.create(label=payload["label"], job_id=ctx.id, attempt=ctx.attempt)
+    if payload.get("ms"):
+        time.sleep(payload["ms"] / 1000)
+
+
+@job(name="tests.slow_first")
+def slow_first(payload, ctx):
+    """Sleep past the lease on the first attempt only (without extending it)."""
+    Audit.objects.create(label=payload["label"], job_id=ctx.id, attempt=ctx.attempt)
+    if payload.get("slow") and ctx.attempt == 1:
+        time.sleep(payload["slow"])
+
+
+@job(name="tests.slow_first_atomic", atomic=True, max_attempts=10)
+def slow_first_atomic(payload, ctx):
+    Audit.objects.create(label=payload["label"], job_id=ctx.id, attempt=ctx.attempt)
+    if payload.get("slow") and ctx.attempt == 1:
+        time.sleep(payload["slow"])
+
+
+@job(name="tests.query")
+def query(payload, ctx):
+    """One query per job: with DEBUG=True each would land in connection.queries."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT %s", [payload.get("n", 0)])
