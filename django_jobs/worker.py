@@ -451,6 +451,8 @@ class Worker:
             enqueued_at=job.enqueued_at,
             key=job.idempotency_key,
             worker_id=self.id,
+            started_at=job.started_at,
+            errors=job.errors,
         )
         ctx._extend = lambda seconds, job_id=job.id: self._inbox.put(_Extend(job_id, seconds))
         self._buffer.append(_Run(job, handler, ctx))
