@@ -190,13 +190,18 @@ class JobsBackend(BaseTaskBackend):
             worker_ids=[],
         )
         # Like job_enqueued: a task is enqueued when its transaction commits, not before.
-        transaction.on_commit(partial(task_handlers.send_enqueued, task, result), using=conf.database())
+        transaction.on_commit(
+            partial(task_handlers.send_enqueued, task, result), using=conf.database()
+        )
         return result
 
     # ---- results ------------------------------------------------------------
 
     def get_result(self, result_id: str) -> TaskResult:
-        """Return the TaskResult of a task's job id from any process; TaskResultDoesNotExist if none."""
+        """Return the TaskResult of a task's job id, from any process.
+
+        Raises TaskResultDoesNotExist for an id that is not a task's job.
+        """
         return task_results.lookup(result_id)
 
     # ---- checks -------------------------------------------------------------
@@ -208,7 +213,8 @@ class JobsBackend(BaseTaskBackend):
         if not apps.is_installed("django_jobs"):
             errors.append(
                 Error(
-                    f"{where} uses django_jobs.backend.JobsBackend but django_jobs is not installed.",
+                    f"{where} uses django_jobs.backend.JobsBackend, "
+                    "but django_jobs is not installed.",
                     hint="Add 'django_jobs' to INSTALLED_APPS and run migrate.",
                     id="django_jobs.E101",
                 )
@@ -224,7 +230,8 @@ class JobsBackend(BaseTaskBackend):
                 errors.append(
                     Error(
                         f"{where}: the jobs database {alias!r} ({connection.vendor}) does not "
-                        "support SELECT ... FOR UPDATE SKIP LOCKED, which workers claim tasks with.",
+                        "support SELECT ... FOR UPDATE SKIP LOCKED, "
+                        "which workers claim tasks with.",
                         hint="Keep the jobs on PostgreSQL (or SQLite on a single machine): "
                         "set DJANGO_JOBS['DATABASE'].",
                         id="django_jobs.E106",
@@ -246,14 +253,23 @@ class JobsBackend(BaseTaskBackend):
                     id="django_jobs.E102",
                 )
             )
-        for key, check in (("MAX_ATTEMPTS", _max_attempts), ("BACKOFF", _backoff), ("TIMEOUT", _timeout)):
+        for key, check in (
+            ("MAX_ATTEMPTS", _max_attempts),
+            ("BACKOFF", _backoff),
+            ("TIMEOUT", _timeout),
+        ):
             try:
                 check(options.get(key))
             except (TypeError, ValueError) as exc:
-                errors.append(Error(f"{where}['OPTIONS']['{key}'] is invalid: {exc}", id="django_jobs.E103"))
+                errors.append(
+                    Error(f"{where}['OPTIONS']['{key}'] is invalid: {exc}", id="django_jobs.E103")
+                )
         per_task = options.get("TASKS", {})
         if not isinstance(per_task, dict):
-            return [*errors, Error(f"{where}['OPTIONS']['TASKS'] must be a dict.", id="django_jobs.E104")]
+            return [
+                *errors,
+                Error(f"{where}['OPTIONS']['TASKS'] must be a dict.", id="django_jobs.E104"),
+            ]
         for path, policy in per_task.items():
             problem = _policy_problem(policy)
             if problem:
@@ -278,7 +294,8 @@ class JobsBackend(BaseTaskBackend):
             if isinstance(allowed, list | tuple | set | frozenset) and queue not in allowed:
                 errors.append(
                     Error(
-                        f"{where}['QUEUES'] names {queue!r}, which DJANGO_JOBS['QUEUES'] does not allow.",
+                        f"{where}['QUEUES'] names {queue!r}, "
+                        "which DJANGO_JOBS['QUEUES'] does not allow.",
                         hint="Add it to DJANGO_JOBS['QUEUES'], or leave that setting None.",
                         id="django_jobs.E105",
                     )

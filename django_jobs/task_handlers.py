@@ -205,7 +205,10 @@ def _started(task: Task, payload: dict[str, Any], ctx: JobContext) -> TaskResult
         backend=task.backend,
         errors=[task_results.task_error(e) for e in ctx.errors],
         # One per attempt: TaskContext.attempt is len(worker_ids).
-        worker_ids=[*task_results.fit(task_results.workers_of(ctx.errors), ctx.attempt - 1), ctx.worker_id],
+        worker_ids=[
+            *task_results.fit(task_results.workers_of(ctx.errors), ctx.attempt - 1),
+            ctx.worker_id,
+        ],
     )
     with _running_lock:
         _running[ctx.id] = result
@@ -221,7 +224,9 @@ def _returned(result: TaskResult, value: Any, ctx: JobContext) -> dict[str, Any]
     return task_results.envelope(value, result, errors=ctx.errors)
 
 
-def _on_job_finished(sender: Any, *, job_id: uuid.UUID, name: str, outcome: str, **kwargs: Any) -> None:
+def _on_job_finished(
+    sender: Any, *, job_id: uuid.UUID, name: str, outcome: str, **kwargs: Any
+) -> None:
     """Send task_finished once a task's outcome is settled (in the worker's dispatcher thread)."""
     with _running_lock:
         result = _running.pop(job_id, None)
@@ -247,13 +252,17 @@ signals.job_finished.connect(_on_job_finished, dispatch_uid="django_jobs.task_ha
 
 def _send(signal: Signal, task: Task, result: TaskResult) -> None:
     # A failing receiver must neither fail the task nor stop the worker: log it.
-    for receiver, response in signal.send_robust(sender=type(task.get_backend()), task_result=result):
+    for receiver, response in signal.send_robust(
+        sender=type(task.get_backend()), task_result=result
+    ):
         if isinstance(response, Exception):
             _log_receiver_error(receiver, response, result)
 
 
 async def _asend(signal: Signal, task: Task, result: TaskResult) -> None:
-    for receiver, response in await signal.asend_robust(sender=type(task.get_backend()), task_result=result):
+    for receiver, response in await signal.asend_robust(
+        sender=type(task.get_backend()), task_result=result
+    ):
         if isinstance(response, Exception):
             _log_receiver_error(receiver, response, result)
 

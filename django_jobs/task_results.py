@@ -33,7 +33,9 @@ _PSEUDO_TYPES = {
     "django_jobs.LeaseExpired": "django_jobs.exceptions.LeaseExpired",
     "django_jobs.UnknownJob": "django_jobs.exceptions.UnknownJob",
 }
-_ENVELOPE_KEYS = frozenset({"return_value", "args", "kwargs", "attempted_at", "worker_ids", "errors"})
+_ENVELOPE_KEYS = frozenset(
+    {"return_value", "args", "kwargs", "attempted_at", "worker_ids", "errors"}
+)
 
 
 def registered_task(name: str) -> Task | None:
@@ -61,9 +63,7 @@ def workers_of(errors: Sequence[dict[str, Any]]) -> list[str]:
     return [str(entry.get("worker") or "") for entry in errors]
 
 
-def envelope(
-    value: Any, result: TaskResult, *, errors: Sequence[dict[str, Any]]
-) -> dict[str, Any]:
+def envelope(value: Any, result: TaskResult, *, errors: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Return what a task's marker keeps: its return value and what the marker lacks."""
     attempted = result.last_attempted_at
     return {
@@ -105,7 +105,9 @@ def _arguments(text: str) -> _Arguments:
     if not isinstance(payload, dict):
         return _Arguments([], {})
     args, kwargs = payload.get("args"), payload.get("kwargs")
-    return _Arguments(args if isinstance(args, list) else [], kwargs if isinstance(kwargs, dict) else {})
+    return _Arguments(
+        args if isinstance(args, list) else [], kwargs if isinstance(kwargs, dict) else {}
+    )
 
 
 def _parse_id(result_id: object) -> uuid.UUID:

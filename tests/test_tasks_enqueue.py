@@ -87,7 +87,10 @@ def test_unknown_queue_is_refused_and_writes_nothing():
     with pytest.raises(InvalidTask, match="nope"):
         tasks.add.using(queue_name="nope")
     # DJANGO_JOBS["QUEUES"] is honoured too, at enqueue.
-    with override_settings(DJANGO_JOBS={"QUEUES": ["default"]}), pytest.raises(InvalidTask, match="emails"):
+    with (
+        override_settings(DJANGO_JOBS={"QUEUES": ["default"]}),
+        pytest.raises(InvalidTask, match="emails"),
+    ):
         tasks.send_email.enqueue("ada@example.com")
     assert Job.objects.count() == 0
 
@@ -119,7 +122,7 @@ def test_an_empty_queues_list_allows_any_valid_queue():
 def test_non_json_arguments_are_refused_and_write_nothing(argument):
     with pytest.raises(InvalidTaskArguments) as raised:
         tasks.echo.enqueue(argument)
-    # Django's own backends raise TypeError; django-jobs' callers catch InvalidPayload (a ValueError).
+    # Django's own backends raise TypeError; django-jobs' callers catch InvalidPayload.
     assert isinstance(raised.value, TypeError)
     assert isinstance(raised.value, InvalidPayload)
     with pytest.raises(InvalidTaskArguments):
@@ -130,13 +133,19 @@ def test_non_json_arguments_are_refused_and_write_nothing(argument):
 def test_json_arguments_round_trip_exactly():
     args = ["text", 1, 1.5, True, None, [1, [2]], {"k": {"n": [True, 0.0]}}]
     result = tasks.echo.enqueue(*args, flag=False, big=2**70)
-    assert json.loads(_row(result).payload) == {"args": args, "kwargs": {"flag": False, "big": 2**70}}
+    assert json.loads(_row(result).payload) == {
+        "args": args,
+        "kwargs": {"flag": False, "big": 2**70},
+    }
     # Tuples are JSON arrays: they arrive as lists, as Django's TaskResult.args shows them.
     assert tasks.echo.enqueue((1, 2)).args == [[1, 2]]
 
 
 def test_oversized_arguments_are_refused():
-    with override_settings(DJANGO_JOBS={"MAX_PAYLOAD_BYTES": 100}), pytest.raises(InvalidPayload, match="limit"):
+    with (
+        override_settings(DJANGO_JOBS={"MAX_PAYLOAD_BYTES": 100}),
+        pytest.raises(InvalidPayload, match="limit"),
+    ):
         tasks.echo.enqueue("x" * 200)
     assert Job.objects.count() == 0
 
@@ -245,11 +254,13 @@ def test_options_policy_follows_the_settings(declared):
         assert _row(tasks.add.enqueue(1, 1)).max_attempts == 9
 
 
-@pytest.mark.skipif(django.VERSION < (6, 1), reason="@task passes extra arguments to task_class from Django 6.1")
+@pytest.mark.skipif(
+    django.VERSION < (6, 1), reason="@task passes extra arguments to task_class from Django 6.1"
+)
 def test_task_decorator_arguments_set_the_policy(declared):
-    declared_task = task(max_attempts=7, backoff={"kind": "fixed", "base": 3, "ceiling": 3}, timeout=2.5, atomic=True)(
-        module_level_function
-    )
+    declared_task = task(
+        max_attempts=7, backoff={"kind": "fixed", "base": 3, "ceiling": 3}, timeout=2.5, atomic=True
+    )(module_level_function)
     assert isinstance(declared_task, JobsTask)
     assert declared_task.backoff == Backoff.fixed(3)
     handler = registry.lookup(f"{__name__}.module_level_function")
@@ -263,7 +274,9 @@ def test_task_decorator_arguments_set_the_policy(declared):
     assert hash(declared_task)
 
 
-@pytest.mark.skipif(django.VERSION < (6, 1), reason="@task passes extra arguments to task_class from Django 6.1")
+@pytest.mark.skipif(
+    django.VERSION < (6, 1), reason="@task passes extra arguments to task_class from Django 6.1"
+)
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -279,14 +292,18 @@ def test_invalid_policy_arguments_are_refused(declared, options, message):
     assert registry.lookup(f"{__name__}.module_level_function") is None
 
 
-@pytest.mark.skipif(django.VERSION < (6, 1), reason="@task passes extra arguments to task_class from Django 6.1")
+@pytest.mark.skipif(
+    django.VERSION < (6, 1), reason="@task passes extra arguments to task_class from Django 6.1"
+)
 def test_atomic_async_task_is_refused(declared):
     with pytest.raises(InvalidTask, match="atomic"):
         task(atomic=True)(module_level_coroutine)
 
 
 def test_invalid_options_refuse_the_tasks_that_use_them():
-    setting = {"default": {"BACKEND": "django_jobs.backend.JobsBackend", "OPTIONS": {"MAX_ATTEMPTS": 0}}}
+    setting = {
+        "default": {"BACKEND": "django_jobs.backend.JobsBackend", "OPTIONS": {"MAX_ATTEMPTS": 0}}
+    }
     with override_settings(TASKS=setting), pytest.raises(InvalidTask, match="max_attempts"):
         tasks.add.enqueue(1, 2)
     assert Job.objects.count() == 0

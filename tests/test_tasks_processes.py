@@ -38,7 +38,9 @@ def test_tasks_enqueued_in_a_view_run_only_if_its_transaction_commits(worker_pro
     assert _labels() == [f"order-{order.pk}"]
     assert Job.objects.count() == 0
     result = tasks.record.get_result(committed.content.decode())
-    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == f"order-{order.pk}"
+    assert (
+        result.status == TaskResultStatus.SUCCESSFUL and result.return_value == f"order-{order.pk}"
+    )
 
 
 def test_a_running_worker_sees_the_task_only_after_the_commit(worker_process):
@@ -48,7 +50,11 @@ def test_a_running_worker_sees_the_task_only_after_the_commit(worker_process):
         result = tasks.record.enqueue("after-commit")
         time.sleep(0.5)  # a few polls: the uncommitted job is invisible to the worker
         assert not Audit.objects.exists()
-    wait_for(lambda: _labels() == ["after-commit"], timeout=30, message="the task to run after the commit")
+    wait_for(
+        lambda: _labels() == ["after-commit"],
+        timeout=30,
+        message="the task to run after the commit",
+    )
     worker.signal(signal.SIGTERM)
     assert worker.wait() == 0, worker.output()
     assert tasks.record.get_result(result.id).status == TaskResultStatus.SUCCESSFUL

@@ -37,11 +37,15 @@ def test_ready_result_of_a_waiting_task():
     assert fetched.task.func is tasks.add.func
     assert fetched.backend == "default"
     assert fetched.enqueued_at == Job.objects.get().enqueued_at
-    assert (fetched.started_at, fetched.finished_at, fetched.last_attempted_at) == (None, None, None)
+    assert (fetched.started_at, fetched.finished_at, fetched.last_attempted_at) == (
+        None,
+        None,
+        None,
+    )
     assert (fetched.worker_ids, fetched.attempts, fetched.errors) == ([], 0, [])
     assert not fetched.is_finished
     with pytest.raises(ValueError, match="not finished"):
-        fetched.return_value
+        _ = fetched.return_value
 
 
 def test_successful_result_after_the_worker_ran_it(run_worker):
@@ -84,14 +88,16 @@ def test_running_result_while_the_worker_holds_it():
     thread = threading.Thread(target=worker.run)
     thread.start()
     try:
-        wait_for(lambda: Audit.objects.filter(label="start:held").exists(), message="the task to start")
+        wait_for(
+            lambda: Audit.objects.filter(label="start:held").exists(), message="the task to start"
+        )
         running = tasks.sleepy.get_result(result.id)
         assert running.status == TaskResultStatus.RUNNING
         assert running.worker_ids == [worker.id] and running.attempts == 1
         assert running.started_at is not None and running.last_attempted_at == running.started_at
         assert running.finished_at is None
         with pytest.raises(ValueError, match="not finished"):
-            running.return_value
+            _ = running.return_value
     finally:
         thread.join(timeout=30)
     running.refresh()
@@ -141,7 +147,7 @@ def test_failed_result_from_the_dead_letter(run_worker):
         assert "Traceback" in error.traceback and "ValueError: boom" in error.traceback
     assert result.args == ["boom"]
     with pytest.raises(ValueError, match="Task failed"):
-        result.return_value
+        _ = result.return_value
 
 
 def test_non_json_return_value_fails_the_attempt(run_worker):
@@ -155,9 +161,13 @@ def test_non_json_return_value_fails_the_attempt(run_worker):
 def test_a_lost_attempt_is_an_error_with_an_importable_class(run_worker):
     result = tasks.add.enqueue(1, 1)
     Job.objects.filter(id=result.id).update(
-        locked_by="dead-host:1:abc#1", lease_expires_at=timezone.now() - dt.timedelta(seconds=5), attempts=1
+        locked_by="dead-host:1:abc#1",
+        lease_expires_at=timezone.now() - dt.timedelta(seconds=5),
+        attempts=1,
     )
-    assert tasks.add.get_result(result.id).status == TaskResultStatus.READY  # lease expired: not running
+    assert (
+        tasks.add.get_result(result.id).status == TaskResultStatus.READY
+    )  # lease expired: not running
     worker = run_worker()
     result.refresh()
     assert result.status == TaskResultStatus.SUCCESSFUL

@@ -33,7 +33,13 @@ def test_worker_serves_the_queues_of_tasks(run_worker):
 
 
 def test_higher_priority_runs_first(run_worker):
-    for priority, label in [(-50, "low"), (0, "normal"), (90, "urgent"), (-100, "lowest"), (100, "highest")]:
+    for priority, label in [
+        (-50, "low"),
+        (0, "normal"),
+        (90, "urgent"),
+        (-100, "lowest"),
+        (100, "highest"),
+    ]:
         tasks.record.using(priority=priority).enqueue(label)
     run_worker(concurrency=1)
     assert list(Audit.objects.order_by("id").values_list("label", flat=True)) == [
@@ -61,7 +67,13 @@ def test_async_task_receives_its_context(run_worker):
 
 
 @pytest.mark.parametrize(
-    "name", ["os.system", "antigravity", "tests.testapp.never_imported.run", "tests.testapp.tasks.elsewhere"]
+    "name",
+    [
+        "os.system",
+        "antigravity",
+        "tests.testapp.never_imported.run",
+        "tests.testapp.tasks.elsewhere",
+    ],
 )
 def test_rows_naming_anything_but_our_tasks_are_dead_lettered_without_an_import(run_worker, name):
     module = name.rpartition(".")[0] if name != "antigravity" else "antigravity"
@@ -82,8 +94,12 @@ def test_signals_are_sent_with_the_right_status(run_worker):
         events.append(("started", sender, task_result.id, task_result.status, task_result.attempts))
 
     def on_finished(sender, task_result, **kwargs):
-        value = task_result.return_value if task_result.status == TaskResultStatus.SUCCESSFUL else None
-        events.append(("finished", sender, task_result.id, task_result.status, len(task_result.errors), value))
+        value = (
+            task_result.return_value if task_result.status == TaskResultStatus.SUCCESSFUL else None
+        )
+        events.append(
+            ("finished", sender, task_result.id, task_result.status, len(task_result.errors), value)
+        )
 
     task_started.connect(on_started)
     task_finished.connect(on_finished)
@@ -111,7 +127,10 @@ def test_signals_are_sent_with_the_right_status(run_worker):
         ("started", TaskResultStatus.RUNNING),
         ("finished", TaskResultStatus.SUCCESSFUL),
     ]
-    assert flaky[-1][4:] == (1, {"attempt": 2, "workers": tasks.flaky.get_result(retried.id).worker_ids})
+    assert flaky[-1][4:] == (
+        1,
+        {"attempt": 2, "workers": tasks.flaky.get_result(retried.id).worker_ids},
+    )
 
 
 def test_a_failing_signal_receiver_neither_fails_the_task_nor_stops_the_worker(run_worker):
@@ -157,7 +176,10 @@ def test_native_job_signals_are_still_sent_for_tasks(run_worker):
         run_worker()
     finally:
         job_finished.disconnect(on_job_finished)
-    assert outcomes == [("tests.testapp.tasks.flaky", "retried"), ("tests.testapp.tasks.flaky", "succeeded")]
+    assert outcomes == [
+        ("tests.testapp.tasks.flaky", "retried"),
+        ("tests.testapp.tasks.flaky", "succeeded"),
+    ]
 
 
 def test_a_dead_lettered_task_replays_like_any_job(run_worker):
@@ -165,7 +187,9 @@ def test_a_dead_lettered_task_replays_like_any_job(run_worker):
     run_worker()
     letter = DeadLetter.objects.get(id=result.id)
     # What a replay does: a new job with the dead letter's name, payload, queue and priority.
-    replay = enqueue(letter.name, json.loads(letter.payload), queue=letter.queue, priority=letter.priority)
+    replay = enqueue(
+        letter.name, json.loads(letter.payload), queue=letter.queue, priority=letter.priority
+    )
     run_worker()
     replayed = tasks.explode.get_result(str(replay.id))
     assert replayed.status == TaskResultStatus.FAILED and replayed.args == ["boom"]

@@ -90,7 +90,9 @@ def elsewhere():
 # Worker processes started with TASK_SIGNALS_AUDIT=1 note each Django task signal they send.
 def _audit_signal(name, task_result):
     if os.environ.get("TASK_SIGNALS_AUDIT"):
-        Audit.objects.create(label=f"signal:{name}:{task_result.status}:{task_result.id}:{os.getpid()}")
+        Audit.objects.create(
+            label=f"signal:{name}:{task_result.status}:{task_result.id}:{os.getpid()}"
+        )
 
 
 @receiver(task_enqueued)
