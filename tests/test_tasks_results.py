@@ -220,3 +220,18 @@ def test_a_row_with_a_bad_payload_is_dead_lettered_and_failed(run_worker):
     assert result.status == TaskResultStatus.FAILED
     assert result.errors[0].exception_class is ValueError
     assert (result.args, result.kwargs) == ([], {})
+
+
+def test_enqueue_and_get_result_cost_few_queries(run_worker, django_assert_num_queries):
+    later = tasks.add.using(run_after=timezone.now() + dt.timedelta(hours=1))
+    with django_assert_num_queries(1):
+        waiting = later.enqueue(1, 2)
+    done = tasks.add.enqueue(3, 4)
+    dead = tasks.explode.enqueue("boom")
+    run_worker()
+    with django_assert_num_queries(1):  # the live job
+        assert tasks.add.get_result(waiting.id).status == TaskResultStatus.READY
+    with django_assert_num_queries(2):  # no live job, then the marker
+        assert tasks.add.get_result(done.id).status == TaskResultStatus.SUCCESSFUL
+    with django_assert_num_queries(3):  # no live job, no marker, then the dead letter
+        assert tasks.explode.get_result(dead.id).status == TaskResultStatus.FAILED

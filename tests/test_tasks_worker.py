@@ -107,6 +107,7 @@ def test_signals_are_sent_with_the_right_status(run_worker):
         ok = tasks.add.enqueue(1, 2)
         dead = tasks.explode.enqueue("boom")
         retried = tasks.flaky.enqueue(2)
+        coroutine = tasks.async_record.enqueue("signals")
         run_worker(concurrency=1)
     finally:
         task_started.disconnect(on_started)
@@ -120,6 +121,10 @@ def test_signals_are_sent_with_the_right_status(run_worker):
         ("started", JobsBackend, dead.id, TaskResultStatus.RUNNING, 1),
         ("started", JobsBackend, dead.id, TaskResultStatus.RUNNING, 2),
         ("finished", JobsBackend, dead.id, TaskResultStatus.FAILED, 2, None),
+    ]
+    assert [e for e in events if e[2] == coroutine.id] == [
+        ("started", JobsBackend, coroutine.id, TaskResultStatus.RUNNING, 1),
+        ("finished", JobsBackend, coroutine.id, TaskResultStatus.SUCCESSFUL, 0, "async:signals"),
     ]
     flaky = [e for e in events if e[2] == retried.id]
     assert [(e[0], e[3]) for e in flaky] == [
