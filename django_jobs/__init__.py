@@ -19,6 +19,7 @@ from django_jobs.exceptions import (
     IdempotencyConflict,
     InvalidJob,
     InvalidPayload,
+    InvalidTaskArguments,
     JobsError,
     UnknownJob,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "IdempotencyConflict",
     "InvalidJob",
     "InvalidPayload",
+    "InvalidTaskArguments",
     "JobContext",
     "JobsError",
     "UnknownJob",

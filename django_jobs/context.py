@@ -6,6 +6,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 
@@ -26,6 +27,9 @@ class JobContext:
     enqueued_at: datetime
     dedupe_key: str | None = None
     worker_id: str = ""
+    # When the first attempt started, and the errors of earlier attempts (oldest first).
+    started_at: datetime | None = None
+    errors: list[dict[str, Any]] = field(default_factory=list)
     _extend: Callable[[float], None] | None = field(default=None, repr=False)
     # Most handlers never look at the cancellation event: make it on first use.
     _event: threading.Event | None = field(default=None, repr=False)

@@ -19,6 +19,13 @@ class UnknownJob(InvalidJob, LookupError):
     """No handler is registered under that name."""
 
 
+class InvalidTaskArguments(InvalidPayload, TypeError):
+    """A django.tasks Task was enqueued with arguments that do not survive a JSON round trip.
+
+    A TypeError too, as Django's own backends raise for arguments they cannot store.
+    """
+
+
 class IdempotencyConflict(JobsError):
     """The key is already used by a job with another name or payload."""
 
@@ -37,6 +44,10 @@ class HandlerConflict(JobsError):
 
 class FatalError(Exception):
     """Raise from a handler when retrying cannot help: the job is dead-lettered at once."""
+
+
+class LeaseExpired(JobsError):
+    """Recorded for an attempt whose lease expired before it settled (its worker died or hung)."""
 
 
 class LeaseLost(JobsError):

@@ -70,6 +70,7 @@ class ClaimedJob:
     key: str | None
     fingerprint: str | None
     enqueued_at: datetime
+    started_at: datetime | None
     errors: list[dict[str, Any]]
     token: str
     completed: bool = False  # a completion marker for its key already exists
@@ -86,7 +87,7 @@ class ClaimedJob:
 
 _CLAIMED_FIELDS = (
     "id", "name", "queue", "payload", "priority", "attempts", "max_attempts",
-    "key", "fingerprint", "enqueued_at", "errors",
+    "key", "fingerprint", "enqueued_at", "started_at", "errors",
 )  # fmt: skip
 
 
@@ -135,7 +136,7 @@ class JobQuerySet(models.QuerySet):
         )
         # errors come as JSON text (Django loads jsonb as text), NULL when empty.
         return [
-            ClaimedJob(*row[:10], errors=json.loads(row[10]) if row[10] else [], token=token, completed=row[11])
+            ClaimedJob(*row[:11], errors=json.loads(row[11]) if row[11] else [], token=token, completed=row[12])
             for row in rows
         ]
 
@@ -212,7 +213,7 @@ class JobQuerySet(models.QuerySet):
         with transaction.atomic(using=alias):
             rows = list(
                 self.filter(id__in=list(token_of))
-                .values_list(*_CLAIMED_FIELDS, "started_at", "locked_by")
+                .values_list(*_CLAIMED_FIELDS, "locked_by")
             )
             held = [row for row in rows if row[-1] == token_of[row[0]][0]]
             if not held:
@@ -228,7 +229,7 @@ class JobQuerySet(models.QuerySet):
                         queue=row[2],
                         attempts=row[5],
                         enqueued_at=row[9],
-                        started_at=row[11],
+                        started_at=row[10],
                         completed_at=now,
                         worker_id=row[-1].rpartition("#")[0],
                         result=_json_loads(token_of[row[0]][1]),
@@ -260,7 +261,6 @@ class JobQuerySet(models.QuerySet):
             if not deleted:
                 raise LeaseLost(f"job {job.id} was taken over by another worker")
             return bool(marked)
-        started_at = self.filter(id=job.id).values_list("started_at", flat=True).first()
         deleted, _ = self.filter(id=job.id, locked_by=job.token).delete()
         if not deleted:
             raise LeaseLost(f"job {job.id} was taken over by another worker")
@@ -271,7 +271,7 @@ class JobQuerySet(models.QuerySet):
             queue=job.queue,
             attempts=job.attempts,
             enqueued_at=job.enqueued_at,
-            started_at=started_at,
+            started_at=job.started_at,
             completed_at=timezone.now(),
             worker_id=job.worker_id,
             result=_json_loads(result),
@@ -329,7 +329,6 @@ class JobQuerySet(models.QuerySet):
         """Move a held job to the dead letters in one transaction; None if its lease is gone."""
         alias = self.db
         with transaction.atomic(using=alias):
-            started_at = self.filter(id=job.id).values_list("started_at", flat=True).first()
             deleted, _ = self.filter(id=job.id, locked_by=job.token).delete()
             if not deleted:
                 return None
@@ -348,7 +347,7 @@ class JobQuerySet(models.QuerySet):
                 traceback=error.get("traceback", ""),
                 errors=[*job.errors, error],
                 enqueued_at=job.enqueued_at,
-                started_at=started_at,
+                started_at=job.started_at,
                 dead_at=timezone.now(),
             )
 

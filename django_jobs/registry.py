@@ -289,7 +289,18 @@ def _positive_int(what: str, value: int | None) -> int | None:
 
 
 def autodiscover() -> None:
-    """Import every installed app's ``jobs`` module, where handlers are declared."""
+    """Import every installed app's ``jobs`` module, where handlers are declared.
+
+    When a TASKS backend is django-jobs' (Django >= 6.0), import every app's
+    ``tasks`` module too: its @task functions are the handlers of Django's Tasks.
+    """
+    from importlib.util import find_spec
+
     from django.utils.module_loading import autodiscover_modules
 
     autodiscover_modules("jobs")
+    if find_spec("django.tasks") is not None:
+        from django_jobs.backend import configured_aliases
+
+        if configured_aliases():
+            autodiscover_modules("tasks")

@@ -102,10 +102,10 @@ claimed AS (
     WHERE j.id = claimable.id
       AND (j.locked_by IS NULL OR j.lease_expires_at < now())
     RETURNING j.id, j.name, j.queue, j.payload, j.priority, j.run_at, j.attempts,
-              j.max_attempts, j.key, j.fingerprint, j.enqueued_at, j.errors
+              j.max_attempts, j.key, j.fingerprint, j.enqueued_at, j.started_at, j.errors
 )
 SELECT id, name, queue, payload, priority, attempts, max_attempts, key, fingerprint, enqueued_at,
-       CASE WHEN errors = '[]' THEN NULL ELSE errors END,
+       started_at, CASE WHEN errors = '[]' THEN NULL ELSE errors END,
        (key IS NOT NULL OR attempts > 1) AND EXISTS (
            SELECT 1 FROM django_jobs_marker AS m WHERE m.key = COALESCE(claimed.key, claimed.id::text)
        ) AS completed

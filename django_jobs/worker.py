@@ -478,6 +478,8 @@ class Worker:
             enqueued_at=job.enqueued_at,
             dedupe_key=job.key,
             worker_id=self.id,
+            started_at=job.started_at,
+            errors=job.errors,
         )
         run = _Run(job, handler, ctx, timeout=self._timeout_of(handler))
         ctx._extend = lambda seconds: self._inbox.put(_Extend(run, seconds))

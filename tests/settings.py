@@ -83,6 +83,21 @@ DJANGO_JOBS = {
     "POLL_INTERVAL": 0.2,
 }
 
+# Django's Tasks framework (Django >= 6.0; ignored before): @task functions of
+# tests/testapp/tasks.py run on django-jobs. "immediate" is a backend that is not
+# ours: its tasks must never run on the worker.
+TASKS = {
+    "default": {
+        "BACKEND": "django_jobs.backend.JobsBackend",
+        "QUEUES": ["default", "emails"],
+        "OPTIONS": {
+            "MAX_ATTEMPTS": 3,
+            "TASKS": {"tests.testapp.tasks.explode": {"max_attempts": 2}},
+        },
+    },
+    "immediate": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend", "QUEUES": []},
+}
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -1,3 +1,5 @@
+from importlib.util import find_spec
+
 from django.contrib import admin
 from django.urls import path
 
@@ -7,3 +9,11 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("orders/", views.create_order, name="create-order"),
 ]
+
+if find_spec("django.tasks") is not None:  # Django >= 6.0
+    from tests.testapp import task_views
+
+    urlpatterns += [
+        path("task-orders/", task_views.order_with_task, name="task-order"),
+        path("async-enqueue/", task_views.async_enqueue, name="async-enqueue"),
+    ]

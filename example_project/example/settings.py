@@ -81,6 +81,14 @@ DJANGO_JOBS = {
     "POLL_INTERVAL": 0.5,
 }
 
+# Django's Tasks framework runs on django-jobs: @task functions in shop/tasks.py.
+TASKS = {
+    "default": {
+        "BACKEND": "django_jobs.backend.JobsBackend",
+        "OPTIONS": {"MAX_ATTEMPTS": 3},
+    }
+}
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

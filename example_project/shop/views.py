@@ -4,7 +4,7 @@ from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
 from django_jobs import enqueue_on_commit
-from shop import jobs
+from shop import jobs, tasks
 from shop.models import Order
 
 FORM = """<!doctype html><title>django-jobs shop</title>
@@ -30,6 +30,8 @@ def place_order(request):
         enqueue_on_commit(jobs.send_confirmation, {"order_id": order.pk})
         enqueue_on_commit(jobs.charge_card, {"order_id": order.pk, "amount": 1999}, key=f"charge-{order.pk}")
         enqueue_on_commit(jobs.reserve_stock, {"item": order.item})
+        # A Django @task: enqueue() joins this transaction too.
+        tasks.thank_customer.enqueue(order.pk)
         if request.POST.get("explode"):
             raise RuntimeError("the view failed after enqueueing: everything rolls back")
     return redirect("/admin/django_jobs/")

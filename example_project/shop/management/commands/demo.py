@@ -14,6 +14,7 @@ from django.db import connections
 from django.test import Client
 
 from django_jobs.models import CompletionMarker, DeadLetter, Job
+from shop import tasks
 from shop.models import Charge, Email, Order
 
 
@@ -41,7 +42,7 @@ class Command(BaseCommand):
         for item, explode in [("book", False), ("lamp", False), ("discontinued-widget", False), ("kite", True)]:
             try:
                 client.post("/orders/", {"email": "ada@example.com", "item": item, **({"explode": 1} if explode else {})})
-                self.line(f"order for {item!r}: committed with its 3 jobs")
+                self.line(f"order for {item!r}: committed with its 3 jobs and 1 Django task")
             except RuntimeError as exc:
                 self.line(f"order for {item!r}: the view raised ({exc}); no order, no job")
         self.line(f"orders: {Order.objects.count()}, live jobs: {Job.objects.count()}")
@@ -69,6 +70,11 @@ class Command(BaseCommand):
         self.line(f"dead letters: {DeadLetter.objects.count()}")
         for letter in DeadLetter.objects.all():
             self.line(f"  dead     {letter.name:<32} reason={letter.reason} error={letter.error}")
+        name = tasks.thank_customer.module_path
+        self.line(f"Django task results ({name}.get_result):")
+        for job_id in CompletionMarker.objects.filter(name=name).values_list("job_id", flat=True):
+            result = tasks.thank_customer.get_result(str(job_id))
+            self.line(f"  {result.status:<10} {result.return_value}")
 
         self.title("Where to look")
         self.line("python manage.py runserver, then http://127.0.0.1:8000/admin/django_jobs/ (admin / admin):")
