@@ -16,6 +16,7 @@ from functools import cached_property
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.admin.utils import unquote
 from django.contrib.contenttypes.models import ContentType
@@ -182,6 +183,15 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return admin.utils.flatten_fieldsets(self.get_fieldsets(request, obj))
 
+    list_deferred: list[str] = []
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        queryset = super().get_queryset(request)
+        match = request.resolver_match
+        if self.list_deferred and match is not None and match.url_name.endswith("_changelist"):
+            queryset = queryset.defer(*self.list_deferred)
+        return queryset
+
     def dashboard_link(self) -> str:
         return reverse(f"{self.admin_site.name}:django_jobs_dashboard")
 
@@ -250,6 +260,8 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     date_hierarchy = "dead_at"
     ordering = ["-dead_at", "-id"]
     actions = ["replay_selected"]
+    # The list needs none of these, and each can be many kilobytes per row.
+    list_deferred = ["payload", "traceback", "errors"]
     fieldsets = [
         (None, {"fields": [
             "id", "name", "queue", "priority", "key", "reason", "attempts_of",
@@ -427,6 +439,7 @@ class JobAdmin(ReadOnlyAdmin):
     search_fields = ["id", "key", "name"]
     search_help_text = _("A job id or key (exact), or words of the name.")
     actions = ["run_now", "cancel"]
+    list_deferred = ["payload", "errors"]
     fieldsets = [
         (None, {"fields": [
             "id", "name", "queue", "state_label", "priority", "key", "attempts_of",
@@ -513,6 +526,10 @@ class JobAdmin(ReadOnlyAdmin):
     def cancel(self, request: HttpRequest, queryset: QuerySet) -> None:
         names = dict(queryset.values_list("id", "name"))
         report = Job.objects.filter(id__in=list(names)).cancel(by=_username(request))
+        if request.POST.get("select_across") != "1":
+            # Ticked on the page but finished before the click: no longer in the queryset.
+            ticked = set(request.POST.getlist(helpers.ACTION_CHECKBOX_NAME))
+            report.gone += sorted(ticked - {str(pk) for pk in names})
         if report.cancelled:
             _log(
                 request, DeadLetter,
@@ -575,6 +592,7 @@ class CompletionMarkerAdmin(ReadOnlyAdmin):
     search_fields = ["key", "job_id"]
     search_help_text = _("A key or a job id (exact).")
     ordering = ["-completed_at", "-job_id"]
+    list_deferred = ["result"]
     fieldsets = [
         (None, {"fields": [
             "key", "job_id", "name", "queue", "attempts", "enqueued_at", "started_at",

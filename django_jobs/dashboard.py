@@ -174,22 +174,27 @@ def bar_chart(
         bar_h = value * scale
         parts.append(
             format_html(
-                '<rect x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{:.1f}" fill="{}">'
+                '<rect x="{}" y="{}" width="{}" height="{}" fill="{}">'
                 "<title>{}: {} {}</title></rect>",
-                left + i * step + 0.5, top + plot_h - bar_h, max(step - 1, 1), bar_h, color,
-                minute.strftime("%H:%M"), value, unit,
+                _n(left + i * step + 0.5), _n(top + plot_h - bar_h), _n(max(step - 1, 1)),
+                _n(bar_h), color, minute.strftime("%H:%M"), value, unit,
             )  # fmt: skip
         )
     for i, label in ((0, f"-{len(values)} min"), (len(values) // 2, f"-{len(values) // 2} min"),
                      (len(values), "now")):  # fmt: skip
         parts.append(
             format_html(
-                '<text x="{:.1f}" y="{}" font-size="10" text-anchor="middle" fill="#666">{}</text>',
-                left + i * step, height - 4, label,
+                '<text x="{}" y="{}" font-size="10" text-anchor="middle" fill="#666">{}</text>',
+                _n(left + i * step), height - 4, label,
             )  # fmt: skip
         )
     parts.append(mark_safe("</svg>"))  # noqa: S308 - a constant
     return mark_safe("".join(str(p) for p in parts))  # noqa: S308 - every part is escaped above
+
+
+def _n(value: float) -> str:
+    """A coordinate with one decimal: short markup, and nothing format_html must escape."""
+    return f"{value:.1f}"
 
 
 def duration(value: timedelta | None) -> str:
