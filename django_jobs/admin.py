@@ -196,6 +196,12 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return reverse(f"{self.admin_site.name}:django_jobs_dashboard")
 
     def changelist_view(self, request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
+        # django-admin-rangefilter puts request.csp_nonce (django-csp's name) on its inline
+        # style and script; Django's own CSP middleware keeps the nonce as _csp_nonce.
+        # Hand it over, or a strict Content-Security-Policy blocks the date-range filters.
+        nonce = getattr(request, "_csp_nonce", None)
+        if nonce is not None and not hasattr(request, "csp_nonce"):
+            request.csp_nonce = nonce
         extra = {"django_jobs_dashboard_url": self.dashboard_link(), **(extra_context or {})}
         return super().changelist_view(request, extra_context=extra)
 
