@@ -128,7 +128,10 @@ def ensure_browser() -> bool:
     if apt and hasattr(os, "geteuid") and os.geteuid() == 0:
         say("installing Debian's chromium and chromium-driver for the admin's browser test")
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        steps = ([apt, "update", "-qq"], [apt, "install", "-y", "-qq", "chromium", "chromium-driver"])
+        steps = (
+            [apt, "update", "-qq"],
+            [apt, "install", "-y", "-qq", "chromium", "chromium-driver"],
+        )
         for step in steps:
             if subprocess.run(step, env=env, stdout=subprocess.DEVNULL, check=False).returncode:
                 break

@@ -17,7 +17,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.contrib.admin.models import CHANGE, DELETION, LogEntry
+from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin.utils import unquote
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
@@ -195,7 +195,9 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     def dashboard_link(self) -> str:
         return reverse(f"{self.admin_site.name}:django_jobs_dashboard")
 
-    def changelist_view(self, request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict | None = None
+    ) -> HttpResponse:
         # django-admin-rangefilter puts request.csp_nonce (django-csp's name) on its inline
         # style and script; Django's own CSP middleware keeps the nonce as _csp_nonce.
         # Hand it over, or a strict Content-Security-Policy blocks the date-range filters.
@@ -328,7 +330,9 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         site = self.admin_site.name
         if Job.objects.filter(id=job_id).exists():
             url = reverse(f"{site}:django_jobs_job_change", args=[job_id])
-            return format_html('{} <a href="{}">{}</a> {}', _("New job"), url, job_id, _("is live."))
+            return format_html(
+                '{} <a href="{}">{}</a> {}', _("New job"), url, job_id, _("is live.")
+            )
         marker = CompletionMarker.objects.filter(job_id=job_id).first()
         if marker is not None:
             url = reverse(f"{site}:django_jobs_completionmarker_change", args=[marker.pk])
@@ -414,12 +418,18 @@ class DeadLetterAdmin(ReadOnlyAdmin):
                 return HttpResponseRedirect(change_url)
             if timezone.is_naive(run_at):
                 run_at = timezone.make_aware(run_at)
-        report = DeadLetter.objects.filter(pk=letter.pk).replay(by=_username(request), run_at=run_at)
+        report = DeadLetter.objects.filter(pk=letter.pk).replay(
+            by=_username(request), run_at=run_at
+        )
         self._after_replay(request, report)
         return HttpResponseRedirect(change_url)
 
     def change_view(
-        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict | None = None
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict | None = None,
     ) -> HttpResponse:
         extra = dict(extra_context or {})
         if self.has_replay_permission(request):
@@ -472,7 +482,11 @@ class JobAdmin(ReadOnlyAdmin):
     def state_label(self, obj: Job) -> str:
         state = getattr(obj, "state", None)
         label = str(JobState(state).label) if state else EMPTY
-        if state == JobState.RUNNING and obj.lease_expires_at and obj.lease_expires_at < timezone.now():
+        if (
+            state == JobState.RUNNING
+            and obj.lease_expires_at
+            and obj.lease_expires_at < timezone.now()
+        ):
             return f"{label} ({_('lease expired: rescue is due')})"
         return label
 
@@ -517,10 +531,17 @@ class JobAdmin(ReadOnlyAdmin):
         scheduled = [(pk, name) for pk, name, state in selected if state == JobState.SCHEDULED]
         moved = Job.objects.filter(id__in=[pk for pk, _name in scheduled]).run_now()
         if moved:
-            _log(request, Job, ((pk, f"{name} {pk}", "Made due now.") for pk, name in scheduled), CHANGE)
+            _log(
+                request,
+                Job,
+                ((pk, f"{name} {pk}", "Made due now.") for pk, name in scheduled),
+                CHANGE,
+            )
         message = f"{moved} made due now"
         if len(selected) > moved:
-            message += f"; {len(selected) - moved} not scheduled (already due or running), left alone"
+            message += (
+                f"; {len(selected) - moved} not scheduled (already due or running), left alone"
+            )
         self.message_user(
             request, f"{message}.", messages.SUCCESS if moved == len(selected) else messages.WARNING
         )
@@ -543,7 +564,10 @@ class JobAdmin(ReadOnlyAdmin):
                  for pk in report.cancelled),
                 CHANGE,
             )  # fmt: skip
-        message = f"{len(report.cancelled)} cancelled (moved to the dead letters, where they can be replayed)"
+        message = (
+            f"{len(report.cancelled)} cancelled "
+            "(moved to the dead letters, where they can be replayed)"
+        )
         level = messages.SUCCESS
         if report.running:
             level = messages.WARNING

@@ -145,28 +145,39 @@ def bar_chart(
         format_html(
             '<svg xmlns="http://www.w3.org/2000/svg" class="django-jobs-chart" role="img" '
             'width="{}" height="{}" viewBox="0 0 {} {}" aria-label="{}">',
-            width, height, width, height, title,
+            width,
+            height,
+            width,
+            height,
+            title,
         ),  # fmt: skip
         format_html("<title>{}</title>", title),
-        format_html(
-            '<text x="{}" y="12" font-size="12" fill="#333">{}</text>', left, title
-        ),
+        format_html('<text x="{}" y="12" font-size="12" fill="#333">{}</text>', left, title),
         # Axes: the baseline and the peak's gridline, labelled.
         format_html(
             '<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="#999" stroke-width="1"/>',
-            left, top + plot_h, left + plot_w, top + plot_h,
+            left,
+            top + plot_h,
+            left + plot_w,
+            top + plot_h,
         ),  # fmt: skip
         format_html(
             '<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="#ddd" stroke-width="1"/>',
-            left, top, left + plot_w, top,
+            left,
+            top,
+            left + plot_w,
+            top,
         ),  # fmt: skip
         format_html(
             '<text x="{}" y="{}" font-size="10" text-anchor="end" fill="#666">{}</text>',
-            left - 4, top + 4, peak,
+            left - 4,
+            top + 4,
+            peak,
         ),  # fmt: skip
         format_html(
             '<text x="{}" y="{}" font-size="10" text-anchor="end" fill="#666">0</text>',
-            left - 4, top + plot_h + 4,
+            left - 4,
+            top + plot_h + 4,
         ),  # fmt: skip
     ]
     for i, value in enumerate(values):
@@ -176,8 +187,14 @@ def bar_chart(
             format_html(
                 '<rect x="{}" y="{}" width="{}" height="{}" fill="{}">'
                 "<title>{}: {} {}</title></rect>",
-                _n(left + i * step + 0.5), _n(top + plot_h - bar_h), _n(max(step - 1, 1)),
-                _n(bar_h), color, minute.strftime("%H:%M"), value, unit,
+                _n(left + i * step + 0.5),
+                _n(top + plot_h - bar_h),
+                _n(max(step - 1, 1)),
+                _n(bar_h),
+                color,
+                minute.strftime("%H:%M"),
+                value,
+                unit,
             )  # fmt: skip
         )
     for i, label in ((0, f"-{len(values)} min"), (len(values) // 2, f"-{len(values) // 2} min"),
@@ -185,7 +202,9 @@ def bar_chart(
         parts.append(
             format_html(
                 '<text x="{}" y="{}" font-size="10" text-anchor="middle" fill="#666">{}</text>',
-                _n(left + i * step), height - 4, label,
+                _n(left + i * step),
+                height - 4,
+                label,
             )  # fmt: skip
         )
     parts.append(mark_safe("</svg>"))  # noqa: S308 - a constant
@@ -212,4 +231,3 @@ def duration(value: timedelta | None) -> str:
         return f"{hours}h {minutes}m" if minutes else f"{hours}h"
     days, hours = divmod(hours, 24)
     return f"{days}d {hours}h" if hours else f"{days}d"
-

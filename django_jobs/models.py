@@ -757,7 +757,8 @@ class DeadLetter(models.Model):
         if registry.lookup(self.name) is None:
             report.unknown.append(self.id)
             return False
-        if self.key is not None and CompletionMarker.objects.using(alias).filter(key=self.key).exists():
+        markers = CompletionMarker.objects.using(alias)
+        if self.key is not None and markers.filter(key=self.key).exists():
             report.completed.append(self.id)
             return False
         job_id = uuid7()

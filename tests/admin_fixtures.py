@@ -22,7 +22,11 @@ def make_user(django_user_model):
             f"user{next(_names)}", is_staff=staff, is_superuser=superuser
         )
         if codenames:
-            perms = list(Permission.objects.filter(content_type__app_label="django_jobs", codename__in=codenames))
+            perms = list(
+                Permission.objects.filter(
+                    content_type__app_label="django_jobs", codename__in=codenames
+                )
+            )
             assert len(perms) == len(codenames), f"unknown permission among {codenames}"
             user.user_permissions.set(perms)
         return user

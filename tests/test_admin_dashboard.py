@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from django_jobs import dashboard
 from django_jobs.models import DeadReason
-from tests.admin_fixtures import admin_client_, login, make_user, url  # noqa: F401
+from tests.admin_fixtures import url
 from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory
 
 pytestmark = pytest.mark.django_db
@@ -35,20 +35,27 @@ def activity():
 def test_snapshot_counts(activity):
     snap = dashboard.snapshot()
     rows = {row.queue: row for row in snap.queues}
-    assert (rows["default"].waiting, rows["default"].scheduled, rows["default"].running) == (4, 0, 0)
+    assert (rows["default"].waiting, rows["default"].scheduled, rows["default"].running) == (
+        4,
+        0,
+        0,
+    )
     assert (rows["emails"].waiting, rows["emails"].scheduled, rows["emails"].running) == (0, 2, 1)
     assert timedelta(minutes=41) < rows["default"].oldest_age < timedelta(minutes=43)
     assert rows["emails"].oldest_age is None
     assert len(snap.completed) == len(snap.dead) == 60
     assert snap.completed_total == 6 and snap.dead_total == 2
     assert snap.completed[-3] + snap.completed[-2] + snap.completed[-1] == 4  # two minutes ago
-    assert snap.dead_by_reason == [("fatal", "fatal error", 2), ("attempts_exhausted", "attempts exhausted", 1)]
+    assert snap.dead_by_reason == [
+        ("fatal", "fatal error", 2),
+        ("attempts_exhausted", "attempts exhausted", 1),
+    ]
 
 
 def test_dashboard_page(admin_client_, activity):
     response = admin_client_.get(url("dashboard"))
     text = response.content.decode()
-    text = text[text.index('id="content-main"'):]
+    text = text[text.index('id="content-main"') :]
 
     assert response.status_code == 200
     assert re.search(r'data-queue="default">.*?>4</a>.*?>0</a>.*?>0</a>.*?42m', text, re.S)
@@ -62,7 +69,7 @@ def test_dashboard_page(admin_client_, activity):
 
 def test_dashboard_needs_no_script_no_inline_style_and_no_cdn(admin_client_, activity):
     text = admin_client_.get(url("dashboard")).content.decode()
-    main = text[text.index('id="content-main"'):]
+    main = text[text.index('id="content-main"') :]
     assert "<script" not in main
     assert "style=" not in text  # a strict CSP (no 'unsafe-inline') would block these
     assert "<style" not in text
@@ -87,6 +94,7 @@ def test_an_empty_installation(admin_client_):
 
 def test_durations():
     d = dashboard.duration
-    assert [d(None), d(timedelta(seconds=5)), d(timedelta(minutes=3, seconds=4)), d(timedelta(minutes=42)),
+    assert [d(None), d(timedelta(seconds=5)), d(timedelta(minutes=3, seconds=4)),
+            d(timedelta(minutes=42)),
             d(timedelta(hours=3, minutes=5)), d(timedelta(days=2, hours=4))] == [
         "—", "5s", "3m 4s", "42m", "3h 5m", "2d 4h"]  # fmt: skip

@@ -10,7 +10,7 @@ from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.utils import timezone
 
 from django_jobs.models import DeadLetter, DeadReason, Job, uuid7
-from tests.admin_fixtures import action, admin_client_, login, make_user, messages_of, url  # noqa: F401
+from tests.admin_fixtures import action, messages_of, url
 from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory
 
 pytestmark = pytest.mark.django_db
@@ -31,7 +31,16 @@ def test_change_list_columns_newest_first(admin_client_):
     assert response.status_code == 200
     assert shown(response) == [new.id, mid.id, old.id]
     text = response.content.decode()
-    for header in ("name", "queue", "reason", "attempts", "dead at", "enqueued at", "error", "replayed"):
+    for header in (
+        "name",
+        "queue",
+        "reason",
+        "attempts",
+        "dead at",
+        "enqueued at",
+        "error",
+        "replayed",
+    ):
         assert f">{header.capitalize()}<" in text or f">{header}<" in text.lower(), header
     assert "builtins.RuntimeError: long long" in text and "…" in text  # one line, cut short
     assert response.context["cl"].date_hierarchy == "dead_at"
@@ -54,7 +63,9 @@ def test_filters(admin_client_, params, expected):
         "exhausted": DeadLetterFactory(reason=DeadReason.ATTEMPTS_EXHAUSTED),
         "other": DeadLetterFactory(queue="emails", reason=DeadReason.INVALID_PAYLOAD),
     }
-    letters["replayed"] = DeadLetterFactory(replayed_at=timezone.now(), replay_job_id=letters["other"].id)
+    letters["replayed"] = DeadLetterFactory(
+        replayed_at=timezone.now(), replay_job_id=letters["other"].id
+    )
     response = admin_client_.get(url("deadletter_changelist"), params)
     assert response.status_code == 200
     assert set(shown(response)) == {letters[k].id for k in expected}
@@ -63,7 +74,9 @@ def test_filters(admin_client_, params, expected):
 def test_date_range_filters_on_dead_at_and_enqueued_at(admin_client_):
     base = timezone.now().replace(microsecond=0) - timedelta(days=10)
     early = DeadLetterFactory(enqueued_at=base, dead_at=base + timedelta(hours=1))
-    late = DeadLetterFactory(enqueued_at=base + timedelta(days=5), dead_at=base + timedelta(days=5, hours=2))
+    late = DeadLetterFactory(
+        enqueued_at=base + timedelta(days=5), dead_at=base + timedelta(days=5, hours=2)
+    )
     local = timezone.localtime
 
     def range_of(field, start, end):
@@ -79,14 +92,17 @@ def test_date_range_filters_on_dead_at_and_enqueued_at(admin_client_):
     )
     assert shown(response) == [early.id]
     response = admin_client_.get(
-        url("deadletter_changelist"), range_of("enqueued_at", base + timedelta(days=4), base + timedelta(days=6))
+        url("deadletter_changelist"),
+        range_of("enqueued_at", base + timedelta(days=4), base + timedelta(days=6)),
     )
     assert shown(response) == [late.id]
     assert "rangefilter" in response.content.decode() or "range__gte" in response.content.decode()
 
 
 def test_search_by_job_id_key_name_and_error(admin_client_):
-    a = DeadLetterFactory(key="invoice-17", name="tests.record", error="builtins.ValueError: card declined")
+    a = DeadLetterFactory(
+        key="invoice-17", name="tests.record", error="builtins.ValueError: card declined"
+    )
     b = DeadLetterFactory(name="tests.fatal", error="FatalError: discontinued")
     replayed_as = uuid7()
     c = DeadLetterFactory(replayed_at=timezone.now(), replay_job_id=replayed_as)
@@ -104,7 +120,9 @@ def test_search_by_job_id_key_name_and_error(admin_client_):
 
 def test_detail_page_is_read_only_with_masked_pretty_payload_and_every_error(admin_client_):
     letter = DeadLetterFactory(
-        payload=json.dumps({"user": 7, "password": "hunter2", "nested": {"api_key": "sk-123", "n": [1, 2]}}),
+        payload=json.dumps(
+            {"user": 7, "password": "hunter2", "nested": {"api_key": "sk-123", "n": [1, 2]}}
+        ),
         error="builtins.RuntimeError: third",
         traceback="Traceback (most recent call last):\n  File \"x.py\"\nRuntimeError: third",
         errors=[
@@ -123,7 +141,7 @@ def test_detail_page_is_read_only_with_masked_pretty_payload_and_every_error(adm
     assert "hunter2" not in text and "sk-123" not in text
     assert "&quot;password&quot;: &quot;********&quot;" in text
     assert "&quot;api_key&quot;: &quot;********&quot;" in text
-    assert '\n  &quot;user&quot;: 7,' in text  # indented JSON
+    assert "\n  &quot;user&quot;: 7," in text  # indented JSON
     assert "<pre>Traceback (most recent call last):" in text
     for tb in ("TB-ONE", "TB-TWO", "TB-THREE"):
         assert tb in text
@@ -161,14 +179,19 @@ def test_replay_action_reports_counts_and_logs_each_replay(admin_client_):
     fresh = DeadLetterFactory.create_batch(3)
     done = DeadLetterFactory(replayed_at=timezone.now(), replay_job_id=fresh[0].id)
 
-    response = action(admin_client_, "deadletter", "replay_selected", [*[f.id for f in fresh], done.id])
+    response = action(
+        admin_client_, "deadletter", "replay_selected", [*[f.id for f in fresh], done.id]
+    )
 
     assert messages_of(response) == ["3 replayed, 1 already replayed."]
     assert Job.objects.count() == 3
     entries = LogEntry.objects.filter(action_flag=CHANGE, content_type__model="deadletter")
     assert sorted(e.object_id for e in entries) == sorted(str(f.id) for f in fresh)
     letter = DeadLetter.objects.get(pk=fresh[1].pk)
-    assert entries.get(object_id=str(letter.pk)).change_message == f"Replayed as job {letter.replay_job_id}."
+    assert (
+        entries.get(object_id=str(letter.pk)).change_message
+        == f"Replayed as job {letter.replay_job_id}."
+    )
     assert letter.replayed_by == response.wsgi_request.user.username
 
 
@@ -205,7 +228,9 @@ def test_replay_button_on_the_detail_page(admin_client_):
 def test_replay_button_can_schedule_the_job_for_later(admin_client_):
     letter = DeadLetterFactory()
     later = timezone.localtime() + timedelta(days=1)
-    admin_client_.post(url("deadletter_replay", letter.pk), {"run_at": later.strftime("%Y-%m-%dT%H:%M:%S")})
+    admin_client_.post(
+        url("deadletter_replay", letter.pk), {"run_at": later.strftime("%Y-%m-%dT%H:%M:%S")}
+    )
     job = Job.objects.get()
     assert job.run_at == later.replace(microsecond=0)
     assert Job.objects.scheduled().count() == 1
@@ -213,7 +238,9 @@ def test_replay_button_can_schedule_the_job_for_later(admin_client_):
 
 def test_replay_button_refuses_a_bad_time_and_a_get(admin_client_):
     letter = DeadLetterFactory()
-    response = admin_client_.post(url("deadletter_replay", letter.pk), {"run_at": "next tuesday"}, follow=True)
+    response = admin_client_.post(
+        url("deadletter_replay", letter.pk), {"run_at": "next tuesday"}, follow=True
+    )
     assert messages_of(response) == ["Not replayed: the run-at time is not a date and time."]
     assert admin_client_.get(url("deadletter_replay", letter.pk)).status_code == 405
     assert not Job.objects.exists()
@@ -231,9 +258,15 @@ def test_delete_writes_log_entries(admin_client_):
     letters = DeadLetterFactory.create_batch(2)
     response = admin_client_.post(
         url("deadletter_changelist"),
-        {"action": "delete_selected", "_selected_action": [str(x.id) for x in letters], "post": "yes"},
+        {
+            "action": "delete_selected",
+            "_selected_action": [str(x.id) for x in letters],
+            "post": "yes",
+        },
         follow=True,
     )
     assert response.status_code == 200
     assert not DeadLetter.objects.exists()
-    assert LogEntry.objects.filter(action_flag=DELETION, content_type__model="deadletter").count() == 2
+    assert (
+        LogEntry.objects.filter(action_flag=DELETION, content_type__model="deadletter").count() == 2
+    )

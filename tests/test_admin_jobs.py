@@ -1,4 +1,4 @@
-"""The live-job and completion-marker admins: states, filters, run now, cancel, search, query counts."""
+"""The live-job and marker admins: states, filters, run now, cancel, search, query counts."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from django.contrib.admin.models import LogEntry
 from django.utils import timezone
 
 from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job
-from tests.admin_fixtures import action, admin_client_, login, make_user, messages_of, url  # noqa: F401
+from tests.admin_fixtures import action, messages_of, url
 from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory
 
 pytestmark = pytest.mark.django_db
@@ -27,7 +27,8 @@ def three_states():
         "waiting": JobFactory(name="tests.record", run_at=now - timedelta(minutes=1)),
         "scheduled": JobFactory(name="tests.noop", queue="emails", run_at=now + timedelta(hours=1)),
         "running": JobFactory(
-            name="tests.record", locked_by="web-1:4242:abc123#7", lease_expires_at=now + timedelta(seconds=30),
+            name="tests.record", locked_by="web-1:4242:abc123#7",
+            lease_expires_at=now + timedelta(seconds=30),
             attempts=1,
         ),
     }  # fmt: skip
@@ -81,13 +82,17 @@ def test_run_now_action(admin_client_, three_states):
     ids = [j.id for j in three_states.values()]
     response = action(admin_client_, "job", "run_now", ids)
 
-    assert messages_of(response) == ["1 made due now; 2 not scheduled (already due or running), left alone."]
+    assert messages_of(response) == [
+        "1 made due now; 2 not scheduled (already due or running), left alone."
+    ]
     assert Job.objects.scheduled().count() == 0
     assert Job.objects.get(pk=three_states["scheduled"].pk).run_at <= timezone.now()
     assert LogEntry.objects.get().object_id == str(three_states["scheduled"].pk)
 
 
-def test_cancel_action_moves_waiting_jobs_and_says_why_running_ones_stay(admin_client_, three_states):
+def test_cancel_action_moves_waiting_jobs_and_says_why_running_ones_stay(
+    admin_client_, three_states
+):
     ids = [j.id for j in three_states.values()]
     response = action(admin_client_, "job", "cancel", ids)
 
@@ -97,7 +102,10 @@ def test_cancel_action_moves_waiting_jobs_and_says_why_running_ones_stay(admin_c
     assert list(Job.objects.values_list("id", flat=True)) == [three_states["running"].id]
     letters = DeadLetter.objects.filter(reason=DeadReason.CANCELLED)
     assert {x.id for x in letters} == {three_states["waiting"].id, three_states["scheduled"].id}
-    assert letters.first().errors[-1]["message"] == f"cancelled by {response.wsgi_request.user.username}"
+    assert (
+        letters.first().errors[-1]["message"]
+        == f"cancelled by {response.wsgi_request.user.username}"
+    )
     assert LogEntry.objects.count() == 2
     # The cancelled jobs are dead letters now: inspectable and replayable.
     response = action(admin_client_, "deadletter", "replay_selected", [x.id for x in letters])
@@ -120,7 +128,9 @@ def test_cancel_of_a_job_that_finished_meanwhile(admin_client_):
 
 def test_marker_search_by_key_or_job_id_and_date_range(admin_client_):
     now = timezone.now().replace(microsecond=0)
-    old = MarkerFactory(key="invoice-1", completed_at=now - timedelta(days=3), result={"password": "x", "ok": 1})
+    old = MarkerFactory(
+        key="invoice-1", completed_at=now - timedelta(days=3), result={"password": "x", "ok": 1}
+    )
     new = MarkerFactory(key="invoice-2", completed_at=now)
 
     def get(params):
@@ -132,8 +142,10 @@ def test_marker_search_by_key_or_job_id_and_date_range(admin_client_):
     start = timezone.localtime(now - timedelta(days=4))
     end = timezone.localtime(now - timedelta(days=2))
     assert get({
-        "completed_at__range__gte_0": start.strftime("%Y-%m-%d"), "completed_at__range__gte_1": start.strftime("%H:%M:%S"),
-        "completed_at__range__lte_0": end.strftime("%Y-%m-%d"), "completed_at__range__lte_1": end.strftime("%H:%M:%S"),
+        "completed_at__range__gte_0": start.strftime("%Y-%m-%d"),
+        "completed_at__range__gte_1": start.strftime("%H:%M:%S"),
+        "completed_at__range__lte_0": end.strftime("%Y-%m-%d"),
+        "completed_at__range__lte_1": end.strftime("%H:%M:%S"),
     }) == {old.pk}  # fmt: skip
     text = admin_client_.get(url("completionmarker_change", old.pk)).content.decode()
     assert "&quot;password&quot;: &quot;********&quot;" in text
@@ -151,7 +163,9 @@ def test_marker_search_by_key_or_job_id_and_date_range(admin_client_):
         ("completionmarker_changelist", lambda n: MarkerFactory.create_batch(n)),
     ],
 )
-def test_change_lists_make_a_fixed_number_of_queries(admin_client_, django_assert_max_num_queries, page, make):
+def test_change_lists_make_a_fixed_number_of_queries(
+    admin_client_, django_assert_max_num_queries, page, make
+):
     """However many rows, a change list costs the same queries (no query per row)."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
@@ -175,5 +189,8 @@ QUERIES = {"deadletter_changelist": 8, "job_changelist": 6, "completionmarker_ch
 
 def test_markers_are_never_deleted_from_the_admin(admin_client_):
     marker = MarkerFactory()
-    assert admin_client_.post(url("completionmarker_delete", marker.pk), {"post": "yes"}).status_code == 403
+    assert (
+        admin_client_.post(url("completionmarker_delete", marker.pk), {"post": "yes"}).status_code
+        == 403
+    )
     assert CompletionMarker.objects.exists()

@@ -8,12 +8,14 @@ import pytest
 from django.core.checks import run_checks
 from django.test import override_settings
 
-from tests.admin_fixtures import admin_client_, login, make_user, url  # noqa: F401
+from tests.admin_fixtures import url
 from tests.factories import DeadLetterFactory, JobFactory
 
 pytestmark = pytest.mark.django_db(databases=["default", "other"])
 
-PAYLOAD = json.dumps({"card": "4242 4242", "Password": "hunter2", "items": [{"token": "t-1", "sku": "A-7"}]})
+PAYLOAD = json.dumps(
+    {"card": "4242 4242", "Password": "hunter2", "items": [{"token": "t-1", "sku": "A-7"}]}
+)
 
 
 def test_default_keys_are_masked_at_any_depth_and_in_any_case(admin_client_):

@@ -1,4 +1,4 @@
-"""Who may do what in the admin: view-only, replay-only, delete, superuser; login, staff and CSRF."""
+"""Who may do what in the admin: view-only, replay, delete, superuser; login, staff, CSRF."""
 
 from __future__ import annotations
 
@@ -7,16 +7,7 @@ from django.contrib.admin.models import LogEntry
 from django.test import Client
 
 from django_jobs.models import DeadLetter, Job
-from tests.admin_fixtures import (  # noqa: F401
-    VIEW_ONLY,
-    action,
-    action_names,
-    admin_client_,
-    login,
-    make_user,
-    messages_of,
-    url,
-)
+from tests.admin_fixtures import VIEW_ONLY, action, action_names, messages_of, url
 from tests.factories import DeadLetterFactory, JobFactory
 
 pytestmark = pytest.mark.django_db
@@ -58,7 +49,10 @@ def test_replay_permission_without_delete(login):
     letters = DeadLetterFactory.create_batch(2)
 
     assert action_names(client.get(url("deadletter_changelist"))) == ["replay_selected"]
-    assert "django-jobs-replay-form" in client.get(url("deadletter_change", letters[0].pk)).content.decode()
+    assert (
+        "django-jobs-replay-form"
+        in client.get(url("deadletter_change", letters[0].pk)).content.decode()
+    )
     response = action(client, "deadletter", "replay_selected", [letters[0].id])
     assert messages_of(response) == ["1 replayed."]
     response = action(client, "deadletter", "delete_selected", [letters[1].id], post="yes")
@@ -118,7 +112,11 @@ def test_nothing_is_added_or_edited_even_by_a_superuser(admin_client_):
 
 @pytest.mark.parametrize("who", ["anonymous", "not staff"])
 def test_non_staff_are_sent_to_the_login_page(who, login):
-    client = Client() if who == "anonymous" else login("view_deadletter", "replay_deadletter", staff=False)
+    client = (
+        Client()
+        if who == "anonymous"
+        else login("view_deadletter", "replay_deadletter", staff=False)
+    )
     letter = DeadLetterFactory()
     for target in (
         url("deadletter_changelist"),

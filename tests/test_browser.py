@@ -1,4 +1,4 @@
-"""A real browser against the example project: find a dead letter by date, fix it, replay it, see it done.
+"""A real browser on the example project: find a dead letter by date, fix, replay, see it done.
 
 Headless Chromium (Debian's ``chromium``) driven through Debian's ``chromium-driver``
 by Selenium, against ``manage.py runserver`` of the example project on its own
@@ -37,7 +37,9 @@ CHROMEDRIVER = shutil.which("chromedriver")
 def _need_browser():
     if CHROMIUM and CHROMEDRIVER:
         return
-    message = "needs Debian's chromium and chromium-driver (python3 dev.py test installs them as root)"
+    message = (
+        "needs Debian's chromium and chromium-driver (python3 dev.py test installs them as root)"
+    )
     if os.environ.get("JOBS_REQUIRE_BROWSER"):
         pytest.fail(message)
     pytest.skip(message)
@@ -58,7 +60,8 @@ def example_env(tmp_path):
     name = f"{os.environ.get('JOBS_TEST_DB', 'django_jobs')}_browser"
     server = {
         "host": os.environ.get("PGHOST", "127.0.0.1"), "port": os.environ.get("PGPORT", "5432"),
-        "user": os.environ.get("PGUSER", "postgres"), "password": os.environ.get("PGPASSWORD") or None,
+        "user": os.environ.get("PGUSER", "postgres"),
+        "password": os.environ.get("PGPASSWORD") or None,
     }  # fmt: skip
     with psycopg.connect(dbname="postgres", autocommit=True, **server) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -135,10 +138,14 @@ def screenshots():
 
 
 def csp_violations(driver):
-    return [e["message"] for e in driver.get_log("browser") if "Content Security Policy" in e["message"]]
+    return [
+        e["message"] for e in driver.get_log("browser") if "Content Security Policy" in e["message"]
+    ]
 
 
-def test_find_fix_replay_and_see_the_marker(browser, live_server_url, example_env, screenshots, capsys):
+def test_find_fix_replay_and_see_the_marker(
+    browser, live_server_url, example_env, screenshots, capsys
+):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
@@ -157,8 +164,10 @@ def test_find_fix_replay_and_see_the_marker(browser, live_server_url, example_en
     def filter_dead_at(start, end):
         b.get(f"{base}/admin/django_jobs/deadletter/")
         form = b.find_element(By.ID, "dead-at-form")
-        for name, value in (("gte_0", start.strftime("%Y-%m-%d")), ("gte_1", "00:00:00"),
-                            ("lte_0", end.strftime("%Y-%m-%d")), ("lte_1", "23:59:59")):  # fmt: skip
+        for name, value in (
+            ("gte_0", start.strftime("%Y-%m-%d")), ("gte_1", "00:00:00"),
+            ("lte_0", end.strftime("%Y-%m-%d")), ("lte_1", "23:59:59"),
+        ):  # fmt: skip
             field = form.find_element(By.NAME, f"dead_at__range__{name}")
             field.clear()
             field.send_keys(value)

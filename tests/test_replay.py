@@ -30,7 +30,11 @@ def test_replay_makes_one_fresh_job_with_the_letters_work():
     assert report.replayed == {letter.id: job.id}
     assert job.id != letter.id
     assert (job.name, job.queue, job.priority, job.key, job.payload) == (
-        "tests.record", "emails", 7, "k-1", '{"label": "again", "b": 1}'
+        "tests.record",
+        "emails",
+        7,
+        "k-1",
+        '{"label": "again", "b": 1}',
     )
     assert job.attempts == 0 and job.max_attempts == 4 and job.errors == []
     assert job.locked_by is None and job.run_at <= timezone.now()
@@ -121,7 +125,9 @@ def test_bulk_replay_reports_each_outcome_and_progress(settings):
     replayed = DeadLetterFactory(replayed_at=timezone.now(), replay_job_id=fresh[0].id)
     seen = []
 
-    report = DeadLetter.objects.all().replay(by="ops", progress=lambda done, total: seen.append((done, total)))
+    report = DeadLetter.objects.all().replay(
+        by="ops", progress=lambda done, total: seen.append((done, total))
+    )
 
     assert str(report) == "5 replayed, 1 already replayed"
     assert report.already == [replayed.id]
@@ -217,9 +223,12 @@ def test_replay_wakes_listening_workers_of_the_queue(transactional_db):
 
 def test_cancel_moves_waiting_and_scheduled_jobs_to_the_dead_letters():
     waiting = JobFactory(name="tests.record", payload='{"label": "x"}', key="c-1", attempts=1,
-                         errors=[{"attempt": 1, "type": "builtins.RuntimeError", "message": "boom"}])  # fmt: skip
+                         errors=[{"attempt": 1, "type": "builtins.RuntimeError",
+                                  "message": "boom"}])  # fmt: skip
     scheduled = JobFactory(run_at=timezone.now() + timedelta(hours=1))
-    running = JobFactory(locked_by="host:1:abc#1", lease_expires_at=timezone.now() + timedelta(minutes=1))
+    running = JobFactory(
+        locked_by="host:1:abc#1", lease_expires_at=timezone.now() + timedelta(minutes=1)
+    )
 
     report = Job.objects.all().cancel(by="ada")
 
@@ -229,7 +238,12 @@ def test_cancel_moves_waiting_and_scheduled_jobs_to_the_dead_letters():
     assert list(Job.objects.values_list("id", flat=True)) == [running.id]
     letter = DeadLetter.objects.get(id=waiting.id)
     assert letter.reason == DeadReason.CANCELLED
-    assert (letter.name, letter.payload, letter.key, letter.attempts) == ("tests.record", '{"label": "x"}', "c-1", 1)
+    assert (letter.name, letter.payload, letter.key, letter.attempts) == (
+        "tests.record",
+        '{"label": "x"}',
+        "c-1",
+        1,
+    )
     assert letter.error == "django_jobs.Cancelled: cancelled by ada"
     assert [e["type"] for e in letter.errors] == ["builtins.RuntimeError", "django_jobs.Cancelled"]
 
@@ -251,8 +265,11 @@ def test_a_cancelled_job_can_be_replayed(run_worker):
 def test_run_now_makes_only_scheduled_jobs_due():
     scheduled = JobFactory(run_at=timezone.now() + timedelta(hours=3))
     waiting = JobFactory(run_at=timezone.now() - timedelta(minutes=5))
-    running = JobFactory(locked_by="h:1:a#1", lease_expires_at=timezone.now() + timedelta(minutes=1),
-                         run_at=timezone.now() + timedelta(hours=1))  # fmt: skip
+    running = JobFactory(
+        locked_by="h:1:a#1",
+        lease_expires_at=timezone.now() + timedelta(minutes=1),
+        run_at=timezone.now() + timedelta(hours=1),
+    )
 
     moved = Job.objects.all().run_now()
 

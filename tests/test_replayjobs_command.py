@@ -27,8 +27,12 @@ def run(*args):
 def letters():
     now = timezone.now()
     return {
-        "fatal-old": DeadLetterFactory(name="tests.fatal", reason=DeadReason.FATAL, dead_at=now - timedelta(days=3)),
-        "fatal-new": DeadLetterFactory(name="tests.fatal", reason=DeadReason.FATAL, dead_at=now - timedelta(minutes=5)),
+        "fatal-old": DeadLetterFactory(
+            name="tests.fatal", reason=DeadReason.FATAL, dead_at=now - timedelta(days=3)
+        ),
+        "fatal-new": DeadLetterFactory(
+            name="tests.fatal", reason=DeadReason.FATAL, dead_at=now - timedelta(minutes=5)
+        ),
         "exhausted": DeadLetterFactory(reason=DeadReason.ATTEMPTS_EXHAUSTED, queue="emails",
                                        dead_at=now - timedelta(hours=5)),
         "replayed": DeadLetterFactory(reason=DeadReason.FATAL, dead_at=now - timedelta(hours=1),
@@ -38,14 +42,21 @@ def letters():
 
 def replayed(letters):
     fresh = {x.pk: x for x in DeadLetter.objects.all()}
-    return {name for name, letter in letters.items() if fresh[letter.pk].replayed_at and name != "replayed"}
+    return {
+        name
+        for name, letter in letters.items()
+        if fresh[letter.pk].replayed_at and name != "replayed"
+    }
 
 
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
         (["--reason", "fatal"], {"fatal-old", "fatal-new"}),
-        (["--reason", "fatal", "--reason", "attempts_exhausted"], {"fatal-old", "fatal-new", "exhausted"}),
+        (
+            ["--reason", "fatal", "--reason", "attempts_exhausted"],
+            {"fatal-old", "fatal-new", "exhausted"},
+        ),
         (["--name", "tests.fatal"], {"fatal-old", "fatal-new"}),
         (["--queue", "emails"], {"exhausted"}),
         (["--dead-after", "1h"], {"fatal-new"}),
@@ -71,7 +82,9 @@ def test_dead_at_range_with_dates_and_times(letters):
 
 def test_dry_run_changes_nothing_and_lists_the_letters(letters):
     out, _ = run("--reason", "fatal", "--dry-run")
-    assert out.splitlines()[0] == "Dry run: 2 dead letter(s) would be replayed; nothing was changed."
+    assert (
+        out.splitlines()[0] == "Dry run: 2 dead letter(s) would be replayed; nothing was changed."
+    )
     assert str(letters["fatal-old"].id) in out and str(letters["fatal-new"].id) in out
     assert str(letters["replayed"].id) not in out
     assert '"label"' not in out  # payloads (and their secrets) are never printed
@@ -80,7 +93,9 @@ def test_dry_run_changes_nothing_and_lists_the_letters(letters):
 
 
 def test_by_id_reports_an_already_replayed_letter(letters):
-    out, _ = run("--id", str(letters["replayed"].id), "--id", str(letters["exhausted"].id), "--by", "ops-ann")
+    out, _ = run(
+        "--id", str(letters["replayed"].id), "--id", str(letters["exhausted"].id), "--by", "ops-ann"
+    )
     assert out.splitlines()[0] == "1 replayed, 1 already replayed."
     assert f"not replayed (already replayed): {letters['replayed'].id}" in out
     assert DeadLetter.objects.get(pk=letters["exhausted"].pk).replayed_by == "ops-ann"
@@ -131,5 +146,10 @@ def test_bad_input_is_refused_and_changes_nothing(letters, args, message):
 def test_replay_later(letters):
     run("--reason", "fatal", "--delay", "3600")
     assert Job.objects.scheduled().count() == 2
-    run("--queue", "emails", "--run-at", (timezone.localtime() + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M"))
+    run(
+        "--queue",
+        "emails",
+        "--run-at",
+        (timezone.localtime() + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M"),
+    )
     assert Job.objects.scheduled().count() == 3

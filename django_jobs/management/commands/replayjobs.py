@@ -1,4 +1,4 @@
-"""python manage.py replayjobs: replay dead letters in bulk, chosen by reason, name, queue and time."""
+"""python manage.py replayjobs: replay dead letters in bulk, by reason, name, queue and time."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 def when(text: str) -> datetime:
-    """Parse an ISO date or datetime (local time unless it says otherwise), or '2h' for 2 hours ago."""
+    """Parse an ISO date or datetime (local time unless it says otherwise), or an age ('2h')."""
     text = text.strip()
     if match := _RELATIVE.fullmatch(text):
         return timezone.now() - timedelta(seconds=float(match[1]) * _UNITS[match[2]])
@@ -47,7 +47,9 @@ def when(text: str) -> datetime:
 
 def reason(text: str) -> str:
     if text not in DeadReason.values:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a reason; one of: {', '.join(DeadReason.values)}")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a reason; one of: {', '.join(DeadReason.values)}"
+        )
     return text
 
 
@@ -104,27 +106,70 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--reason", action="append", dest="reasons", type=reason, metavar="REASON",
-                            help=f"Only this reason (repeatable): {', '.join(DeadReason.values)}.")
-        parser.add_argument("--name", action="append", dest="names", type=job_name, metavar="NAME",
-                            help="Only jobs of this name (repeatable).")
-        parser.add_argument("--queue", action="append", dest="queues", type=queue_name, metavar="QUEUE",
-                            help="Only jobs of this queue (repeatable).")
-        parser.add_argument("--dead-after", type=when, metavar="WHEN",
-                            help="Only letters that died at or after WHEN (2026-11-30, 2026-11-30T14:00, 2h).")
-        parser.add_argument("--dead-before", type=when, metavar="WHEN",
-                            help="Only letters that died before WHEN.")
-        parser.add_argument("--id", action="append", dest="ids", type=letter_id, metavar="JOB_ID",
-                            help="Only this dead letter (repeatable).")
-        parser.add_argument("--all", action="store_true", dest="everything",
-                            help="Replay every letter not replayed yet (needed when no filter is given).")
-        parser.add_argument("--limit", type=positive_int, help="Replay at most this many (oldest first).")
+        parser.add_argument(
+            "--reason",
+            action="append",
+            dest="reasons",
+            type=reason,
+            metavar="REASON",
+            help=f"Only this reason (repeatable): {', '.join(DeadReason.values)}.",
+        )
+        parser.add_argument(
+            "--name",
+            action="append",
+            dest="names",
+            type=job_name,
+            metavar="NAME",
+            help="Only jobs of this name (repeatable).",
+        )
+        parser.add_argument(
+            "--queue",
+            action="append",
+            dest="queues",
+            type=queue_name,
+            metavar="QUEUE",
+            help="Only jobs of this queue (repeatable).",
+        )
+        parser.add_argument(
+            "--dead-after",
+            type=when,
+            metavar="WHEN",
+            help="Only letters that died at or after WHEN (2026-11-30, 2026-11-30T14:00, 2h).",
+        )
+        parser.add_argument(
+            "--dead-before", type=when, metavar="WHEN", help="Only letters that died before WHEN."
+        )
+        parser.add_argument(
+            "--id",
+            action="append",
+            dest="ids",
+            type=letter_id,
+            metavar="JOB_ID",
+            help="Only this dead letter (repeatable).",
+        )
+        parser.add_argument(
+            "--all",
+            action="store_true",
+            dest="everything",
+            help="Replay every letter not replayed yet (needed when no filter is given).",
+        )
+        parser.add_argument(
+            "--limit", type=positive_int, help="Replay at most this many (oldest first)."
+        )
         when_group = parser.add_mutually_exclusive_group()
-        when_group.add_argument("--delay", type=delay_seconds, metavar="SECONDS",
-                                help="Make the new jobs due this many seconds from now.")
-        when_group.add_argument("--run-at", type=when, metavar="WHEN", help="Make the new jobs due at WHEN.")
+        when_group.add_argument(
+            "--delay",
+            type=delay_seconds,
+            metavar="SECONDS",
+            help="Make the new jobs due this many seconds from now.",
+        )
+        when_group.add_argument(
+            "--run-at", type=when, metavar="WHEN", help="Make the new jobs due at WHEN."
+        )
         parser.add_argument("--by", default=None, help="Who replays, as recorded on each letter.")
-        parser.add_argument("--dry-run", action="store_true", help="Show what would be replayed; change nothing.")  # fmt: skip
+        parser.add_argument(
+            "--dry-run", action="store_true", help="Show what would be replayed; change nothing."
+        )
 
     def handle(
         self,
@@ -168,14 +213,18 @@ class Command(BaseCommand):
             letters = letters.filter(dead_at__lt=dead_before)
         letters = letters.order_by("dead_at", "id")
         if limit:
-            letters = DeadLetter.objects.filter(id__in=list(letters.values_list("id", flat=True)[:limit]))
+            letters = DeadLetter.objects.filter(
+                id__in=list(letters.values_list("id", flat=True)[:limit])
+            )
 
         if dry_run:
             self._dry_run(letters, verbosity)
             return
         total = letters.count()
         progress = self._progress(total) if total >= PROGRESS_FROM and verbosity >= 1 else None
-        report = letters.replay(by=by or _default_by(), run_at=run_at, delay=delay, progress=progress)
+        report = letters.replay(
+            by=by or _default_by(), run_at=run_at, delay=delay, progress=progress
+        )
         if verbosity >= 1:
             self.stdout.write(f"{report}.")
             for label, items in (
@@ -192,11 +241,15 @@ class Command(BaseCommand):
 
     def _dry_run(self, letters: Any, verbosity: int) -> None:
         total = letters.count()
-        self.stdout.write(f"Dry run: {total} dead letter(s) would be replayed; nothing was changed.")
+        self.stdout.write(
+            f"Dry run: {total} dead letter(s) would be replayed; nothing was changed."
+        )
         rows = letters.values_list("id", "name", "queue", "reason", "dead_at")
         shown = rows if verbosity >= 2 else rows[:LISTED]
         for pk, name, queue, why, dead_at in shown:
-            self.stdout.write(f"  {pk}  {name}  queue={queue}  reason={why}  dead_at={dead_at:%Y-%m-%d %H:%M:%S}")
+            self.stdout.write(
+                f"  {pk}  {name}  queue={queue}  reason={why}  dead_at={dead_at:%Y-%m-%d %H:%M:%S}"
+            )
         if verbosity < 2 and total > LISTED:
             self.stdout.write(f"  … and {total - LISTED} more (-v 2 lists them all)")
 
@@ -209,7 +262,10 @@ class Command(BaseCommand):
             percent = done * 100 // max(total, 1)
             if tty:
                 filled = percent * 30 // 100
-                out.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {done}/{total} ({percent}%)", ending="")
+                out.write(
+                    f"\r[{'#' * filled}{'.' * (30 - filled)}] {done}/{total} ({percent}%)",
+                    ending="",
+                )
                 if done >= total:
                     out.write("")
                 out.flush()
