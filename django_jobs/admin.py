@@ -371,20 +371,18 @@ class DeadLetterAdmin(ReadOnlyAdmin):
 
     @admin.action(permissions=["replay"], description=_("Replay selected dead letters"))
     def replay_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        report = DeadLetter.objects.filter(
-            id__in=list(queryset.values_list("id", flat=True))
-        ).replay(by=_username(request))
+        # The change list's own queryset (filters, search, "select all"): no id list to build.
+        report = queryset.replay(by=_username(request))
         self._after_replay(request, report)
 
     def _after_replay(self, request: HttpRequest, report: ReplayReport) -> None:
-        if report.replayed:
-            letters = DeadLetter.objects.filter(id__in=list(report.replayed))
-            _log(
-                request,
-                DeadLetter,
-                ((l.pk, str(l), f"Replayed as job {l.replay_job_id}.") for l in letters),  # noqa: E741
-                CHANGE,
+        replayed = list(report.replayed)
+        for start in range(0, len(replayed), 500):
+            letters = DeadLetter.objects.filter(id__in=replayed[start : start + 500]).only(
+                "id", "name", "reason", "replay_job_id"
             )
+            entries = [(x.pk, str(x), f"Replayed as job {x.replay_job_id}.") for x in letters]
+            _log(request, DeadLetter, entries, CHANGE)
         complete = len(report.replayed) == report.total and report.total > 0
         self.message_user(request, f"{report}.", messages.SUCCESS if complete else messages.WARNING)
 
@@ -403,7 +401,14 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             raise PermissionDenied
         letter = self.get_object(request, unquote(object_id))
         if letter is None:
-            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+            self.message_user(
+                request,
+                _("Not replayed: there is no dead letter %s.") % object_id,
+                messages.WARNING,
+            )
+            return HttpResponseRedirect(
+                reverse(f"{self.admin_site.name}:django_jobs_deadletter_changelist")
+            )
         change_url = reverse(
             f"{self.admin_site.name}:django_jobs_deadletter_change", args=[letter.pk]
         )
@@ -527,24 +532,17 @@ class JobAdmin(ReadOnlyAdmin):
 
     @admin.action(permissions=["run_now"], description=_("Run selected scheduled jobs now"))
     def run_now(self, request: HttpRequest, queryset: QuerySet) -> None:
-        selected = list(queryset.values_list("id", "name", "state"))
-        scheduled = [(pk, name) for pk, name, state in selected if state == JobState.SCHEDULED]
-        moved = Job.objects.filter(id__in=[pk for pk, _name in scheduled]).run_now()
+        selected = queryset.count()
+        scheduled = list(queryset.scheduled().values_list("id", "name"))
+        moved = queryset.run_now()
         if moved:
-            _log(
-                request,
-                Job,
-                ((pk, f"{name} {pk}", "Made due now.") for pk, name in scheduled),
-                CHANGE,
-            )
+            entries = [(pk, f"{name} {pk}", "Made due now.") for pk, name in scheduled]
+            _log(request, Job, entries, CHANGE)
         message = f"{moved} made due now"
-        if len(selected) > moved:
-            message += (
-                f"; {len(selected) - moved} not scheduled (already due or running), left alone"
-            )
-        self.message_user(
-            request, f"{message}.", messages.SUCCESS if moved == len(selected) else messages.WARNING
-        )
+        if selected > moved:
+            message += f"; {selected - moved} not scheduled (already due or running), left alone"
+        level = messages.SUCCESS if moved == selected else messages.WARNING
+        self.message_user(request, f"{message}.", level)
 
     @admin.action(
         permissions=["cancel"],
@@ -552,7 +550,7 @@ class JobAdmin(ReadOnlyAdmin):
     )
     def cancel(self, request: HttpRequest, queryset: QuerySet) -> None:
         names = dict(queryset.values_list("id", "name"))
-        report = Job.objects.filter(id__in=list(names)).cancel(by=_username(request))
+        report = queryset.cancel(by=_username(request))
         if request.POST.get("select_across") != "1":
             # Ticked on the page but finished before the click: no longer in the queryset.
             ticked = set(request.POST.getlist(helpers.ACTION_CHECKBOX_NAME))

@@ -251,7 +251,8 @@ def test_replay_of_a_missing_letter_redirects_with_a_message(admin_client_):
     missing = uuid7()
     response = admin_client_.post(url("deadletter_replay", missing), follow=True)
     assert response.status_code == 200
-    assert any("doesn’t exist" in m or "does not exist" in m for m in messages_of(response))
+    assert messages_of(response) == [f"Not replayed: there is no dead letter {missing}."]
+    assert not Job.objects.exists()
 
 
 def test_delete_writes_log_entries(admin_client_):
@@ -270,3 +271,14 @@ def test_delete_writes_log_entries(admin_client_):
     assert (
         LogEntry.objects.filter(action_flag=DELETION, content_type__model="deadletter").count() == 2
     )
+
+
+def test_replay_all_matching_a_filter_with_select_across(admin_client_):
+    fatal = DeadLetterFactory.create_batch(3, reason=DeadReason.FATAL)
+    other = DeadLetterFactory(reason=DeadReason.ATTEMPTS_EXHAUSTED)
+    data = {"action": "replay_selected", "_selected_action": [str(fatal[0].id)], "select_across": "1"}
+    response = admin_client_.post(url("deadletter_changelist") + "?reason=fatal", data, follow=True)
+
+    assert messages_of(response) == ["3 replayed."]
+    assert {x.id for x in DeadLetter.objects.filter(replayed_at__isnull=False)} == {f.id for f in fatal}
+    assert DeadLetter.objects.get(pk=other.pk).replayed_at is None
