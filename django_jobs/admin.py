@@ -553,8 +553,8 @@ class JobAdmin(ReadOnlyAdmin):
         report = queryset.cancel(by=_username(request))
         if request.POST.get("select_across") != "1":
             # Ticked on the page but finished before the click: no longer in the queryset.
-            ticked = set(request.POST.getlist(helpers.ACTION_CHECKBOX_NAME))
-            report.gone += sorted(ticked - {str(pk) for pk in names})
+            ticked = {_uuid(v) for v in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)}
+            report.gone += sorted(pk for pk in ticked - set(names) if pk is not None)
         if report.cancelled:
             _log(
                 request, DeadLetter,

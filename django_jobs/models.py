@@ -387,7 +387,8 @@ class JobQuerySet(models.QuerySet):
         """Move the selected unleased jobs to the dead letters as `cancelled`.
 
         A leased (running) job is left alone: its worker would not notice, and its
-        settle would find no row. Each job moves in one transaction (delete + letter).
+        settle would find no row. Jobs move in batches, each one transaction that
+        deletes the rows and writes their letters.
         """
         alias = self.db
         report = CancelReport()
