@@ -120,6 +120,30 @@ def postgres_ready(python: str) -> bool:
     return subprocess.run([python, "-c", check], capture_output=True, check=False).returncode == 0
 
 
+def ensure_browser() -> bool:
+    """Make Debian's chromium and chromium-driver available for the admin's browser test."""
+    if shutil.which("chromium") and shutil.which("chromedriver"):
+        return True
+    apt = shutil.which("apt-get")
+    if apt and hasattr(os, "geteuid") and os.geteuid() == 0:
+        say("installing Debian's chromium and chromium-driver for the admin's browser test")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        steps = (
+            [apt, "update", "-qq"],
+            [apt, "install", "-y", "-qq", "chromium", "chromium-driver"],
+        )
+        for step in steps:
+            if subprocess.run(step, env=env, stdout=subprocess.DEVNULL, check=False).returncode:
+                break
+        if shutil.which("chromium") and shutil.which("chromedriver"):
+            return True
+    say(
+        "no chromium/chromedriver: the admin's browser test will be skipped "
+        "(install them with: apt-get install chromium chromium-driver)"
+    )
+    return False
+
+
 def pytest_run(python: str, env: dict[str, str], args: list[str], report: str) -> tuple[int, list[str]]:
     code = subprocess.run(
         [python, "-m", "pytest", f"--junitxml={report}", *args], cwd=ROOT, env=env, check=False
@@ -143,7 +167,11 @@ def test(args: list[str]) -> int:
             "  or set PGHOST/PGPORT/PGUSER/PGPASSWORD to one you can use."
         )
     os.makedirs(os.path.join(ROOT, "reports"), exist_ok=True)
-    env = {**os.environ, "TEST_DB": "postgres"}
+    base_env = dict(os.environ)
+    if ensure_browser() or os.environ.get("CI"):
+        # The browser test then fails, rather than skips, without a browser.
+        base_env["JOBS_REQUIRE_BROWSER"] = "1"
+    env = {**base_env, "TEST_DB": "postgres"}
     say("running the tests on PostgreSQL")
     code, skipped = pytest_run(python, env, args, os.path.join(ROOT, "reports", "postgres.xml"))
     if code:
@@ -153,7 +181,7 @@ def test(args: list[str]) -> int:
         say("PostgreSQL tests were skipped on the PostgreSQL run:\n  " + "\n  ".join(postgres_skips))
         return 1
     say("running the tests on SQLite")
-    env = {**os.environ, "TEST_DB": "sqlite"}
+    env = {**base_env, "TEST_DB": "sqlite"}
     code, _ = pytest_run(python, env, args, os.path.join(ROOT, "reports", "sqlite.xml"))
     return code
 

@@ -80,6 +80,20 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 2):
         errors.append(Error("DJANGO_JOBS['MAX_PAYLOAD_BYTES'] must be None or an integer >= 2.", id="django_jobs.E011"))
 
+    mask_keys = s["MASK_KEYS"]
+    if mask_keys is not None and (
+        isinstance(mask_keys, str)
+        or not isinstance(mask_keys, list | tuple | set | frozenset)
+        or not all(isinstance(k, str) and k for k in mask_keys)
+    ):
+        errors.append(
+            Error(
+                "DJANGO_JOBS['MASK_KEYS'] must be a list of payload key names.",
+                hint='For example ["password", "token"]; matched case-insensitively at any depth.',
+                id="django_jobs.E013",
+            )
+        )
+
     connection = connections[alias]
     if connection.vendor not in ("postgresql", "sqlite") and not connection.features.has_select_for_update_skip_locked:
         errors.append(

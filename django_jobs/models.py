@@ -17,13 +17,13 @@ import json
 import random
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connections, models, transaction
-from django.db.models import F, Q
+from django.db.models import Case, F, Q, Value, When
 from django.db.models.functions import Coalesce, Greatest, Now
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
@@ -54,6 +54,14 @@ class DeadReason(models.TextChoices):
     ATTEMPTS_EXHAUSTED = "attempts_exhausted", _("attempts exhausted")
     FATAL = "fatal", _("fatal error")
     CANCELLED = "cancelled", _("cancelled")
+
+
+class JobState(models.TextChoices):
+    """What an operator sees of a live job, derived from its run-at and lease."""
+
+    WAITING = "waiting", _("waiting")  # due, not leased
+    SCHEDULED = "scheduled", _("scheduled")  # not due yet (delayed, or retrying after backoff)
+    RUNNING = "running", _("running")  # leased to a worker (or its lease expired: rescue is due)
 
 
 @dataclass(slots=True)
@@ -351,6 +359,77 @@ class JobQuerySet(models.QuerySet):
                 dead_at=timezone.now(),
             )
 
+    # ---- operators (admin, commands) -------------------------------------
+
+    def waiting(self) -> JobQuerySet:
+        return self.filter(locked_by__isnull=True, run_at__lte=Now())
+
+    def scheduled(self) -> JobQuerySet:
+        return self.filter(locked_by__isnull=True, run_at__gt=Now())
+
+    def running(self) -> JobQuerySet:
+        return self.filter(locked_by__isnull=False)
+
+    def with_state(self) -> JobQuerySet:
+        """Annotate each job's JobState as `state`, on the database clock."""
+        return self.annotate(
+            state=Case(
+                When(locked_by__isnull=False, then=Value(JobState.RUNNING)),
+                When(run_at__gt=Now(), then=Value(JobState.SCHEDULED)),
+                default=Value(JobState.WAITING),
+                output_field=models.CharField(),
+            )
+        )
+
+    def run_now(self) -> int:
+        """Make the selected scheduled jobs due at once; return how many were moved.
+
+        Waiting and running jobs are left alone (the claim never takes a job whose
+        run-at lies ahead, so this cannot race one).
+        """
+        alias = self.db
+        scheduled = self.scheduled()
+        with transaction.atomic(using=alias):
+            queues = sorted(set(scheduled.values_list("queue", flat=True)))
+            moved = scheduled.update(run_at=Now())
+            if moved:
+                notify(alias, queues)
+        return moved
+
+    def cancel(self, *, by: str = "") -> CancelReport:
+        """Move the selected unleased jobs to the dead letters as `cancelled`.
+
+        A leased (running) job is left alone: its worker would not notice, and its
+        settle would find no row. Jobs move in batches, each one transaction that
+        deletes the rows and writes their letters.
+        """
+        alias = self.db
+        report = CancelReport()
+        for chunk in _chunks(list(self.values_list("id", flat=True)), 500):
+            with transaction.atomic(using=alias):
+                # skip_locked: a job a worker is claiming right now counts as running.
+                rows = list(
+                    Job.objects.using(alias)
+                    .filter(id__in=chunk, locked_by__isnull=True)
+                    .select_for_update(skip_locked=True)
+                )
+                present = set(
+                    Job.objects.using(alias).filter(id__in=chunk).values_list("id", flat=True)
+                )
+                if rows:
+                    Job.objects.using(alias).filter(
+                        id__in=[j.id for j in rows], locked_by__isnull=True
+                    ).delete()
+                    now = timezone.now()
+                    DeadLetter.objects.using(alias).bulk_create(
+                        [_cancelled_letter(job, by, now) for job in rows]
+                    )
+            taken = {j.id for j in rows}
+            report.cancelled += [j.id for j in rows]
+            report.running += [i for i in chunk if i in present and i not in taken]
+            report.gone += [i for i in chunk if i not in present]
+        return report
+
 
 def error_summary(error: dict[str, Any]) -> str:
     kind = error.get("type", "")
@@ -374,6 +453,160 @@ def lease_expired_entry(attempt: int, worker_id: str, at: datetime) -> dict[str,
 
 def _json_loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
+
+
+# ---- operators' state changes: helpers and reports --------------------------
+
+
+def notify(alias: str, queues: Iterable[str]) -> None:
+    """Wake listening workers of queues at commit (PostgreSQL with LISTEN on; else nothing)."""
+    if not _is_postgres(alias) or not conf.get("LISTEN"):
+        return
+    with connections[alias].cursor() as cursor:
+        for queue in sorted(set(queues)):
+            cursor.execute(sql.NOTIFY, [conf.get("CHANNEL"), queue])
+
+
+def _chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _cancelled_letter(job: Job, by: str, now: datetime) -> DeadLetter:
+    error = {
+        "attempt": job.attempts,
+        "at": now.isoformat(),
+        "type": "django_jobs.Cancelled",
+        "message": f"cancelled by {by}" if by else "cancelled",
+        "traceback": "",
+        "worker": "",
+    }
+    return DeadLetter(
+        id=job.id,
+        name=job.name,
+        queue=job.queue,
+        payload=job.payload,
+        priority=job.priority,
+        key=job.key,
+        fingerprint=job.fingerprint,
+        attempts=job.attempts,
+        max_attempts=job.max_attempts,
+        reason=DeadReason.CANCELLED,
+        error=error_summary(error),
+        traceback="",
+        errors=[*job.errors, error],
+        enqueued_at=job.enqueued_at,
+        started_at=job.started_at,
+        dead_at=now,
+    )
+
+
+def _plural(count: int, one: str, many: str) -> str:
+    return f"{count} {one if count == 1 else many}"
+
+
+@dataclass
+class CancelReport:
+    """What JobQuerySet.cancel did, job ids by outcome."""
+
+    cancelled: list[uuid.UUID] = field(default_factory=list)
+    running: list[uuid.UUID] = field(default_factory=list)  # leased: left alone
+    gone: list[uuid.UUID] = field(default_factory=list)  # finished or moved meanwhile
+
+    def __str__(self) -> str:
+        parts = [f"{len(self.cancelled)} cancelled"]
+        if self.running:
+            parts.append(f"{len(self.running)} running (not cancelled)")
+        if self.gone:
+            parts.append(f"{len(self.gone)} no longer live")
+        return ", ".join(parts)
+
+
+@dataclass
+class ReplayReport:
+    """What DeadLetterQuerySet.replay did, dead-letter ids by outcome."""
+
+    replayed: dict[uuid.UUID, uuid.UUID] = field(default_factory=dict)  # letter -> new job
+    already: list[uuid.UUID] = field(default_factory=list)  # replayed before
+    key_taken: list[uuid.UUID] = field(default_factory=list)  # a live job holds the key
+    completed: list[uuid.UUID] = field(default_factory=list)  # the key's work is done
+    unknown: list[uuid.UUID] = field(default_factory=list)  # no handler by that name
+
+    @property
+    def total(self) -> int:
+        return (
+            len(self.replayed) + len(self.already) + len(self.key_taken)
+            + len(self.completed) + len(self.unknown)
+        )  # fmt: skip
+
+    def __str__(self) -> str:
+        parts = [f"{len(self.replayed)} replayed"]
+        if self.already:
+            parts.append(f"{len(self.already)} already replayed")
+        if self.key_taken:
+            parts.append(_plural(len(self.key_taken), "whose key a live job holds",
+                                 "whose keys live jobs hold"))  # fmt: skip
+        if self.completed:
+            parts.append(f"{len(self.completed)} whose key has completed since")
+        if self.unknown:
+            parts.append(f"{len(self.unknown)} with no handler registered under its name")
+        return ", ".join(parts)
+
+
+# Dead letters replayed per transaction (each in its own savepoint): few commits
+# and one NOTIFY per queue per batch, without one huge transaction.
+REPLAY_BATCH = 200
+
+
+class DeadLetterQuerySet(models.QuerySet):
+    """Named state changes of dead letters."""
+
+    def pending(self) -> DeadLetterQuerySet:
+        """Letters not replayed yet."""
+        return self.filter(replayed_at__isnull=True)
+
+    def replay(
+        self,
+        *,
+        by: str = "",
+        run_at: datetime | None = None,
+        delay: float | timedelta | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> ReplayReport:
+        """Give each selected letter one new live job: same name, payload, queue, priority, key.
+
+        The new job starts with no attempts, due now (or at `run_at`, or `delay`
+        from now on the database clock). The letter records when, by whom, and the
+        new job's id; a letter already replayed (now, or by a concurrent call) is
+        left alone, so replaying twice never makes a second job. A letter whose key
+        a live job holds, or whose key's work has completed since, is not replayed.
+        `progress(done, total)` is called after each batch.
+        """
+        if run_at is not None and delay is not None:
+            raise ValueError("pass run_at or delay, not both")
+        alias = self.db
+        due = Now()
+        if run_at is not None:
+            due = run_at
+        elif delay is not None:
+            seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+            if seconds < 0:
+                raise ValueError("delay must not be negative")
+            due = Now() + timedelta(seconds=seconds)
+        report = ReplayReport()
+        ids = list(self.values_list("id", flat=True))
+        done = 0
+        for chunk in _chunks(ids, REPLAY_BATCH):
+            woken: set[str] = set()
+            with transaction.atomic(using=alias):
+                for letter in DeadLetter.objects.using(alias).filter(id__in=chunk):
+                    if letter._replay(alias, by, due, report) and run_at is None and not delay:
+                        woken.add(letter.queue)
+                notify(alias, woken)
+            done += len(chunk)
+            if progress is not None:
+                progress(done, len(ids))
+        return report
 
 
 class Job(models.Model):
@@ -403,6 +636,10 @@ class Job(models.Model):
     class Meta:
         db_table = "django_jobs_job"
         ordering = ["-priority", "run_at", "id"]
+        permissions = [
+            ("run_job_now", "Can make scheduled jobs due now"),
+            ("cancel_job", "Can cancel waiting jobs (move them to the dead letters)"),
+        ]
         indexes = [
             # Matches sql.CLAIM exactly: one queue, unleased, in claim order.
             models.Index(
@@ -495,7 +732,7 @@ class DeadLetter(models.Model):
     replayed_by = models.CharField(max_length=150, blank=True, default="")
     replay_job_id = models.UUIDField(null=True, blank=True)
 
-    objects = JobsDatabaseManager()
+    objects = JobsDatabaseManager.from_queryset(DeadLetterQuerySet)()
 
     class Meta:
         db_table = "django_jobs_deadletter"
@@ -504,6 +741,12 @@ class DeadLetter(models.Model):
         indexes = [
             models.Index(fields=["dead_at"], name="django_jobs_dead_dead_at"),
             models.Index(fields=["enqueued_at"], name="django_jobs_dead_enqueued_at"),
+            # The admin links a replayed job (or its marker) back to its letter.
+            models.Index(
+                fields=["replay_job_id"],
+                condition=Q(replay_job_id__isnull=False),
+                name="django_jobs_dead_replay_job",
+            ),
         ]
         constraints = [
             models.CheckConstraint(
@@ -514,3 +757,53 @@ class DeadLetter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} {self.id} ({self.reason})"
+
+    @property
+    def is_replayed(self) -> bool:
+        return self.replayed_at is not None
+
+    def _replay(self, alias: str, by: str, due: Any, report: ReplayReport) -> bool:
+        """Replay this letter inside the caller's transaction; note the outcome in report."""
+        from django_jobs import registry  # registry imports conf only, but keep models light
+
+        if self.replayed_at is not None:
+            report.already.append(self.id)
+            return False
+        if registry.lookup(self.name) is None:
+            report.unknown.append(self.id)
+            return False
+        markers = CompletionMarker.objects.using(alias)
+        if self.key is not None and markers.filter(key=self.key).exists():
+            report.completed.append(self.id)
+            return False
+        job_id = uuid7()
+        try:
+            with transaction.atomic(using=alias):
+                # Conditional on "not replayed yet": of two concurrent replays (two
+                # tabs), the second waits for the first's row lock, then updates nothing.
+                claimed = DeadLetter.objects.using(alias).filter(
+                    id=self.id, replayed_at__isnull=True
+                ).update(replayed_at=Now(), replayed_by=by[:150], replay_job_id=job_id)
+                if not claimed:
+                    report.already.append(self.id)
+                    return False
+                Job(
+                    id=job_id,
+                    name=self.name,
+                    queue=self.queue,
+                    payload=self.payload,
+                    priority=self.priority,
+                    run_at=due,
+                    enqueued_at=Now(),
+                    attempts=0,
+                    max_attempts=self.max_attempts,
+                    key=self.key,
+                    fingerprint=self.fingerprint,
+                    errors=[],
+                ).save(using=alias, force_insert=True)
+        except IntegrityError:
+            # The key's unique index: a live job holds it (enqueued again since).
+            report.key_taken.append(self.id)
+            return False
+        report.replayed[self.id] = job_id
+        return True

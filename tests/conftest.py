@@ -15,6 +15,9 @@ from django.db import connection
 from django_jobs.worker import Worker
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# The admin tests' users and clients (make_user, login, admin_client_).
+pytest_plugins = ["tests.admin_fixtures"]
 POSTGRES = os.environ.get("TEST_DB", "postgres") != "sqlite"
 
 

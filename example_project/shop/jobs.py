@@ -26,6 +26,11 @@ def charge_card(payload, ctx):
 
 @job
 def reserve_stock(payload, ctx):
-    if payload["item"] == "discontinued-widget":
-        raise FatalError(f"{payload['item']} is no longer made: retrying cannot help")
-    return {"reserved": payload["item"]}
+    """Fails for good on a discontinued item: fix the order in the admin, then replay the job."""
+    order = Order.objects.get(pk=payload["order_id"])
+    if order.item == "discontinued-widget":
+        raise FatalError(
+            f"{order.item} is no longer made: retrying cannot help. Change order {order.pk}'s "
+            "item in the admin, then replay this dead letter"
+        )
+    return {"reserved": order.item}

@@ -29,7 +29,7 @@ def place_order(request):
         order = Order.objects.create(email=request.POST["email"], item=request.POST["item"])
         enqueue_on_commit(jobs.send_confirmation, {"order_id": order.pk})
         enqueue_on_commit(jobs.charge_card, {"order_id": order.pk, "amount": 1999}, key=f"charge-{order.pk}")
-        enqueue_on_commit(jobs.reserve_stock, {"item": order.item})
+        enqueue_on_commit(jobs.reserve_stock, {"order_id": order.pk})
         # A Django @task: enqueue() joins this transaction too.
         tasks.thank_customer.enqueue(order.pk)
         if request.POST.get("explode"):

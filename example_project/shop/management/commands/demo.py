@@ -78,7 +78,9 @@ class Command(BaseCommand):
 
         self.title("Where to look")
         self.line("python manage.py runserver, then http://127.0.0.1:8000/admin/django_jobs/ (admin / admin):")
-        self.line("dead letters (with every attempt's error, and a replay action), jobs and markers.")
+        self.line("dead letters (every attempt's error, a replay action), jobs, markers, the dashboard.")
+        self.line("To put the dead letter right: change the order's item (Shop > Orders), replay")
+        self.line("the letter (its Replay button), and run: python manage.py runjobs --burst")
         self.line("Place more orders at http://127.0.0.1:8000/ and run: python manage.py runjobs")
 
     def title(self, text):

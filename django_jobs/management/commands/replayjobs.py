@@ -1,0 +1,277 @@
+"""python manage.py replayjobs: replay dead letters in bulk, by reason, name, queue and time."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import re
+import sys
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
+from django.utils.dateparse import parse_date, parse_datetime
+
+from django_jobs.models import DeadLetter, DeadReason
+from django_jobs.registry import NAME_RE, QUEUE_RE
+
+# Selections longer than this get a progress bar (or, when not on a terminal, progress lines).
+PROGRESS_FROM = 500
+LISTED = 20  # letters listed by --dry-run at verbosity 1 (all of them at 2)
+_RELATIVE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def when(text: str) -> datetime:
+    """Parse an ISO date or datetime (local time unless it says otherwise), or an age ('2h')."""
+    text = text.strip()
+    if match := _RELATIVE.fullmatch(text):
+        return timezone.now() - timedelta(seconds=float(match[1]) * _UNITS[match[2]])
+    try:
+        value = parse_datetime(text)
+        if value is None and (day := parse_date(text)) is not None:
+            value = datetime.combine(day, datetime.min.time())
+    except ValueError:
+        value = None
+    if value is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a date (2026-11-30), a date and time (2026-11-30T14:00), "
+            "or an age (90m, 2h, 7d)"
+        )
+    if timezone.is_naive(value):
+        value = timezone.make_aware(value)
+    return value
+
+
+def reason(text: str) -> str:
+    if text not in DeadReason.values:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a reason; one of: {', '.join(DeadReason.values)}"
+        )
+    return text
+
+
+def job_name(text: str) -> str:
+    if not NAME_RE.fullmatch(text) or len(text) > 200:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a valid job name")
+    return text
+
+
+def queue_name(text: str) -> str:
+    if not QUEUE_RE.fullmatch(text) or len(text) > 100:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a valid queue name")
+    return text
+
+
+def letter_id(text: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a job id (a UUID)") from None
+
+
+def delay_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value < 10 * 365 * 86400:
+        raise argparse.ArgumentTypeError(f"{text!r} must be zero or more seconds (under ten years)")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
+    return value
+
+
+def _default_by() -> str:
+    try:
+        return f"replayjobs ({getpass.getuser()})"
+    except (KeyError, OSError):  # no login name in some containers
+        return "replayjobs"
+
+
+class Command(BaseCommand):
+    help = (
+        "Replay dead letters: each gets one new live job (same name, payload, queue, priority "
+        "and key; fresh attempts). Letters already replayed are left out."
+    )
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--reason",
+            action="append",
+            dest="reasons",
+            type=reason,
+            metavar="REASON",
+            help=f"Only this reason (repeatable): {', '.join(DeadReason.values)}.",
+        )
+        parser.add_argument(
+            "--name",
+            action="append",
+            dest="names",
+            type=job_name,
+            metavar="NAME",
+            help="Only jobs of this name (repeatable).",
+        )
+        parser.add_argument(
+            "--queue",
+            action="append",
+            dest="queues",
+            type=queue_name,
+            metavar="QUEUE",
+            help="Only jobs of this queue (repeatable).",
+        )
+        parser.add_argument(
+            "--dead-after",
+            type=when,
+            metavar="WHEN",
+            help="Only letters that died at or after WHEN (2026-11-30, 2026-11-30T14:00, 2h).",
+        )
+        parser.add_argument(
+            "--dead-before", type=when, metavar="WHEN", help="Only letters that died before WHEN."
+        )
+        parser.add_argument(
+            "--id",
+            action="append",
+            dest="ids",
+            type=letter_id,
+            metavar="JOB_ID",
+            help="Only this dead letter (repeatable).",
+        )
+        parser.add_argument(
+            "--all",
+            action="store_true",
+            dest="everything",
+            help="Replay every letter not replayed yet (needed when no filter is given).",
+        )
+        parser.add_argument(
+            "--limit", type=positive_int, help="Replay at most this many (oldest first)."
+        )
+        when_group = parser.add_mutually_exclusive_group()
+        when_group.add_argument(
+            "--delay",
+            type=delay_seconds,
+            metavar="SECONDS",
+            help="Make the new jobs due this many seconds from now.",
+        )
+        when_group.add_argument(
+            "--run-at", type=when, metavar="WHEN", help="Make the new jobs due at WHEN."
+        )
+        parser.add_argument("--by", default=None, help="Who replays, as recorded on each letter.")
+        parser.add_argument(
+            "--dry-run", action="store_true", help="Show what would be replayed; change nothing."
+        )
+
+    def handle(
+        self,
+        *,
+        reasons: list[str] | None,
+        names: list[str] | None,
+        queues: list[str] | None,
+        dead_after: datetime | None,
+        dead_before: datetime | None,
+        ids: list[uuid.UUID] | None,
+        everything: bool,
+        limit: int | None,
+        delay: float | None,
+        run_at: datetime | None,
+        by: str | None,
+        dry_run: bool,
+        verbosity: int,
+        **options: Any,
+    ) -> None:
+        if not (reasons or names or queues or dead_after or dead_before or ids or everything):
+            raise CommandError(
+                "say which letters: --reason, --name, --queue, --dead-after, --dead-before "
+                "or --id, or --all for every letter not replayed yet"
+            )
+        if dead_after and dead_before and dead_after >= dead_before:
+            raise CommandError("--dead-after must be earlier than --dead-before")
+        letters = DeadLetter.objects.all()
+        if not ids:
+            letters = letters.pending()
+        if ids:
+            letters = letters.filter(id__in=ids)
+        if reasons:
+            letters = letters.filter(reason__in=reasons)
+        if names:
+            letters = letters.filter(name__in=names)
+        if queues:
+            letters = letters.filter(queue__in=queues)
+        if dead_after:
+            letters = letters.filter(dead_at__gte=dead_after)
+        if dead_before:
+            letters = letters.filter(dead_at__lt=dead_before)
+        letters = letters.order_by("dead_at", "id")
+        if limit:
+            letters = DeadLetter.objects.filter(
+                id__in=list(letters.values_list("id", flat=True)[:limit])
+            )
+
+        if dry_run:
+            self._dry_run(letters, verbosity)
+            return
+        total = letters.count()
+        progress = self._progress(total) if total >= PROGRESS_FROM and verbosity >= 1 else None
+        report = letters.replay(
+            by=by or _default_by(), run_at=run_at, delay=delay, progress=progress
+        )
+        if verbosity >= 1:
+            self.stdout.write(f"{report}.")
+            for label, items in (
+                ("already replayed", report.already),
+                ("key held by a live job", report.key_taken),
+                ("key completed since", report.completed),
+                ("no handler registered under its name", report.unknown),
+            ):
+                for item in items[:LISTED] if verbosity < 2 else items:
+                    self.stdout.write(f"  not replayed ({label}): {item}")
+        if verbosity >= 2:
+            for letter, job in report.replayed.items():
+                self.stdout.write(f"  replayed {letter} as job {job}")
+
+    def _dry_run(self, letters: Any, verbosity: int) -> None:
+        total = letters.count()
+        self.stdout.write(
+            f"Dry run: {total} dead letter(s) would be replayed; nothing was changed."
+        )
+        rows = letters.values_list("id", "name", "queue", "reason", "dead_at")
+        shown = rows if verbosity >= 2 else rows[:LISTED]
+        for pk, name, queue, why, dead_at in shown:
+            self.stdout.write(
+                f"  {pk}  {name}  queue={queue}  reason={why}  dead_at={dead_at:%Y-%m-%d %H:%M:%S}"
+            )
+        if verbosity < 2 and total > LISTED:
+            self.stdout.write(f"  … and {total - LISTED} more (-v 2 lists them all)")
+
+    def _progress(self, total: int):
+        out = self.stderr
+        tty = sys.stderr.isatty() and out._out is sys.stderr
+        last = [-1]
+
+        def show(done: int, _total: int) -> None:
+            percent = done * 100 // max(total, 1)
+            if tty:
+                filled = percent * 30 // 100
+                out.write(
+                    f"\r[{'#' * filled}{'.' * (30 - filled)}] {done}/{total} ({percent}%)",
+                    ending="",
+                )
+                if done >= total:
+                    out.write("")
+                out.flush()
+            elif percent // 10 > last[0] // 10 or done >= total:
+                # Not a terminal (a log file): a line every tenth of the way.
+                last[0] = percent
+                out.write(f"replayed {done}/{total} ({percent}%)")
+
+        return show

@@ -1,0 +1,213 @@
+"""The live-job and marker admins: states, filters, run now, cancel, search, query counts."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.utils import timezone
+
+from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job
+from tests.admin_fixtures import action, messages_of, url
+from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def shown(response):
+    return [row.pk for row in response.context["cl"].result_list]
+
+
+@pytest.fixture
+def three_states():
+    now = timezone.now()
+    return {
+        "waiting": JobFactory(name="tests.record", run_at=now - timedelta(minutes=1)),
+        "scheduled": JobFactory(name="tests.noop", queue="emails", run_at=now + timedelta(hours=1)),
+        "running": JobFactory(
+            name="tests.record", locked_by="web-1:4242:abc123#7",
+            lease_expires_at=now + timedelta(seconds=30),
+            attempts=1,
+        ),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        ({}, {"waiting", "scheduled", "running"}),
+        ({"state": "waiting"}, {"waiting"}),
+        ({"state": "scheduled"}, {"scheduled"}),
+        ({"state": "running"}, {"running"}),
+        ({"queue": "emails"}, {"scheduled"}),
+        ({"name": "tests.record"}, {"waiting", "running"}),
+    ],
+)
+def test_job_filters(admin_client_, three_states, params, expected):
+    response = admin_client_.get(url("job_changelist"), params)
+    assert response.status_code == 200
+    assert set(shown(response)) == {three_states[k].id for k in expected}
+
+
+def test_job_list_shows_state_and_lease_holder(admin_client_, three_states):
+    JobFactory(locked_by="web-2:1:dead#1", lease_expires_at=timezone.now() - timedelta(seconds=5))
+    text = admin_client_.get(url("job_changelist")).content.decode()
+    for label in ("waiting", "scheduled", "running"):
+        assert f">{label}<" in text.lower() or f"{label}</td>" in text.lower()
+    assert "web-1:4242:abc123" in text  # the worker, without the claim number
+    assert "lease expired: rescue is due" in text
+
+
+def test_job_detail_masks_the_payload(admin_client_):
+    job = JobFactory(payload=json.dumps({"token": "abc", "to": "ada@example.com"}))
+    text = admin_client_.get(url("job_change", job.pk)).content.decode()
+    assert "abc" not in text.replace(str(job.pk), "")
+    assert "&quot;token&quot;: &quot;********&quot;" in text and "ada@example.com" in text
+
+
+def test_job_search(admin_client_, three_states):
+    keyed = JobFactory(key="order-9")
+
+    def search(term):
+        return set(shown(admin_client_.get(url("job_changelist"), {"q": term})))
+
+    assert search(str(three_states["running"].id)) == {three_states["running"].id}
+    assert search("order-9") == {keyed.id}
+    assert search("noop") == {three_states["scheduled"].id, keyed.id}
+
+
+def test_run_now_action(admin_client_, three_states):
+    ids = [j.id for j in three_states.values()]
+    response = action(admin_client_, "job", "run_now", ids)
+
+    assert messages_of(response) == [
+        "1 made due now; 2 not scheduled (already due or running), left alone."
+    ]
+    assert Job.objects.scheduled().count() == 0
+    assert Job.objects.get(pk=three_states["scheduled"].pk).run_at <= timezone.now()
+    assert LogEntry.objects.get().object_id == str(three_states["scheduled"].pk)
+
+
+def test_cancel_action_moves_waiting_jobs_and_says_why_running_ones_stay(
+    admin_client_, three_states
+):
+    ids = [j.id for j in three_states.values()]
+    response = action(admin_client_, "job", "cancel", ids)
+
+    [message] = messages_of(response)
+    assert message.startswith("2 cancelled (moved to the dead letters, where they can be replayed)")
+    assert "1 running, not cancelled: a job a worker holds cannot be cancelled here" in message
+    assert list(Job.objects.values_list("id", flat=True)) == [three_states["running"].id]
+    letters = DeadLetter.objects.filter(reason=DeadReason.CANCELLED)
+    assert {x.id for x in letters} == {three_states["waiting"].id, three_states["scheduled"].id}
+    assert (
+        letters.first().errors[-1]["message"]
+        == f"cancelled by {response.wsgi_request.user.username}"
+    )
+    assert LogEntry.objects.count() == 2
+    # The cancelled jobs are dead letters now: inspectable and replayable.
+    response = action(admin_client_, "deadletter", "replay_selected", [x.id for x in letters])
+    assert messages_of(response) == ["2 replayed."]
+
+
+def test_cancel_of_a_job_that_finished_meanwhile(admin_client_):
+    job = JobFactory()
+    gone = JobFactory()
+    Job.objects.filter(pk=gone.pk).delete()
+    response = action(admin_client_, "job", "cancel", [job.id, gone.id])
+    assert messages_of(response) == [
+        "1 cancelled (moved to the dead letters, where they can be replayed); "
+        "1 no longer live (finished meanwhile)."
+    ]
+
+
+# ---- completion markers -------------------------------------------------------
+
+
+def test_marker_search_by_key_or_job_id_and_date_range(admin_client_):
+    now = timezone.now().replace(microsecond=0)
+    old = MarkerFactory(
+        key="invoice-1", completed_at=now - timedelta(days=3), result={"password": "x", "ok": 1}
+    )
+    new = MarkerFactory(key="invoice-2", completed_at=now)
+
+    def get(params):
+        return set(shown(admin_client_.get(url("completionmarker_changelist"), params)))
+
+    assert get({"q": "invoice-1"}) == {old.pk}
+    assert get({"q": str(new.job_id)}) == {new.pk}
+    assert get({"q": "invoice"}) == set()  # exact: a LIKE would read every marker
+    start = timezone.localtime(now - timedelta(days=4))
+    end = timezone.localtime(now - timedelta(days=2))
+    assert get({
+        "completed_at__range__gte_0": start.strftime("%Y-%m-%d"),
+        "completed_at__range__gte_1": start.strftime("%H:%M:%S"),
+        "completed_at__range__lte_0": end.strftime("%Y-%m-%d"),
+        "completed_at__range__lte_1": end.strftime("%H:%M:%S"),
+    }) == {old.pk}  # fmt: skip
+    text = admin_client_.get(url("completionmarker_change", old.pk)).content.decode()
+    assert "&quot;password&quot;: &quot;********&quot;" in text
+    assert 'name="_save"' not in text
+
+
+# ---- query counts --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("page", "make"),
+    [
+        ("deadletter_changelist", lambda n: DeadLetterFactory.create_batch(n)),
+        ("job_changelist", lambda n: JobFactory.create_batch(n)),
+        ("completionmarker_changelist", lambda n: MarkerFactory.create_batch(n)),
+    ],
+)
+def test_change_lists_make_a_fixed_number_of_queries(
+    admin_client_, django_assert_max_num_queries, page, make
+):
+    """However many rows, a change list costs the same queries (no query per row)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    make(3)
+    admin_client_.get(url(page))  # warm caches (content types, session)
+    with CaptureQueriesContext(connection) as few:
+        assert admin_client_.get(url(page)).status_code == 200
+    make(45)
+    with CaptureQueriesContext(connection) as many:
+        assert admin_client_.get(url(page)).status_code == 200
+    assert len(many) == len(few)
+    with django_assert_max_num_queries(QUERIES[page]):
+        admin_client_.get(url(page))
+
+
+# Session, user, the capped count, the page of rows; the name and queue filters'
+# distinct values (dead letters, jobs); the date hierarchy's range and dates (dead letters).
+QUERIES = {"deadletter_changelist": 8, "job_changelist": 6, "completionmarker_changelist": 4}
+
+
+def test_markers_are_never_deleted_from_the_admin(admin_client_):
+    marker = MarkerFactory()
+    assert (
+        admin_client_.post(url("completionmarker_delete", marker.pk), {"post": "yes"}).status_code
+        == 403
+    )
+    assert CompletionMarker.objects.exists()
+
+
+def test_long_lists_are_counted_up_to_a_limit_then_estimated(admin_client_, monkeypatch):
+    from django_jobs import admin as jobs_admin
+    from tests.conftest import POSTGRES
+
+    monkeypatch.setattr(jobs_admin, "EXACT_COUNT_LIMIT", 5)
+    DeadLetterFactory.create_batch(8)
+    response = admin_client_.get(url("deadletter_changelist"))
+    cl = response.context["cl"]
+    if POSTGRES:  # the planner's estimate, never below what was counted
+        assert cl.paginator.estimated and cl.result_count >= 6
+        assert f"about {cl.result_count} dead letters" in response.content.decode()
+    else:  # SQLite has no estimate: it counts
+        assert not cl.paginator.estimated and cl.result_count == 8
+    small = admin_client_.get(url("deadletter_changelist"), {"reason": "fatal"})
+    assert not small.context["cl"].paginator.estimated and small.context["cl"].result_count == 0

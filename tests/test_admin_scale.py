@@ -1,0 +1,132 @@
+"""A big installation: 1,000,000 completion markers and 100,000 dead letters.
+
+The dashboard and the change lists must stay well under a second with a bounded
+number of queries. The rows are made by generate_series inside the test's own
+transaction (rolled back after), then ANALYZEd so that the planner sees them.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from tests.admin_fixtures import url
+
+pytestmark = [pytest.mark.django_db, pytest.mark.postgres, pytest.mark.slow]
+
+MARKERS = 1_000_000
+LETTERS = 100_000
+LIMIT_SECONDS = 1.0  # "well under": the figures printed below are what to watch
+
+FILL = """
+INSERT INTO django_jobs_marker
+    (job_id, key, name, queue, attempts, enqueued_at, started_at, completed_at, worker_id, result)
+SELECT gen_random_uuid(), 'key-' || g,
+       (ARRAY['tests.record', 'tests.noop', 'tests.flaky'])[1 + g %% 3],
+       (ARRAY['default', 'emails'])[1 + g %% 2], 1,
+       now() - g * interval '86 milliseconds' - interval '1 second',
+       now() - g * interval '86 milliseconds' - interval '0.5 second',
+       now() - g * interval '86 milliseconds', 'host:1:aaaaaa', NULL
+FROM generate_series(1, %(markers)s) AS g;
+
+INSERT INTO django_jobs_deadletter
+    (id, name, queue, payload, priority, key, attempts, max_attempts, reason, error, traceback,
+     errors, enqueued_at, dead_at, replayed_at, replayed_by, replay_job_id)
+SELECT gen_random_uuid(),
+       (ARRAY['tests.record', 'tests.fatal', 'tests.flaky', 'shop.charge'])[1 + g %% 4],
+       (ARRAY['default', 'emails', 'reports'])[1 + g %% 3],
+       '{"order_id": ' || g || ', "token": "t"}', 0,
+       CASE WHEN g %% 5 = 0 THEN 'dl-' || g END, 3, 3,
+       (ARRAY['attempts_exhausted', 'fatal', 'invalid_payload', 'unknown_name', 'cancelled'])
+           [1 + g %% 5],
+       'builtins.RuntimeError: failure number ' || g, 'Traceback (most recent call last): ...',
+       '[]'::jsonb, now() - g * interval '26 seconds' - interval '1 minute',
+       now() - g * interval '26 seconds',
+       CASE WHEN g %% 10 = 0 THEN now() END, CASE WHEN g %% 10 = 0 THEN 'ops' ELSE '' END,
+       CASE WHEN g %% 10 = 0 THEN gen_random_uuid() END
+FROM generate_series(1, %(letters)s) AS g;
+
+INSERT INTO django_jobs_job
+    (id, name, queue, payload, priority, run_at, enqueued_at, attempts, max_attempts, errors)
+SELECT gen_random_uuid(), 'tests.noop', (ARRAY['default', 'emails'])[1 + g %% 2], '{}', 0,
+       now() + (g %% 7 - 3) * interval '1 minute', now(), 0, 3, '[]'::jsonb
+FROM generate_series(1, 2000) AS g;
+
+ANALYZE django_jobs_marker;
+ANALYZE django_jobs_deadletter;
+ANALYZE django_jobs_job;
+"""
+
+
+@pytest.fixture
+def big_installation():
+    started = time.monotonic()
+    with connection.cursor() as cursor:
+        cursor.execute(FILL, {"markers": MARKERS, "letters": LETTERS})
+    return time.monotonic() - started
+
+
+def measure(client, target, params=None):
+    client.get(target, params)  # warm: templates, content types
+    with CaptureQueriesContext(connection) as queries:
+        started = time.monotonic()
+        response = client.get(target, params)
+        elapsed = time.monotonic() - started
+    assert response.status_code == 200, target
+    return elapsed, len(queries), response
+
+
+def test_dashboard_and_change_lists_stay_fast_on_a_big_installation(
+    admin_client_, big_installation, capsys
+):
+    pages = [
+        ("dashboard", url("dashboard"), None, 7),
+        ("dead letters", url("deadletter_changelist"), None, 9),
+        ("dead letters, reason", url("deadletter_changelist"), {"reason": "fatal"}, 9),
+        ("dead letters, not replayed", url("deadletter_changelist"), {"replayed": "no"}, 9),
+        (
+            "dead letters, dead-at range",
+            url("deadletter_changelist"),
+            {
+                "dead_at__range__gte_0": "2000-01-01",
+                "dead_at__range__gte_1": "00:00:00",
+                "dead_at__range__lte_0": "2100-01-01",
+                "dead_at__range__lte_1": "00:00:00",
+            },
+            9,
+        ),  # fmt: skip
+        ("dead letters, name", url("deadletter_changelist"), {"name": "tests.fatal"}, 9),
+        (
+            "dead letters, search id",
+            url("deadletter_changelist"),
+            {"q": "0190a1b2-0000-7000-8000-000000000000"},
+            9,
+        ),
+        (
+            "dead letters, search error",
+            url("deadletter_changelist"),
+            {"q": "failure number 4242"},
+            9,
+        ),
+        ("markers", url("completionmarker_changelist"), None, 5),
+        ("markers, key", url("completionmarker_changelist"), {"q": "key-4242"}, 5),
+        ("jobs", url("job_changelist"), None, 7),
+    ]
+    figures = []
+    for label, target, params, max_queries in pages:
+        elapsed, queries, response = measure(admin_client_, target, params)
+        figures.append((label, elapsed, queries))
+        assert queries <= max_queries, (label, queries)
+        if label in ("dead letters", "markers"):  # no full COUNT(*): the planner's estimate
+            assert response.context["cl"].paginator.estimated, label
+        assert elapsed < LIMIT_SECONDS, (label, elapsed)
+    with capsys.disabled():
+        print(
+            f"\n[admin scale] {MARKERS:,} markers, {LETTERS:,} dead letters, "
+            f"filled in {big_installation:.1f}s"
+        )
+        for label, elapsed, queries in figures:
+            print(f"[admin scale]   {label:<30} {elapsed * 1000:7.1f} ms  {queries} queries")
