@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -174,6 +175,12 @@ def _percentile(values: list[float], pct: float) -> float:
 
 
 def idle(seconds: float) -> tuple[float, float]:
+    """CPU share of a waiting worker, and its database round trips per poll interval.
+
+    Round trips are the worker's own sendto() calls, counted by strace (each query
+    is one); without strace, transactions on the database (which autovacuum can
+    inflate) stand in for them.
+    """
     from django_jobs import conf
 
     reset()
@@ -189,13 +196,22 @@ def idle(seconds: float) -> tuple[float, float]:
         return count
 
     ticks, xacts = cpu_ticks(), transactions()
-    time.sleep(seconds)
-    ticks, xacts = cpu_ticks() - ticks, transactions() - xacts
+    if shutil.which("strace"):
+        traced = subprocess.run(
+            ["timeout", str(seconds), "strace", "-f", "-c", "-e", "trace=sendto", "-p", str(worker.pid)],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        sends = [line.split() for line in traced.stderr.splitlines() if line.rstrip().endswith("sendto")]
+        trips = int(sends[0][3]) if sends else 0
+    else:
+        time.sleep(seconds)
+        trips = transactions() - xacts
+    ticks = cpu_ticks() - ticks
     worker.send_signal(signal.SIGTERM)
     finish(worker, 30)
     cpu = ticks / os.sysconf("SC_CLK_TCK") / seconds * 100
     polls = seconds / conf.get("POLL_INTERVAL")
-    return cpu, xacts / polls
+    return cpu, trips / polls
 
 
 def claim_at_scale(scheduled: int, due: int, samples: int) -> tuple[float, float, float]:
