@@ -20,9 +20,11 @@ from django_jobs.exceptions import (
     InvalidJob,
     InvalidPayload,
     JobsError,
+    Snooze,
     UnknownJob,
 )
 from django_jobs.registry import Backoff, job
+from django_jobs.schedules import periodic
 
 if TYPE_CHECKING:
     from django_jobs.api import EnqueueResult, enqueue, enqueue_on_commit
@@ -38,10 +40,12 @@ __all__ = [
     "InvalidPayload",
     "JobContext",
     "JobsError",
+    "Snooze",
     "UnknownJob",
     "enqueue",
     "enqueue_on_commit",
     "job",
+    "periodic",
 ]
 
 # These import the models, which need the app registry: load them on first use.

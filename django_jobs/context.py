@@ -5,8 +5,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import NoReturn
 from uuid import UUID
+
+from django_jobs.exceptions import Snooze
 
 
 @dataclass(slots=True, eq=False)
@@ -31,12 +34,16 @@ class JobContext:
 
     @property
     def is_cancelled(self) -> bool:
-        """True once the worker wants this attempt to stop (timeout, shutdown, lost lease)."""
+        """True once the worker wants this attempt to stop (timeout, shutdown, lost lease, cancel)."""
         return self.cancelled.is_set()
 
     @property
     def is_last_attempt(self) -> bool:
         return self.attempt >= self.max_attempts
+
+    def snooze(self, seconds: float | timedelta) -> NoReturn:
+        """Stop this attempt and run the job again after `seconds`, without counting an attempt."""
+        raise Snooze(seconds)
 
     def extend_lease(self, seconds: float) -> None:
         """Ask the worker to keep this job leased for at least `seconds` more."""

@@ -338,6 +338,62 @@ class JobQuerySet(models.QuerySet):
                 dead_at=timezone.now(),
             )
 
+    # ---- operations: snooze and cancellation (see control.py) ---------------
+
+    def snooze(self, job: ClaimedJob, *, delay: float) -> bool:
+        """Give up the lease, make the job due after `delay` seconds, and give back its attempt."""
+        return bool(
+            self.filter(id=job.id, locked_by=job.token).update(
+                locked_by=None,
+                lease_expires_at=None,
+                run_at=Now() + timedelta(seconds=delay),
+                attempts=F("attempts") - 1,
+            )
+        )
+
+    def request_cancel(self) -> int:
+        """Flag leased jobs for cancellation; their workers see it at their next heartbeat."""
+        return self.filter(locked_by__isnull=False, cancel_requested_at__isnull=True).update(
+            cancel_requested_at=Now()
+        )
+
+    def cancel_waiting(self, *, error: dict[str, Any]) -> list[DeadLetter]:
+        """Move jobs no worker holds to the dead letters as cancelled; return their letters.
+
+        Each row is deleted only if it is still unleased and unchanged, so a job a
+        worker claimed in the meantime is left for request_cancel().
+        """
+        alias = self.db
+        letters = []
+        for job in self.filter(locked_by__isnull=True):
+            with transaction.atomic(using=alias):
+                deleted, _ = self.model.objects.using(alias).filter(
+                    id=job.id, locked_by__isnull=True, attempts=job.attempts
+                ).delete()
+                if not deleted:
+                    continue
+                letters.append(
+                    DeadLetter.objects.using(alias).create(
+                        id=job.id,
+                        name=job.name,
+                        queue=job.queue,
+                        payload=job.payload,
+                        priority=job.priority,
+                        key=job.key,
+                        fingerprint=job.fingerprint,
+                        attempts=job.attempts,
+                        max_attempts=job.max_attempts,
+                        reason=DeadReason.CANCELLED,
+                        error=error_summary(error),
+                        traceback="",
+                        errors=[*job.errors, error],
+                        enqueued_at=job.enqueued_at,
+                        started_at=job.started_at,
+                        dead_at=timezone.now(),
+                    )
+                )
+        return letters
+
 
 def error_summary(error: dict[str, Any]) -> str:
     kind = error.get("type", "")
@@ -383,6 +439,9 @@ class Job(models.Model):
     started_at = models.DateTimeField(null=True, blank=True, help_text=_("First attempt."))
     attempted_at = models.DateTimeField(null=True, blank=True, help_text=_("Latest attempt."))
     errors = models.JSONField(default=list, blank=True, help_text=_("Errors of earlier attempts."))
+    cancel_requested_at = models.DateTimeField(
+        null=True, blank=True, help_text=_("Cancellation asked for; the worker sees it at its next heartbeat.")
+    )
 
     objects = JobsDatabaseManager.from_queryset(JobQuerySet)()
 
@@ -500,3 +559,7 @@ class DeadLetter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} {self.id} ({self.reason})"
+
+
+# The operational tables (schedules, queue states, worker heartbeats) live in their own module.
+from django_jobs.ops_models import QueueState, RunningJob, Schedule, WorkerBeat  # noqa: E402, F401

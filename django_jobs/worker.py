@@ -41,7 +41,8 @@ from django.utils import timezone
 
 from django_jobs import conf, payloads, registry, signals
 from django_jobs.context import JobContext
-from django_jobs.exceptions import FatalError, LeaseLost
+from django_jobs.exceptions import FatalError, LeaseLost, Snooze
+from django_jobs.maintenance import WorkerOps
 from django_jobs.models import ClaimedJob, DeadReason, Job, error_summary
 from django_jobs.registry import Handler
 
@@ -119,7 +120,14 @@ class _Dead:
     error: dict[str, Any]
 
 
-Outcome = _Succeeded | _SettledAtomically | _AlreadyDone | _Lost | _Failed | _Dead
+@dataclass(slots=True)
+class _Snoozed:
+    """The handler raised Snooze: run again after `seconds`, attempt given back."""
+
+    seconds: float
+
+
+Outcome = _Succeeded | _SettledAtomically | _AlreadyDone | _Lost | _Failed | _Dead | _Snoozed
 
 
 @dataclass(slots=True, eq=False)
@@ -133,6 +141,7 @@ class _Run:
     started: float = 0.0
     abandoned: bool = False  # timed out or released: whatever it reports is ignored
     timed_out: bool = False
+    cancel_requested: bool = False  # seen at a heartbeat: if the handler stops, dead-letter as cancelled
 
 
 # ---- inbox events ---------------------------------------------------------
@@ -173,6 +182,8 @@ class WorkerStats:
     released: int = 0
     lost: int = 0  # leases taken over by another worker: the job may have run twice
     skipped: int = 0  # settled as done without running: the key's marker existed
+    snoozed: int = 0
+    cancelled: int = 0
 
 
 @dataclass
@@ -229,6 +240,7 @@ class Worker:
         self._avg_duration: float | None = None
         self._claimed_total = 0
         self._db_failures = 0
+        self._ops = WorkerOps(self)  # ops: paused queues, schedules, heartbeat row, pruning, counters
 
     # ---- public -----------------------------------------------------------
 
@@ -249,6 +261,7 @@ class Worker:
         try:
             self._loop()
         finally:
+            self._ops.stopped()  # ops: remove the heartbeat row
             self._shutdown_threads()
         logger.info(
             "worker %s stopped: %d succeeded, %d retried, %d dead, %d released",
@@ -289,6 +302,7 @@ class Worker:
                     return
                 continue
 
+            self._ops.tick(now)  # ops: paused queues, schedule ticks, heartbeat row, pruning
             if self._want_claim(now >= next_poll):
                 got, asked = self._claim()
                 self._more = got >= asked > 0
@@ -396,7 +410,8 @@ class Worker:
         ]
         jobs = self._db(
             lambda: self._jobs().claim(
-                queues=self.queues, limit=asked, token=token, lease=self.lease, exclude_names=capped
+                queues=self._ops.active_queues(), limit=asked, token=token, lease=self.lease,
+                exclude_names=capped,
             )
         )
         if jobs is None:
@@ -473,6 +488,7 @@ class Worker:
             run.deadline = now + timeout if timeout else None
             self._running[run.job.id] = run
             self._running_by_name[name] = self._running_by_name.get(name, 0) + 1
+            self._ops.started(run.job)  # ops: counters
             self._work.put(run)
             free -= 1
         self._buffer.extendleft(reversed(skipped))
@@ -523,9 +539,33 @@ class Worker:
             self._dead_letter(job, outcome.reason, outcome.error)
         elif isinstance(outcome, _Failed):
             self._fail(run, outcome, duration)
+        elif isinstance(outcome, _Snoozed):
+            self._snooze(run, outcome, duration)
+
+    def _snooze(self, run: _Run, outcome: _Snoozed, duration: float) -> None:
+        job = run.job
+        if run.cancel_requested:
+            exc = Snooze(outcome.seconds)
+            self._fail(run, _Failed(error_entry(exc, job.attempts, self.id), exc=exc), duration)
+            return
+        ok = self._db(lambda: self._jobs().snooze(job, delay=outcome.seconds))
+        if ok is None:
+            self._unsettled.append((run, outcome, duration))
+        elif ok:
+            self.stats.snoozed += 1
+            if outcome.seconds <= 0:
+                self._more = True
+            logger.info("job %s snoozed for %.1fs (attempt not counted)", job.id, outcome.seconds, extra=_extra(job))
+            self._send_finished(job, "snoozed", None, duration)
+        else:
+            self._note_fenced(job)
 
     def _fail(self, run: _Run, outcome: _Failed, duration: float) -> None:
         job = run.job
+        if run.cancel_requested:  # ops: the handler stopped after a cancellation request
+            self.stats.cancelled += 1
+            self._dead_letter(job, DeadReason.CANCELLED, outcome.error, exc=outcome.exc)
+            return
         if outcome.fatal:
             self._dead_letter(job, DeadReason.FATAL, outcome.error, exc=outcome.exc)
             return
@@ -621,6 +661,7 @@ class Worker:
         )  # fmt: skip
 
     def _send_finished(self, job: ClaimedJob, outcome: str, error: Any, duration: float | None) -> None:
+        self._ops.finished(outcome, duration)  # ops: counters
         if signals.job_finished.has_listeners():
             signals.job_finished.send(
                 sender=job.name, job_id=job.id, name=job.name, queue=job.queue,
@@ -648,6 +689,26 @@ class Worker:
                 if run is not None:
                     run.ctx.cancelled.set()
                 logger.warning("job %s: lease lost (another worker took it over)", job.id, extra=_extra(job))
+        self._cancel_requested(self._ops.cancellations([job.id for job in held if job.id in kept]))
+
+    def _cancel_requested(self, job_ids: set[Any]) -> None:
+        """ops: tell running handlers to stop; dead-letter claimed jobs that have not started."""
+        if not job_ids:
+            return
+        for run in [run for run in self._buffer if run.job.id in job_ids]:
+            self._buffer.remove(run)
+            error = {
+                "attempt": run.job.attempts, "at": timezone.now().isoformat(), "type": "django_jobs.Cancelled",
+                "message": "cancelled before it started", "traceback": "", "worker": self.id,
+            }  # fmt: skip
+            self.stats.cancelled += 1
+            self._dead_letter(run.job, DeadReason.CANCELLED, error, attempts=run.job.attempts - 1)
+        for job_id in job_ids:
+            run = self._running.get(job_id)
+            if run is not None and not run.abandoned and not run.cancel_requested:
+                run.cancel_requested = True
+                run.ctx.cancelled.set()
+                logger.warning("job %s: cancellation requested; ctx.cancelled is set", job_id, extra=_extra(run.job))
 
     def _expire_timeouts(self, now: float) -> None:
         for run in list(self._running.values()):
@@ -750,6 +811,8 @@ class Worker:
                 outcome = _Succeeded(result)
         except LeaseLost:
             outcome = _Lost()
+        except Snooze as exc:
+            outcome = _Snoozed(exc.seconds)
         except FatalError as exc:
             outcome = _Failed(error_entry(exc, job.attempts, self.id), fatal=True, exc=exc)
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - a handler may raise anything
