@@ -244,8 +244,14 @@ def sync(alias: str | None = None) -> dict[str, ScheduleSpec]:
     specs = declared()
     rows = Schedule.objects.using(alias)
     with transaction.atomic(using=alias):
-        rows.bulk_create([Schedule(name=name, job_name=spec.job) for name, spec in specs.items()],
-                         ignore_conflicts=True)  # fmt: skip
+        rows.bulk_create(
+            [
+                Schedule(name=s.name, cron=s.cron, every=s.every, timezone=s.timezone, job_name=s.job,
+                         payload=s.payload, queue=s.queue, priority=s.priority)
+                for s in specs.values()
+            ],
+            ignore_conflicts=True,
+        )  # fmt: skip
         for spec in specs.values():
             # Rewrite only rows whose definition differs (NOT (a AND b ...)), so that
             # workers starting together do not queue up on the same rows.
