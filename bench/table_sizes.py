@@ -4,7 +4,10 @@
     .venv/bin/python bench/table_sizes.py --jobs 1000000 [--round 10000]
 
 Runs on a scratch PostgreSQL database (created and dropped here; PG* variables as
-in tests/settings.py) with autovacuum alone, no manual VACUUM. Each round bulk-
+in tests/settings.py). Dead rows are reclaimed by VACUUM, which autovacuum runs in
+production; when the server has autovacuum off (as a development server may),
+pass --vacuum-every S to run a plain VACUUM of the two tables every S seconds, as
+autovacuum with autovacuum_naptime = S would. Each round bulk-
 inserts --round no-op jobs and drains them with an in-process worker (4 threads)
 that also prunes markers older than --keep-markers seconds, as workers do in
 production. It prints the sizes after the first round ("start") and every
@@ -29,6 +32,7 @@ def main() -> int:
     parser.add_argument("--round", type=int, default=10_000)
     parser.add_argument("--every", type=int, default=100_000)
     parser.add_argument("--keep-markers", type=float, default=30.0)
+    parser.add_argument("--vacuum-every", type=float, default=None, metavar="SECONDS")
     parser.add_argument("--database", default=os.environ.get("JOBS_TEST_DB", "django_jobs") + "_bench")
     args = parser.parse_args()
 
@@ -68,6 +72,11 @@ def run(args: argparse.Namespace) -> int:
     from django_jobs.worker import Worker
 
     call_command("migrate", verbosity=0)
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW autovacuum")
+        print(f"server autovacuum: {cursor.fetchone()[0]}; manual VACUUM every: "  # noqa: T201
+              f"{args.vacuum_every or 'never'} s", flush=True)  # fmt: skip
+    last_vacuum = time.monotonic()
 
     def sizes() -> str:
         with connection.cursor() as cursor:
@@ -77,11 +86,20 @@ def run(args: argparse.Namespace) -> int:
                 "(SELECT autovacuum_count FROM pg_stat_user_tables WHERE relname = 'django_jobs_job')"
             )
             heap, indexes, markers, marker_rows, vacuums = cursor.fetchone()
+        manual = vacuums_done[0]
         return (f"jobs heap {heap / 1024:8.0f} KiB  jobs indexes {indexes / 1024:8.0f} KiB  "
-                f"markers {markers / 1024:8.0f} KiB ({marker_rows} rows)  autovacuums of jobs: {vacuums}")  # fmt: skip
+                f"markers {markers / 1024:8.0f} KiB ({marker_rows} rows)  autovacuums {vacuums}  "
+                f"manual vacuums {manual}")  # fmt: skip
 
+    vacuums_done = [0]
     done, started, next_report = 0, time.monotonic(), args.every
     while done < args.jobs:
+        if args.vacuum_every and time.monotonic() - last_vacuum >= args.vacuum_every:
+            with connection.cursor() as cursor:
+                cursor.execute("VACUUM django_jobs_job")
+                cursor.execute("VACUUM django_jobs_marker")
+            last_vacuum = time.monotonic()
+            vacuums_done[0] += 1
         now = timezone.now()
         Job.objects.bulk_create(
             [Job(id=uuid7(), name="tests.noop", queue="default", payload="{}", run_at=now, enqueued_at=now,

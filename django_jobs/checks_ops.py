@@ -6,7 +6,7 @@ import importlib.util
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import Error, Tags, register
+from django.core.checks import Error, Tags, Warning, register
 
 from django_jobs import conf, registry, retention, schedules
 from django_jobs.exceptions import InvalidJob
@@ -70,3 +70,30 @@ def check_operations(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         errors.append(Error("DJANGO_JOBS['METRICS_TOKEN'] must be None or a string of 16+ characters.",
                             id="django_jobs.E109"))  # fmt: skip
     return errors
+
+
+@register(Tags.database)
+def check_autovacuum(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[Any]:
+    """Warn when the jobs database does not autovacuum: the jobs table would grow without end."""
+    from django.db import DatabaseError, connections
+
+    alias = conf.database()
+    if not databases or alias not in databases or connections[alias].vendor != "postgresql":
+        return []
+    try:
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SHOW autovacuum")
+            setting = cursor.fetchone()[0]
+    except DatabaseError:
+        return []
+    if setting == "on":
+        return []
+    return [
+        Warning(
+            f"autovacuum is off on the jobs database {alias!r}.",
+            hint="Finished jobs are deleted from django_jobs_job; without VACUUM their space is never "
+            "reused and the table and its claim index grow with every job. Turn autovacuum on, or "
+            "VACUUM django_jobs_job and django_jobs_marker every few seconds.",
+            id="django_jobs.W101",
+        )
+    ]
