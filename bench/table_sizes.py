@@ -38,9 +38,11 @@ def main() -> int:
 
     import psycopg
 
-    admin = dict(host=os.environ.get("PGHOST", "127.0.0.1"), port=os.environ.get("PGPORT", "5432"),
-                 user=os.environ.get("PGUSER", "postgres"), password=os.environ.get("PGPASSWORD", ""),
-                 dbname="postgres", autocommit=True)  # fmt: skip
+    admin = {
+        "host": os.environ.get("PGHOST", "127.0.0.1"), "port": os.environ.get("PGPORT", "5432"),
+        "user": os.environ.get("PGUSER", "postgres"), "password": os.environ.get("PGPASSWORD", ""),
+        "dbname": "postgres", "autocommit": True,
+    }  # fmt: skip
     with psycopg.connect(**admin) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{args.database}"')
         conn.execute(f'CREATE DATABASE "{args.database}"')

@@ -19,7 +19,15 @@ from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
 from django_jobs import conf, control, schedules
-from django_jobs.models import CompletionMarker, DeadLetter, Job, QueueState, RunningJob, Schedule, WorkerBeat
+from django_jobs.models import (
+    CompletionMarker,
+    DeadLetter,
+    Job,
+    QueueState,
+    RunningJob,
+    Schedule,
+    WorkerBeat,
+)
 
 
 class _ReadOnly(admin.ModelAdmin):

@@ -63,7 +63,7 @@ class Schedule(models.Model):
     timezone = models.CharField(max_length=64, default="UTC")
     job_name = models.CharField(max_length=200)
     payload = models.TextField(default="null", help_text=_("JSON text."))
-    queue = models.CharField(max_length=100, null=True, blank=True)
+    queue = models.CharField(max_length=100, null=True, blank=True)  # noqa: DJ001 - None: the job's own queue
     priority = models.SmallIntegerField(null=True, blank=True)
     enabled = models.BooleanField(default=True)
     declared = models.BooleanField(
