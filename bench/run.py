@@ -225,10 +225,7 @@ def claim_at_scale(scheduled: int, due: int, samples: int) -> tuple[float, float
             for n in range(samples):
                 cursor.execute("BEGIN")
                 started = time.perf_counter()
-                cursor.execute(
-                    sql.CLAIM,
-                    {"queues": ["default"], "limit": 100, "token": f"bench#{n}", "lease": 30, "exclude": []},
-                )
+                cursor.execute(sql.CLAIM, sql.claim_params(["default"], 100, f"bench#{n}", 30))
                 cursor.fetchall()
                 times.append((time.perf_counter() - started) * 1000)
                 cursor.execute("ROLLBACK")  # leave the table as it was for the next sample

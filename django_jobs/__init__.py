@@ -21,9 +21,11 @@ from django_jobs.exceptions import (
     InvalidPayload,
     InvalidTaskArguments,
     JobsError,
+    Snooze,
     UnknownJob,
 )
 from django_jobs.registry import Backoff, job
+from django_jobs.schedules import periodic
 
 if TYPE_CHECKING:
     from django_jobs.api import EnqueueResult, enqueue, enqueue_many, enqueue_on_commit
@@ -40,11 +42,13 @@ __all__ = [
     "InvalidTaskArguments",
     "JobContext",
     "JobsError",
+    "Snooze",
     "UnknownJob",
     "enqueue",
     "enqueue_many",
     "enqueue_on_commit",
     "job",
+    "periodic",
 ]
 
 # These import the models, which need the app registry: load them on first use.

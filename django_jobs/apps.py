@@ -9,6 +9,18 @@ class DjangoJobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_jobs import checks, registry  # noqa: F401 - registers the system checks
+        from django_jobs import checks, checks_ops, registry  # noqa: F401 - registers the system checks
 
         registry.autodiscover()
+        # Operations: the admin pages of schedules, queues, workers and running jobs
+        # (registered here so that they coexist with admin.py), and the enqueue counter.
+        from django.apps import apps
+
+        from django_jobs import conf
+
+        if apps.is_installed("django.contrib.admin"):
+            from django_jobs import admin_ops  # noqa: F401
+        if conf.get("METRICS"):
+            from django_jobs import metrics
+
+            metrics.install()

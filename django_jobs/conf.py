@@ -41,6 +41,22 @@ DEFAULTS: dict[str, Any] = {
     "JSON_ENCODER": None,
     # Payload keys whose values the admin and the logs show as "********".
     "MASK_KEYS": ["password", "passwd", "secret", "token", "api_key", "apikey", "authorization"],
+    # ---- operations (schedules, retention, control, metrics) ----
+    # Periodic jobs: {"name": {"cron": "0 3 * * *", "job": "app.jobs.nightly", ...}}; see schedules.py.
+    "SCHEDULES": {},
+    # How long completion markers and dead letters are kept (seconds or timedelta); None: forever.
+    "KEEP_MARKERS": 7 * 24 * 3600,
+    "KEEP_DEAD_LETTERS": 30 * 24 * 3600,
+    # Rows deleted per pruning statement: small, so that pruning never holds long locks.
+    "PRUNE_BATCH": 500,
+    # Seconds between a worker's maintenance steps (heartbeat row, schedules, pruning).
+    "MAINTENANCE_INTERVAL": 5.0,
+    # A worker whose heartbeat row is older than this many seconds is not live.
+    "WORKER_EXPIRY": 60.0,
+    # Count enqueues of this process for the metrics view (needs prometheus_client).
+    "METRICS": False,
+    # Bearer token that the metrics view accepts; None: staff users only.
+    "METRICS_TOKEN": None,
 }
 
 
@@ -68,3 +84,6 @@ def _clear_cache(*, setting: str, **kwargs: Any) -> None:
         from django_jobs import payloads
 
         payloads.encoder.cache_clear()
+        from django_jobs import schedules
+
+        schedules.clear_caches()

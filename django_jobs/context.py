@@ -5,9 +5,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, NoReturn
 from uuid import UUID
+
+from django_jobs.exceptions import Snooze
 
 
 @dataclass(slots=True, eq=False)
@@ -53,6 +55,7 @@ class JobContext:
 
     @property
     def is_cancelled(self) -> bool:
+        """True once the worker wants this attempt to stop (timeout, shutdown, lost lease, cancel)."""
         return self._cancel_requested
 
     @property
@@ -64,6 +67,10 @@ class JobContext:
         self._cancel_requested = True
         if self._event is not None:
             self._event.set()
+
+    def snooze(self, seconds: float | timedelta) -> NoReturn:
+        """Stop this attempt and run the job again after `seconds`, without counting an attempt."""
+        raise Snooze(seconds)
 
     def extend_lease(self, seconds: float) -> None:
         """Ask the worker to keep this job leased for at least `seconds` more."""

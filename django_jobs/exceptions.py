@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from datetime import timedelta
+
 
 class JobsError(Exception):
     """Base class of every error django-jobs raises."""
@@ -50,5 +53,32 @@ class LeaseExpired(JobsError):
     """Recorded for an attempt whose lease expired before it settled (its worker died or hung)."""
 
 
+class JobCancelled(JobsError):
+    """Recorded for a job an operator cancelled before its handler started."""
+
+
 class LeaseLost(JobsError):
     """This worker no longer holds the job: another worker took it over after its lease expired."""
+
+
+class Snooze(Exception):  # noqa: N818 - it is an instruction, not an error
+    """Raise from a handler to run the job again after `seconds`, without counting an attempt.
+
+    ``raise Snooze(30)`` or ``ctx.snooze(30)``: the job goes back to waiting with
+    its run time that far ahead (on the database clock), and its attempt is given
+    back. An atomic handler's effects are rolled back, as for any exception.
+    """
+
+    MAX_SECONDS = 10 * 365 * 24 * 3600.0
+
+    def __init__(self, seconds: float | timedelta = 0.0) -> None:
+        if isinstance(seconds, timedelta):
+            value = seconds.total_seconds()
+        elif isinstance(seconds, int | float) and not isinstance(seconds, bool):
+            value = float(seconds)
+        else:
+            raise TypeError(f"Snooze takes seconds or a timedelta, not {seconds!r}")
+        if not math.isfinite(value) or value < 0 or value > self.MAX_SECONDS:
+            raise ValueError(f"Snooze needs 0 to ten years of seconds, not {seconds!r}")
+        super().__init__(f"snoozed for {value:g}s")
+        self.seconds = value

@@ -64,6 +64,15 @@ class JobState(models.TextChoices):
     RUNNING = "running", _("running")  # leased to a worker (or its lease expired: rescue is due)
 
 
+@dataclass(frozen=True, slots=True)
+class Beat:
+    """What a claim writes to the worker's heartbeat row (see WorkerBeat)."""
+
+    worker: str
+    running: int
+    stats: str | None = None  # JSON text of the worker's counters, or None to keep them
+
+
 @dataclass(slots=True)
 class ClaimedJob:
     """A job row as a worker holds it between claim and settle."""
@@ -119,29 +128,29 @@ class JobQuerySet(models.QuerySet):
         token: str,
         lease: float,
         exclude_names: Sequence[str] = (),
+        beat: Beat | None = None,
     ) -> list[ClaimedJob]:
         """Lease up to `limit` jobs of `queues` to `token`, counting an attempt each.
 
         Jobs whose lease expired (their worker died, hung or lost its connection)
         are taken over first, so no task is needed to rescue them; then due jobs
-        in priority order.
+        in priority order. Paused queues are left out. With `beat`, the worker's
+        heartbeat row is refreshed in the same statement.
         """
-        if limit <= 0 or not queues:
+        if not queues:
             return []
         alias = self.db
         if not _is_postgres(alias):
+            if beat is not None:
+                WorkerBeat.objects.using(alias).filter(id=beat.worker).update(
+                    last_seen_at=Now(), running=beat.running,
+                    **({"stats": json.loads(beat.stats)} if beat.stats else {}),
+                )  # fmt: skip
+            if limit <= 0:
+                return []
             return self._claim_portable(queues, limit, token, lease, exclude_names)
-        rows = sql.run(
-            alias,
-            sql.CLAIM,
-            {
-                "queues": list(queues),
-                "limit": limit,
-                "token": token,
-                "lease": float(lease),
-                "exclude": list(exclude_names),
-            },
-        )
+        params = sql.claim_params(list(queues), limit, token, lease, list(exclude_names), beat)
+        rows = sql.run(alias, sql.CLAIM, params)
         # errors come as JSON text (Django loads jsonb as text), NULL when empty.
         return [
             ClaimedJob(*row[:11], errors=json.loads(row[11]) if row[11] else [], token=token, completed=row[12])
@@ -151,6 +160,8 @@ class JobQuerySet(models.QuerySet):
     def _claim_portable(self, queues, limit, token, lease, exclude_names) -> list[ClaimedJob]:
         # Conditional UPDATEs: on SQLite each takes the write lock at once, and
         # re-checking the lease in the UPDATE keeps two workers from taking one row.
+        paused = set(QueueState.objects.using(self.db).filter(paused=True).values_list("name", flat=True))
+        queues = [q for q in queues if q not in paused]
         now = Now()
         lease_until = now + timedelta(seconds=lease)
         attempted: list[uuid.UUID] = []
@@ -312,19 +323,26 @@ class JobQuerySet(models.QuerySet):
             id__in=[j.id for j in jobs], locked_by__in={j.token for j in jobs}
         ).update(locked_by=None, lease_expires_at=None, attempts=F("attempts") - 1)
 
-    def extend_leases(self, jobs: Iterable[ClaimedJob], seconds: float) -> set[uuid.UUID]:
-        """Push the leases of jobs `seconds` ahead; return the ids still held."""
+    def extend_leases(self, jobs: Iterable[ClaimedJob], seconds: float) -> dict[uuid.UUID, bool]:
+        """Push the leases of jobs `seconds` ahead.
+
+        Returns the ids still held, each mapped to whether an operator asked to
+        cancel it; an id missing from the result lost its lease to another worker.
+        """
         jobs = list(jobs)
         if not jobs:
-            return set()
+            return {}
         ids = [j.id for j in jobs]
         tokens = list({j.token for j in jobs})
         alias = self.db
         if _is_postgres(alias):
-            return {row[0] for row in sql.run(alias, sql.EXTEND_LEASES, [float(seconds), ids, tokens])}
+            return dict(sql.run(alias, sql.EXTEND_LEASES, [float(seconds), ids, tokens]))
         held = self.filter(id__in=ids, locked_by__in=tokens)
         held.update(lease_expires_at=Greatest("lease_expires_at", Now() + timedelta(seconds=seconds)))
-        return set(held.values_list("id", flat=True))
+        return {
+            job_id: requested is not None
+            for job_id, requested in held.values_list("id", "cancel_requested_at")
+        }
 
     def dead_letter(
         self,
@@ -429,6 +447,25 @@ class JobQuerySet(models.QuerySet):
             report.running += [i for i in chunk if i in present and i not in taken]
             report.gone += [i for i in chunk if i not in present]
         return report
+
+    # ---- operations: snooze and cancellation (see control.py) ---------------
+
+    def snooze(self, job: ClaimedJob, *, delay: float) -> bool:
+        """Give up the lease, make the job due after `delay` seconds, and give back its attempt."""
+        return bool(
+            self.filter(id=job.id, locked_by=job.token).update(
+                locked_by=None,
+                lease_expires_at=None,
+                run_at=Now() + timedelta(seconds=delay),
+                attempts=F("attempts") - 1,
+            )
+        )
+
+    def request_cancel(self) -> int:
+        """Flag leased jobs for cancellation; their workers see it at their next heartbeat."""
+        return self.filter(locked_by__isnull=False, cancel_requested_at__isnull=True).update(
+            cancel_requested_at=Now()
+        )
 
 
 def error_summary(error: dict[str, Any]) -> str:
@@ -630,6 +667,9 @@ class Job(models.Model):
     started_at = models.DateTimeField(null=True, blank=True, help_text=_("First attempt."))
     attempted_at = models.DateTimeField(null=True, blank=True, help_text=_("Latest attempt."))
     errors = models.JSONField(default=list, blank=True, help_text=_("Errors of earlier attempts."))
+    cancel_requested_at = models.DateTimeField(
+        null=True, blank=True, help_text=_("Cancellation asked for; the worker sees it at its next heartbeat.")
+    )
 
     objects = JobsDatabaseManager.from_queryset(JobQuerySet)()
 
@@ -638,7 +678,7 @@ class Job(models.Model):
         ordering = ["-priority", "run_at", "id"]
         permissions = [
             ("run_job_now", "Can make scheduled jobs due now"),
-            ("cancel_job", "Can cancel waiting jobs (move them to the dead letters)"),
+            ("cancel_job", "Can cancel jobs (waiting ones are dead-lettered, running ones stopped)"),
         ]
         indexes = [
             # Matches sql.CLAIM exactly: one queue, unleased, in claim order.
@@ -807,3 +847,6 @@ class DeadLetter(models.Model):
             return False
         report.replayed[self.id] = job_id
         return True
+
+# The operational tables (schedules, queue states, worker heartbeats) live in their own module.
+from django_jobs.ops_models import QueueState, RunningJob, Schedule, WorkerBeat  # noqa: E402, F401

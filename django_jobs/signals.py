@@ -5,8 +5,8 @@ keyword arguments: ``job_id`` (UUID), ``name``, ``queue``. Others:
 
 - ``job_enqueued``: ``duplicate`` (bool); sent once the job's transaction commits.
 - ``job_started``: ``attempt``; sent by the worker thread about to run the handler.
-- ``job_finished``: ``attempt``, ``outcome`` ("succeeded", "retried", "dead" or
-  "released"), ``error`` (the exception or None), ``duration`` (seconds or None).
+- ``job_finished``: ``attempt``, ``outcome`` ("succeeded", "retried", "dead",
+  "released" or "snoozed"), ``error`` (the exception or None), ``duration`` (seconds or None).
 - ``job_dead_lettered``: ``reason`` (a DeadReason), ``attempts``, ``error`` (str).
 """
 

@@ -57,10 +57,23 @@ def run(alias: str, statement: str, params: Any = None) -> list[tuple]:
 #   the UPDATE re-checks the lease, so a job settled meanwhile is left alone.
 # - The marker lookup rides along for the only jobs that can have one: those
 #   with a dedupe key and those on a second attempt.
+# - Paused queues (django_jobs_queue.paused) are left out, and when %(beat)s
+#   the worker's heartbeat row is refreshed: a waiting worker makes this one
+#   round trip per poll and no other.
 CLAIM = """
-WITH claimable AS MATERIALIZED (
+WITH beat AS (
+    UPDATE django_jobs_worker
+    SET last_seen_at = now(), running = %(running)s, stats = COALESCE(%(stats)s::jsonb, stats)
+    WHERE %(beat)s AND id = %(worker)s
+),
+active AS MATERIALIZED (
+    SELECT q.name, q.position
+    FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, position)
+    WHERE NOT EXISTS (SELECT 1 FROM django_jobs_queue AS s WHERE s.name = q.name AND s.paused)
+),
+claimable AS MATERIALIZED (
     SELECT candidate.id
-    FROM unnest(%(queues)s::text[]) AS q(name)
+    FROM active AS q
     CROSS JOIN LATERAL (
         SELECT id FROM (
             SELECT id FROM django_jobs_job
@@ -112,6 +125,28 @@ SELECT id, name, queue, payload, priority, attempts, max_attempts, key, fingerpr
 FROM claimed
 ORDER BY priority DESC, run_at, id
 """
+
+def claim_params(
+    queues: list[str],
+    limit: int,
+    token: str,
+    lease: float,
+    exclude: list[str] | None = None,
+    beat: Any = None,
+) -> dict[str, Any]:
+    """Return the parameters of CLAIM (`beat`: a models.Beat, or None)."""
+    return {
+        "queues": queues,
+        "limit": max(limit, 0),
+        "token": token,
+        "lease": float(lease),
+        "exclude": exclude or [],
+        "beat": beat is not None,
+        "worker": beat.worker if beat else "",
+        "running": beat.running if beat else 0,
+        "stats": beat.stats if beat else None,
+    }
+
 
 # Settle a batch of finished jobs: delete each row still leased to its token and
 # write its completion marker, in one statement. The batch comes as one JSON
@@ -165,12 +200,13 @@ SELECT (SELECT count(*) FROM deleted), (SELECT count(*) FROM marked)
 """
 
 # Heartbeat: push the leases of the jobs this worker still holds (never shortening
-# one a handler extended further itself).
+# one a handler extended further itself), and say which of them an operator
+# asked to cancel.
 EXTEND_LEASES = """
 UPDATE django_jobs_job
 SET lease_expires_at = GREATEST(lease_expires_at, now() + %s * interval '1 second')
 WHERE id = ANY(%s::uuid[]) AND locked_by = ANY(%s::text[])
-RETURNING id
+RETURNING id, cancel_requested_at IS NOT NULL
 """
 
 # Enqueue one job without a dedupe key. %(channel)s is notified at commit when

@@ -46,7 +46,8 @@ from django.utils import timezone
 
 from django_jobs import conf, payloads, registry, signals
 from django_jobs.context import JobContext
-from django_jobs.exceptions import FatalError, LeaseLost
+from django_jobs.exceptions import FatalError, JobCancelled, LeaseLost, Snooze
+from django_jobs.maintenance import WorkerOps
 from django_jobs.models import LEASE_EXPIRED, ClaimedJob, DeadReason, Job, JobQuerySet, error_summary
 from django_jobs.registry import Handler
 
@@ -130,7 +131,14 @@ class _Dead:
     error: dict[str, Any]
 
 
-Outcome = _Succeeded | _SettledAtomically | _AlreadyDone | _Lost | _Unstarted | _Failed | _Dead
+@dataclass(slots=True)
+class _Snoozed:
+    """The handler raised Snooze: run again after `seconds`, attempt given back."""
+
+    seconds: float
+
+
+Outcome = _Succeeded | _SettledAtomically | _AlreadyDone | _Lost | _Unstarted | _Failed | _Dead | _Snoozed
 
 
 @dataclass(slots=True, eq=False)
@@ -144,6 +152,7 @@ class _Run:
     started: float = 0.0  # set by the executor thread when the handler starts
     abandoned: bool = False  # timed out or released: whatever it reports is ignored
     timed_out: bool = False
+    cancel_requested: bool = False  # an operator cancelled it: if it stops, it is dead-lettered
 
     @property
     def deadline(self) -> float | None:
@@ -189,6 +198,8 @@ class WorkerStats:
     lost: int = 0  # this worker's late settles fenced out: another worker took the job over
     reexecuted: int = 0  # jobs this worker took over after a lease expired: they may run twice
     skipped: int = 0  # settled as done without running: the key's marker existed
+    snoozed: int = 0
+    cancelled: int = 0
 
 
 @dataclass
@@ -253,6 +264,7 @@ class Worker:
         self._queryset: JobQuerySet = Job.objects.using(self.database)
         self._timeouts: dict[str, float | None] = {}
         self._excluded: set[str] = set()  # capped handlers the last claim left out
+        self._ops = WorkerOps(self)  # heartbeat row, schedules, pruning, counters
 
     # ---- public -----------------------------------------------------------
 
@@ -271,8 +283,10 @@ class Worker:
         if self.listen and not self.burst:  # burst mode drains and leaves: nothing to wait for
             self._start_thread(self._listen, "django-jobs-listener")
         try:
+            self._ops.start()
             self._loop()
         finally:
+            self._ops.stopped()
             self._shutdown_threads()
         stats = self.stats
         logger.info(
@@ -319,9 +333,11 @@ class Worker:
                     return
                 continue
 
-            if self._want_claim(now >= next_poll):
+            self._ops.tick(now)
+            if self._want_claim(now >= next_poll) or self._ops.beat_due(now):
                 got, asked = self._claim()
-                self._more = got >= asked > 0
+                if asked:
+                    self._more = got >= asked
                 next_poll = time.monotonic() + self.poll_interval
 
             if self.heartbeat and now >= next_heartbeat:
@@ -406,16 +422,21 @@ class Worker:
 
     def _claim(self) -> tuple[int, int]:
         asked = self._free_slots()
-        token = f"{self.id}#{next(self._claims)}"
+        seq = next(self._claims)
+        token = f"{self.id}#{seq}"
         capped = [
             name
             for name, count in self._by_name.items()
             if (h := registry.lookup(name)) and h.concurrency and count >= h.concurrency
         ]
         self._excluded = set(capped)
+        beat = self._ops.beat(time.monotonic())
+        # Rotate the queues so that a busy one does not always come first.
+        first = seq % len(self.queues)
+        queues = self.queues[first:] + self.queues[:first]
         jobs = self._db(
             lambda: self._jobs().claim(
-                queues=self.queues, limit=asked, token=token, lease=self.lease, exclude_names=capped
+                queues=queues, limit=asked, token=token, lease=self.lease, exclude_names=capped, beat=beat
             )
         )
         if jobs is None:
@@ -499,6 +520,7 @@ class Worker:
             self._held_back.append(run)
             return
         self._inflight.add(run)
+        self._ops.started()
         self._by_name[name] = self._by_name.get(name, 0) + 1
         if run.timeout:
             self._timed.add(run)
@@ -565,9 +587,34 @@ class Worker:
             self._dead_letter(job, outcome.reason, outcome.error)
         elif isinstance(outcome, _Failed):
             self._fail(run, outcome, duration)
+        elif isinstance(outcome, _Snoozed):
+            self._snooze(run, outcome, duration)
+
+    def _snooze(self, run: _Run, outcome: _Snoozed, duration: float) -> None:
+        job = run.job
+        if run.cancel_requested:
+            exc = Snooze(outcome.seconds)
+            self._fail(run, _Failed(error_entry(exc, job.attempts, self.id), exc=exc), duration)
+            return
+        ok = self._db(lambda: self._jobs().snooze(job, delay=outcome.seconds))
+        if ok is None:
+            self._unsettled.append((run, outcome, duration))
+        elif ok:
+            self.stats.snoozed += 1
+            if outcome.seconds <= 0:
+                self._more = True
+            logger.info("job %s snoozed for %.1fs (attempt not counted)", job.id, outcome.seconds,
+                        extra=_extra(job))  # fmt: skip
+            self._send_finished(job, "snoozed", None, duration)
+        else:
+            self._note_fenced(job)
 
     def _fail(self, run: _Run, outcome: _Failed, duration: float) -> None:
         job = run.job
+        if run.cancel_requested:  # the handler stopped after an operator cancelled it
+            self.stats.cancelled += 1
+            self._dead_letter(job, DeadReason.CANCELLED, outcome.error, exc=outcome.exc)
+            return
         if outcome.fatal:
             self._dead_letter(job, DeadReason.FATAL, outcome.error, exc=outcome.exc)
             return
@@ -663,6 +710,7 @@ class Worker:
         )  # fmt: skip
 
     def _send_finished(self, job: ClaimedJob, outcome: str, error: Any, duration: float | None) -> None:
+        self._ops.finished(outcome, duration)
         if signals.job_finished.receivers:
             signals.job_finished.send(
                 sender=job.name, job_id=job.id, name=job.name, queue=job.queue,
@@ -679,11 +727,27 @@ class Worker:
         if kept is None:
             return
         for run in held:
-            if run.job.id not in kept:
+            cancel = kept.get(run.job.id)
+            if cancel is None:
                 if run.ctx is not None:
                     run.ctx.cancel()
                 logger.warning("job %s: lease lost (another worker took it over)", run.job.id,
                                extra=_extra(run.job))  # fmt: skip
+            elif cancel and not run.cancel_requested:
+                self._cancel(run)
+
+    def _cancel(self, run: _Run) -> None:
+        """An operator cancelled this held job: stop it, or drop it if it has not started."""
+        run.cancel_requested = True
+        if run in self._held_back:
+            self._held_back.remove(run)
+            exc = JobCancelled("cancelled before it started")
+            self.stats.cancelled += 1
+            self._dead_letter(run.job, DeadReason.CANCELLED, error_entry(exc, run.job.attempts, self.id),
+                              attempts=run.job.attempts - 1)  # fmt: skip
+            return
+        run.ctx.cancel()
+        logger.warning("job %s: cancellation requested; ctx.cancelled is set", run.job.id, extra=_extra(run.job))
 
     def _expire_timeouts(self, now: float) -> None:
         for run in [run for run in self._timed if (d := run.deadline) and now >= d]:
@@ -759,6 +823,10 @@ class Worker:
                 if self._draining:
                     self._inbox.put(_Finished(run, _Unstarted(), 0.0))
                     continue
+                if run.cancel_requested:  # cancelled while it waited for this thread
+                    exc = JobCancelled("cancelled before it started")
+                    self._inbox.put(_Finished(run, _Failed(error_entry(exc, run.job.attempts, self.id), exc=exc), 0.0))
+                    continue
                 if time.monotonic() - last_job > IDLE_CHECK:
                     _check_connections(own)
                 self._execute(run, own)
@@ -792,6 +860,8 @@ class Worker:
                 outcome = _Succeeded(payloads.encode_result(_call(handler, payload, ctx)))
         except LeaseLost:
             outcome = _Lost()
+        except Snooze as exc:
+            outcome = _Snoozed(exc.seconds)
         except FatalError as exc:
             outcome = _Failed(error_entry(exc, job.attempts, self.id), fatal=True, exc=exc)
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - a handler may raise anything

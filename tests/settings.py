@@ -1,5 +1,6 @@
 """Settings of the test project: PostgreSQL by default, SQLite with TEST_DB=sqlite."""
 
+import json
 import os
 
 SECRET_KEY = "django-jobs-tests"  # noqa: S105
@@ -82,6 +83,8 @@ DJANGO_JOBS = {
     "BACKOFF": {"kind": "fixed", "base": 0.0, "ceiling": 0.0, "jitter": 0.0},
     "POLL_INTERVAL": 0.2,
 }
+# Worker subprocesses of a test get extra DJANGO_JOBS keys (schedules, intervals) as JSON.
+DJANGO_JOBS.update(json.loads(os.environ.get("JOBS_TEST_SETTINGS", "{}")))
 
 # Django's Tasks framework (Django >= 6.0; ignored before): @task functions of
 # tests/testapp/tasks.py run on django-jobs. "immediate" is a backend that is not

@@ -93,10 +93,7 @@ def test_claim_uses_its_partial_index_on_a_big_table():
         cursor.execute("ANALYZE django_jobs_job")
         from django_jobs import sql
 
-        cursor.execute(
-            "EXPLAIN " + sql.CLAIM,
-            {"queues": ["default"], "limit": 50, "token": "t#1", "lease": 30, "exclude": []},
-        )
+        cursor.execute("EXPLAIN " + sql.CLAIM, sql.claim_params(["default"], 50, "t#1", 30))
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "django_jobs_job_claim" in plan, plan
     assert "Seq Scan on django_jobs_job" not in plan, plan

@@ -305,7 +305,7 @@ class TestLeases:
     def test_extend_lease_from_the_handler(self):
         enqueue(jobs.record, {"label": "x"})
         [job] = Job.objects.claim(queues=["default"], limit=1, token="w#1", lease=5)
-        assert Job.objects.extend_leases([job], 3600) == {job.id}
+        assert Job.objects.extend_leases([job], 3600) == {job.id: False}
         row = Job.objects.get()
         assert row.lease_expires_at > timezone.now() + dt.timedelta(minutes=59)
         Job.objects.extend_leases([job], 5)  # a heartbeat never shortens it

@@ -158,3 +158,40 @@ def query(payload, ctx):
 
     with connection.cursor() as cursor:
         cursor.execute("SELECT %s", [payload.get("n", 0)])
+
+# ---- operations (schedules, snooze, cancel) ----
+
+
+@job(name="tests.record_key")
+def record_key(payload, ctx):
+    """Record the job's key: periodic jobs carry their schedule and tick in it."""
+    Audit.objects.create(label=ctx.key, job_id=ctx.id, attempt=ctx.attempt)
+
+
+@job(name="tests.snoozer", max_attempts=1)
+def snoozer(payload, ctx):
+    """Snooze `times` times (counted in Audit rows), then succeed."""
+    runs = Audit.objects.filter(job_id=ctx.id).count()
+    Audit.objects.create(label=f"snoozer-{runs}", job_id=ctx.id, attempt=ctx.attempt)
+    if runs < payload["times"]:
+        ctx.snooze(payload.get("seconds", 0))
+    return runs
+
+
+@job(name="tests.snoozer_atomic", atomic=True, max_attempts=1)
+def snoozer_atomic(payload, ctx):
+    """An atomic handler whose write is rolled back when it snoozes."""
+    from django_jobs import Snooze
+
+    Audit.objects.create(label="atomic-effect", job_id=ctx.id, attempt=ctx.attempt)
+    if not Audit.objects.filter(label="snooze-done").exists():
+        raise Snooze(0)
+
+
+@job(name="tests.until_cancelled", max_attempts=5)
+def until_cancelled(payload, ctx):
+    """Run until ctx.cancelled is set (or `seconds` pass), then stop by raising."""
+    Audit.objects.create(label=f"start-{payload.get('label', '')}", job_id=ctx.id, attempt=ctx.attempt)
+    if ctx.cancelled.wait(payload.get("seconds", 30)):
+        raise RuntimeError("stopped: cancelled")
+    Audit.objects.create(label=f"end-{payload.get('label', '')}", job_id=ctx.id, attempt=ctx.attempt)

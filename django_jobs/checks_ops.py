@@ -1,0 +1,99 @@
+"""System checks of the operations settings (schedules, retention, maintenance, metrics): E201..."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import Error, Tags, Warning, register
+
+from django_jobs import conf, registry, retention, schedules
+from django_jobs.exceptions import InvalidJob
+
+
+def _positive(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and value > 0
+
+
+@register(Tags.compatibility)
+def check_operations(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    errors: list[Any] = []
+    s = conf.get_settings()
+    try:
+        specs = schedules.declared()
+    except InvalidJob as exc:
+        errors.append(Error(f"Invalid schedule: {exc}", hint="See DJANGO_JOBS['SCHEDULES'] and @periodic.",
+                            id="django_jobs.E201"))  # fmt: skip
+        specs = {}
+    for spec in specs.values():
+        if registry.lookup(spec.job) is None:
+            errors.append(
+                Error(
+                    f"Schedule {spec.name!r} runs {spec.job!r}, which no @job handler is registered as.",
+                    hint="Use the handler's name (its dotted path unless @job(name=...) says otherwise).",
+                    id="django_jobs.E202",
+                )
+            )
+    if specs and not settings.USE_TZ:
+        errors.append(Error("Schedules need USE_TZ = True.", id="django_jobs.E208"))
+    for name in ("KEEP_MARKERS", "KEEP_DEAD_LETTERS"):
+        try:
+            retention.as_timedelta(s[name], what=name)
+        except ValueError as exc:
+            errors.append(Error(f"DJANGO_JOBS['{name}'] is invalid: {exc}", id="django_jobs.E203"))
+    batch = s["PRUNE_BATCH"]
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        errors.append(Error("DJANGO_JOBS['PRUNE_BATCH'] must be a positive integer.", id="django_jobs.E204"))
+    interval, expiry = s["MAINTENANCE_INTERVAL"], s["WORKER_EXPIRY"]
+    if not _positive(interval):
+        errors.append(Error("DJANGO_JOBS['MAINTENANCE_INTERVAL'] must be a positive number of seconds.",
+                            id="django_jobs.E205"))  # fmt: skip
+    elif not _positive(expiry) or expiry <= 2 * interval:
+        errors.append(
+            Error(
+                "DJANGO_JOBS['WORKER_EXPIRY'] must be more than twice MAINTENANCE_INTERVAL.",
+                hint="Otherwise a live worker shows as gone between two heartbeat rows.",
+                id="django_jobs.E206",
+            )
+        )
+    if s["METRICS"] and importlib.util.find_spec("prometheus_client") is None:
+        errors.append(
+            Error(
+                "DJANGO_JOBS['METRICS'] is on but prometheus_client is not installed.",
+                hint="pip install 'django-jobs[prometheus]'",
+                id="django_jobs.E207",
+            )
+        )
+    token = s["METRICS_TOKEN"]
+    if token is not None and (not isinstance(token, str) or len(token) < 16):
+        errors.append(Error("DJANGO_JOBS['METRICS_TOKEN'] must be None or a string of 16+ characters.",
+                            id="django_jobs.E209"))  # fmt: skip
+    return errors
+
+
+@register(Tags.database)
+def check_autovacuum(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[Any]:
+    """Warn when the jobs database does not autovacuum: the jobs table would grow without end."""
+    from django.db import DatabaseError, connections
+
+    alias = conf.database()
+    if not databases or alias not in databases or connections[alias].vendor != "postgresql":
+        return []
+    try:
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SHOW autovacuum")
+            setting = cursor.fetchone()[0]
+    except DatabaseError:
+        return []
+    if setting == "on":
+        return []
+    return [
+        Warning(
+            f"autovacuum is off on the jobs database {alias!r}.",
+            hint="Finished jobs are deleted from django_jobs_job; without VACUUM their space is never "
+            "reused and the table and its claim index grow with every job. Turn autovacuum on, or "
+            "VACUUM django_jobs_job and django_jobs_marker every few seconds.",
+            id="django_jobs.W201",
+        )
+    ]

@@ -1,0 +1,61 @@
+"""Control: pause and resume queues, cancel jobs. Called by the admin, the `jobs` command and you.
+
+- A paused queue is not claimed by any worker (each refreshes the paused set once
+  per poll interval); jobs already running finish normally.
+- Cancelling a job no worker holds moves it to the dead letters at once
+  (``reason="cancelled"``). Cancelling a running job flags it; its worker sees the
+  flag at its next heartbeat and sets the handler's ``ctx.cancelled``. If the
+  handler then stops (raises, times out or snoozes), the job goes to the dead
+  letters as ``cancelled`` instead of being retried; if it returns normally, its
+  work is done and it completes as usual.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from django_jobs import conf, registry
+
+
+@dataclass(frozen=True, slots=True)
+class CancelResult:
+    cancelled: int  # waiting jobs moved to the dead letters now
+    requested: int  # running jobs flagged; their workers stop them at the next heartbeat
+
+
+def pause(queues: Iterable[str], *, by: str = "", reason: str = "") -> int:
+    """Pause queues (creating their rows); return how many were running before."""
+    from django_jobs.models import QueueState
+
+    names = [registry.check_queue(q, allowlist=False) for q in queues]
+    rows = QueueState.objects.all()
+    rows.ensure(names)
+    return rows.filter(name__in=names).pause(by=by, reason=reason[:200])
+
+
+def resume(queues: Iterable[str]) -> int:
+    """Resume paused queues; return how many were paused."""
+    from django_jobs.models import QueueState
+
+    names = [registry.check_queue(q, allowlist=False) for q in queues]
+    return QueueState.objects.filter(name__in=names).resume()
+
+
+def paused_queues(alias: str | None = None) -> set[str]:
+    """Return the names of the paused queues."""
+    from django_jobs.models import QueueState
+
+    rows = QueueState.objects.using(alias or conf.database()).filter(paused=True)
+    return set(rows.values_list("name", flat=True))
+
+
+def cancel(job_ids: Sequence[uuid.UUID | str], *, by: str = "") -> CancelResult:
+    """Cancel jobs: dead-letter the waiting ones now, flag the running ones for their workers."""
+    from django_jobs.models import Job
+
+    ids = [uuid.UUID(str(i)) for i in job_ids]
+    report = Job.objects.filter(id__in=ids).cancel(by=by)
+    requested = Job.objects.filter(id__in=report.running).request_cancel()
+    return CancelResult(cancelled=len(report.cancelled), requested=requested)

@@ -1,0 +1,197 @@
+"""A worker's upkeep: its heartbeat row, schedule ticks, pruning, and its counters.
+
+``Worker`` builds one ``WorkerOps`` and calls it from a few places in its
+dispatcher loop; everything here runs on the dispatcher's connection, never per
+job, and a waiting worker still makes one round trip per poll interval:
+
+- the heartbeat row (last seen, running jobs, counters) is refreshed by the claim
+  statement itself every MAINTENANCE_INTERVAL (``beat``); the row is written in
+  full at start and every ROW_REFRESH seconds, when rows of workers gone for long
+  are dropped too;
+- schedules, when there are any, are reloaded every MAINTENANCE_INTERVAL and
+  their ticks taken when due (estimated from the database clock);
+- old markers and dead letters are pruned in time-boxed rounds, every
+  MAINTENANCE_INTERVAL while there is something to prune, then every
+  ROW_REFRESH seconds once there is not;
+- paused queues need nothing here: the claim leaves them out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from django_jobs import conf, retention, schedules
+from django_jobs.models import Beat
+
+if TYPE_CHECKING:
+    from django_jobs.worker import Worker
+
+logger = logging.getLogger("django_jobs.worker")
+
+# Upper bounds (seconds) of the job duration histogram's buckets.
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+# Longest a maintenance step may spend pruning before it returns to the jobs.
+PRUNE_BUDGET = 0.25
+# Seconds between full rewrites of the heartbeat row (and idle pruning checks).
+ROW_REFRESH = 600.0
+
+
+class WorkerOps:
+    """The operational side of one Worker. Every method runs on the dispatcher thread."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.alias = worker.database
+        self.interval = float(conf.get("MAINTENANCE_INTERVAL"))
+        self._next_beat = 0.0
+        self._next_row = 0.0
+        self._next_schedules = 0.0
+        self._next_prune = 0.0
+        self._clock: tuple[datetime, float] | None = None  # (database time, monotonic time)
+        self.ticker = schedules.Ticker(self.alias)
+        self._prune_pause()  # bad retention settings fail here, at start, not every round
+        self.counters: Counter[str] = Counter()
+        self.outcomes: Counter[str] = Counter()  # job_finished outcomes
+        self.durations = [0] * (len(DURATION_BUCKETS) + 1)
+        self.duration_sum = 0.0
+        self.started_at = timezone.now()
+
+    # ---- hooks the worker calls ------------------------------------------------
+
+    def start(self) -> None:
+        """Register the worker's queues and schedules (once, before the first claim)."""
+        from django_jobs.models import QueueState
+
+        def register() -> None:
+            QueueState.objects.using(self.alias).ensure(self.worker.queues)
+            if schedules.declared():
+                schedules.sync(self.alias)
+
+        self._step(register)
+
+    def tick(self, now: float) -> None:
+        """Run whatever upkeep is due at monotonic time `now` (cheap when nothing is)."""
+        if now >= self._next_row:
+            self._next_row = now + ROW_REFRESH
+            self._step(self._write_row)
+        if now >= self._next_schedules and schedules.declared():
+            self._next_schedules = now + self.interval
+            self._step(self._refresh_schedules)
+        due = self.ticker.next_due
+        if due is not None and self._clock is not None and self._db_now(now) >= due:
+            self._step(lambda: self.ticker.run_due(self._db_now(time.monotonic())))
+        if now >= self._next_prune:
+            self._next_prune = now + self._prune_pause()  # sooner if this round finds work
+            self._step(lambda: self._prune(now))
+
+    def beat_due(self, now: float) -> bool:
+        return now >= self._next_beat
+
+    def beat(self, now: float) -> Beat | None:
+        """What the next claim should write to the heartbeat row, if it is time to."""
+        if now < self._next_beat:
+            return None
+        self._next_beat = now + self.interval
+        return Beat(self.worker.id, len(self.worker._inflight), json.dumps(self.snapshot()))
+
+    def started(self) -> None:
+        self.counters["started"] += 1
+
+    def finished(self, outcome: str, duration: float | None) -> None:
+        self.outcomes[outcome] += 1
+        if duration is not None:
+            self.duration_sum += duration
+            for i, bound in enumerate(DURATION_BUCKETS):
+                if duration <= bound:
+                    self.durations[i] += 1
+                    break
+            else:
+                self.durations[-1] += 1
+
+    def stopped(self) -> None:
+        """Remove this worker's heartbeat row (a clean exit is not a dead worker)."""
+        from django_jobs.models import WorkerBeat
+
+        self.worker._db(lambda: WorkerBeat.objects.using(self.alias).filter(id=self.worker.id).delete())
+
+    def snapshot(self) -> dict[str, Any]:
+        """Counters since start, as stored in the heartbeat row (read by the metrics view)."""
+        return {
+            **dataclasses.asdict(self.worker.stats),
+            **self.counters,
+            "rescued": self.worker.stats.reexecuted,
+            "outcomes": dict(self.outcomes),
+            "scheduled": self.ticker.enqueued,
+            "duration_buckets": list(self.durations),
+            "duration_sum": self.duration_sum,
+        }
+
+    # ---- the steps -------------------------------------------------------------
+
+    def _step(self, operation: Callable[[], Any]) -> None:
+        # Upkeep must never stop a worker from running jobs: a failure here is
+        # logged and tried again at the next step. Connection errors are handled
+        # (and the connection replaced) by Worker._db.
+        try:
+            self.worker._db(operation)
+        except Exception:  # noqa: BLE001
+            logger.exception("worker %s: maintenance step failed; trying again later", self.worker.id)
+
+    def _write_row(self) -> None:
+        from django_jobs.models import WorkerBeat
+
+        rows = WorkerBeat.objects.using(self.alias)
+        values = {
+            "host": socket.gethostname()[:255],
+            "pid": os.getpid(),
+            "queues": self.worker.queues,
+            "concurrency": self.worker.concurrency,
+            "started_at": self.started_at,
+            "last_seen_at": timezone.now(),
+            "running": len(self.worker._inflight),
+            "stats": self.snapshot(),
+        }
+        rows.update_or_create(id=self.worker.id, defaults=values)
+        # Rows of workers that died without a word: kept a while for `jobs status`, then dropped.
+        expiry = timedelta(seconds=10 * float(conf.get("WORKER_EXPIRY")))
+        rows.filter(last_seen_at__lt=Now() - expiry).delete()
+
+    def _refresh_schedules(self) -> None:
+        now = schedules.db_now(self.alias)
+        self._clock = (now, time.monotonic())
+        self.ticker.refresh(now)
+
+    def _prune(self, now: float) -> None:
+        result = retention.prune(self.alias, budget=PRUNE_BUDGET)
+        if result.markers or result.dead_letters:
+            self._next_prune = now + self.interval
+            self.counters["pruned_markers"] += result.markers
+            self.counters["pruned_dead_letters"] += result.dead_letters
+            logger.info("worker %s: pruned %d marker(s), %d dead letter(s)",
+                        self.worker.id, result.markers, result.dead_letters)  # fmt: skip
+
+    def _prune_pause(self) -> float:
+        """Seconds until the next round when this one finds nothing: no row can turn
+        old sooner than the shortest retention, and ROW_REFRESH bounds the wait."""
+        keeps = [
+            keep.total_seconds()
+            for keep in (retention.as_timedelta(conf.get(name)) for name in ("KEEP_MARKERS", "KEEP_DEAD_LETTERS"))
+            if keep is not None
+        ]
+        return min(ROW_REFRESH, max(self.interval, min(keeps, default=ROW_REFRESH)))
+
+    def _db_now(self, mono: float) -> datetime:
+        at, measured = self._clock
+        return at + timedelta(seconds=mono - measured)

@@ -1,0 +1,166 @@
+"""python manage.py jobs status|pause|resume|schedules|enable|disable|cancel: operate the queues."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import uuid
+from datetime import datetime
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
+
+from django_jobs import conf, control, schedules, status
+from django_jobs.exceptions import InvalidJob
+from django_jobs.management.commands.runjobs import queue_name
+
+
+def job_id(text: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a job id (a UUID)") from None
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value < 120:
+        return f"{value:.1f}s"
+    if value < 7200:
+        return f"{value / 60:.1f}m"
+    if value < 172800:
+        return f"{value / 3600:.1f}h"
+    return f"{value / 86400:.1f}d"
+
+
+def _when(value: datetime | None, now: datetime) -> str:
+    if value is None:
+        return "-"
+    delta = (value - now).total_seconds()
+    local = timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S")
+    return f"{local} ({'in ' + _seconds(delta) if delta >= 0 else _seconds(-delta) + ' ago'})"
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(x)) for x in column) for column in zip(header, *rows, strict=False)]
+    lines = ["  ".join(str(x).ljust(w) for x, w in zip(header, widths, strict=True)).rstrip()]
+    lines += ["  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return "\n".join(lines)
+
+
+class Command(BaseCommand):
+    help = "Operate django-jobs: status, pause/resume queues, list/enable/disable schedules, cancel jobs."
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+        show = sub.add_parser("status", help="Per-queue figures and the live workers.")
+        show.add_argument("--json", action="store_true", help="Print JSON instead of tables.")
+        pause = sub.add_parser("pause", help="Stop workers claiming from queues (running jobs finish).")
+        pause.add_argument("queues", nargs="+", type=queue_name, metavar="QUEUE")
+        pause.add_argument("--reason", default="", help="Shown in the admin and `jobs status`.")
+        resume = sub.add_parser("resume", help="Let workers claim from paused queues again.")
+        resume.add_argument("queues", nargs="+", type=queue_name, metavar="QUEUE")
+        sub.add_parser("schedules", help="List the periodic schedules: next run, last run, last job.")
+        enable = sub.add_parser("enable", help="Enable schedules (missed ticks are not run).")
+        enable.add_argument("names", nargs="+", metavar="SCHEDULE")
+        disable = sub.add_parser("disable", help="Disable schedules without a deploy.")
+        disable.add_argument("names", nargs="+", metavar="SCHEDULE")
+        cancel = sub.add_parser("cancel", help="Cancel jobs: waiting ones now, running ones at their next heartbeat.")
+        cancel.add_argument("ids", nargs="+", type=job_id, metavar="JOB_ID")
+
+    def handle(self, *, action: str, **options: Any) -> None:
+        getattr(self, f"do_{action}")(**options)
+
+    # ---- actions -----------------------------------------------------------------
+
+    def do_status(self, *, json: bool = False, **options: Any) -> None:
+        report = status.status()
+        if json:
+            self.stdout.write(_dumps(report.as_dict()))
+            return
+        rows = [
+            [
+                q.name, "PAUSED" if q.paused else "", q.waiting, q.scheduled, q.running,
+                _seconds(q.oldest_wait), q.done_last_hour, q.dead_last_hour,
+            ]  # fmt: skip
+            for q in report.queues
+        ]
+        header = ["queue", "state", "waiting", "scheduled", "running", "oldest wait", "done 1h", "dead 1h"]
+        self.stdout.write(_table(rows, header))
+        self.stdout.write("")
+        self.stdout.write(f"{len(report.workers)} live worker(s)")
+        if report.workers:
+            rows = [
+                [
+                    w.host, w.pid, ",".join(w.queues), w.concurrency, w.running,
+                    _when(w.started_at, report.now), _when(w.last_seen_at, report.now),
+                ]  # fmt: skip
+                for w in report.workers
+            ]
+            self.stdout.write(_table(rows, ["host", "pid", "queues", "concurrency", "running", "started", "last seen"]))
+
+    def do_pause(self, *, queues: list[str], reason: str, **options: Any) -> None:
+        changed = control.pause(queues, by="manage.py jobs", reason=reason)
+        self.stdout.write(f"paused {changed} queue(s); workers stop claiming from them within one poll interval")
+
+    def do_resume(self, *, queues: list[str], **options: Any) -> None:
+        changed = control.resume(queues)
+        self.stdout.write(f"resumed {changed} queue(s)")
+
+    def do_schedules(self, **options: Any) -> None:
+        from django_jobs.models import Schedule
+
+        try:
+            specs = schedules.sync()
+        except InvalidJob as exc:
+            raise CommandError(str(exc)) from None
+        now = schedules.db_now(conf.database())
+        rows = []
+        for row in Schedule.objects.all():
+            spec = specs.get(row.name)
+            upcoming = spec.next_tick(now) if spec and row.enabled and row.declared else None
+            state = "enabled" if row.enabled else "disabled"
+            if not row.declared:
+                state = "not declared"
+            rows.append([
+                row.name, spec.describe() if spec else row.cron or f"every {row.every}s", row.job_name, state,
+                _when(upcoming, now), _when(row.last_tick_at, now), row.last_job_id or "-",
+            ])  # fmt: skip
+        self.stdout.write(_table(rows, ["schedule", "when", "job", "state", "next run", "last tick", "last job"]))
+
+    def do_enable(self, *, names: list[str], **options: Any) -> None:
+        from django_jobs.models import Schedule
+
+        self._known(names)
+        self.stdout.write(f"enabled {Schedule.objects.filter(name__in=names).enable()} schedule(s)")
+
+    def do_disable(self, *, names: list[str], **options: Any) -> None:
+        from django_jobs.models import Schedule
+
+        self._known(names)
+        self.stdout.write(f"disabled {Schedule.objects.filter(name__in=names).disable()} schedule(s)")
+
+    def do_cancel(self, *, ids: list[uuid.UUID], **options: Any) -> None:
+        result = control.cancel(ids, by="manage.py jobs")
+        self.stdout.write(
+            f"cancelled {result.cancelled} waiting job(s); asked the workers of {result.requested} "
+            "running job(s) to stop them"
+        )
+        missing = len(ids) - result.cancelled - result.requested
+        if missing:
+            self.stderr.write(f"{missing} job(s) were not live (finished, dead or already cancelling)")
+
+    def _known(self, names: list[str]) -> None:
+        from django_jobs.models import Schedule
+
+        schedules.sync()
+        found = set(Schedule.objects.filter(name__in=names).values_list("name", flat=True))
+        unknown = sorted(set(names) - found)
+        if unknown:
+            raise CommandError(f"no schedule named {', '.join(map(repr, unknown))}")
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, indent=2, default=str)

@@ -1,0 +1,60 @@
+"""python manage.py prunejobs: delete old completion markers and dead letters, in small batches."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from django_jobs import conf, retention
+from django_jobs.management.commands.runjobs import positive_int
+
+
+def duration(text: str) -> Any:
+    try:
+        return retention.as_timedelta(text, what="the age")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+class Command(BaseCommand):
+    help = (
+        "Delete completion markers and dead letters older than KEEP_MARKERS / KEEP_DEAD_LETTERS "
+        "(workers do this on their own; this is for cron-less setups, backfills and checks)."
+    )
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--dry-run", action="store_true", help="Count what would be deleted; delete nothing.")
+        parser.add_argument(
+            "--markers", type=duration, default=retention.SETTINGS, metavar="AGE",
+            help="Keep markers this long (7d, 12h, 30m, 90s or 'none' to keep all). Default: KEEP_MARKERS.",
+        )  # fmt: skip
+        parser.add_argument(
+            "--dead-letters", type=duration, default=retention.SETTINGS, metavar="AGE",
+            help="Keep dead letters this long. Default: KEEP_DEAD_LETTERS.",
+        )  # fmt: skip
+        parser.add_argument("--batch", type=positive_int, help="Rows per DELETE (default PRUNE_BATCH).")
+
+    def handle(
+        self,
+        *,
+        dry_run: bool,
+        markers: Any,
+        dead_letters: Any,
+        batch: int | None,
+        verbosity: int,
+        **options: Any,
+    ) -> None:
+        keep = {"keep_markers": markers, "keep_dead_letters": dead_letters}
+        if dry_run:
+            result = retention.count_prunable(**keep)
+            self.stdout.write(
+                f"would delete {result.markers} completion marker(s) and {result.dead_letters} dead letter(s)"
+            )
+            return
+        result = retention.prune(**keep, batch=batch or conf.get("PRUNE_BATCH"))
+        self.stdout.write(
+            f"deleted {result.markers} completion marker(s) and {result.dead_letters} dead letter(s) "
+            f"in {result.batches} batch(es)"
+        )

@@ -1,0 +1,145 @@
+"""Prometheus metrics through an opt-in view (needs the `prometheus` extra: prometheus_client).
+
+    # urls.py
+    from django_jobs.metrics import metrics_view
+    urlpatterns += [path("metrics/jobs", metrics_view)]
+
+One scrape covers every worker on every host: the view reads the queues from the
+tables and each live worker's counters from its heartbeat row (written every
+MAINTENANCE_INTERVAL), so nothing needs a port on the workers. Counters carry a
+``worker`` label and restart at zero with their worker, which Prometheus' rate()
+and increase() handle. ``django_jobs_enqueued_total`` counts the enqueues of the
+process serving the scrape (with DJANGO_JOBS["METRICS"] = True).
+
+Access: a request with ``Authorization: Bearer <METRICS_TOKEN>`` or from a staff
+user; anything else gets 403.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterator
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest, HttpResponse
+
+from django_jobs import conf, signals, status
+from django_jobs.maintenance import DURATION_BUCKETS
+
+try:
+    import prometheus_client
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+    from prometheus_client.exposition import choose_encoder
+except ImportError:  # the optional extra is not installed
+    prometheus_client = None
+
+_process_registry: Any = None
+_enqueued: Any = None
+
+
+def _require() -> None:
+    if prometheus_client is None:
+        raise ImproperlyConfigured(
+            "django_jobs.metrics needs prometheus_client: pip install 'django-jobs[prometheus]'"
+        )
+
+
+class JobsCollector:
+    """Collect queue gauges and worker counters from the jobs database at scrape time."""
+
+    def __init__(self, alias: str | None = None) -> None:
+        self.alias = alias or conf.database()
+
+    def collect(self) -> Iterator[Any]:
+        report = status.status(self.alias)
+        jobs = GaugeMetricFamily("django_jobs_queue_jobs", "Live jobs by queue and state.", labels=["queue", "state"])
+        oldest = GaugeMetricFamily(
+            "django_jobs_queue_oldest_wait_seconds", "How long the oldest due job has waited.", labels=["queue"]
+        )
+        paused = GaugeMetricFamily("django_jobs_queue_paused", "1 if the queue is paused.", labels=["queue"])
+        done = GaugeMetricFamily("django_jobs_queue_done_last_hour", "Jobs completed in the last hour.", labels=["queue"])
+        dead = GaugeMetricFamily("django_jobs_queue_dead_last_hour", "Jobs dead-lettered in the last hour.", labels=["queue"])
+        for q in report.queues:
+            for state in ("waiting", "scheduled", "running"):
+                jobs.add_metric([q.name, state], getattr(q, state))
+            oldest.add_metric([q.name], q.oldest_wait or 0.0)
+            paused.add_metric([q.name], 1.0 if q.paused else 0.0)
+            done.add_metric([q.name], q.done_last_hour)
+            dead.add_metric([q.name], q.dead_last_hour)
+        yield from (jobs, oldest, paused, done, dead)
+
+        yield GaugeMetricFamily("django_jobs_workers", "Live workers (recent heartbeat row).", value=len(report.workers))
+        labels = ["worker", "host"]
+        claimed = CounterMetricFamily("django_jobs_jobs_claimed", "Jobs claimed (attempts started).", labels=labels)
+        started = CounterMetricFamily("django_jobs_jobs_started", "Jobs handed to a handler.", labels=labels)
+        finished = CounterMetricFamily(
+            "django_jobs_jobs_finished", "Jobs finished, by outcome.", labels=[*labels, "outcome"]
+        )
+        reruns = CounterMetricFamily(
+            "django_jobs_reexecutions",
+            "Re-executions detected: lease taken over (lease_lost), marker found (already_done), "
+            "dead worker's job rescued (rescued).",
+            labels=[*labels, "kind"],
+        )
+        ticks = CounterMetricFamily("django_jobs_schedule_ticks", "Periodic jobs enqueued.", labels=labels)
+        duration = HistogramMetricFamily(
+            "django_jobs_job_duration_seconds", "Handler run time.", labels=labels, unit=""
+        )
+        for w in report.workers:
+            s, key = w.stats, [w.id, w.host]
+            claimed.add_metric(key, s.get("claimed", 0))
+            started.add_metric(key, s.get("started", 0))
+            outcomes = {"succeeded": 0, "retried": 0, "dead": 0, "snoozed": 0, **s.get("outcomes", {})}
+            for outcome, n in sorted(outcomes.items()):
+                finished.add_metric([*key, outcome], n)
+            reruns.add_metric([*key, "lease_lost"], s.get("lost", 0))
+            reruns.add_metric([*key, "already_done"], s.get("skipped", 0))
+            reruns.add_metric([*key, "rescued"], s.get("rescued", 0))
+            ticks.add_metric(key, s.get("scheduled", 0))
+            counts = s.get("duration_buckets") or [0] * (len(DURATION_BUCKETS) + 1)
+            cumulative, buckets = 0, []
+            for bound, n in zip([*map(str, DURATION_BUCKETS), "+Inf"], counts, strict=False):
+                cumulative += n
+                buckets.append((bound, cumulative))
+            duration.add_metric(key, buckets, s.get("duration_sum", 0.0))
+        yield from (claimed, started, finished, reruns, ticks, duration)
+        if _process_registry is not None:
+            yield from _process_registry.collect()
+
+
+def _allowed(request: HttpRequest) -> bool:
+    token = conf.get("METRICS_TOKEN")
+    header = request.headers.get("Authorization", "")
+    if token and header.startswith("Bearer "):
+        return hmac.compare_digest(header[len("Bearer "):].encode(), str(token).encode())
+    user = getattr(request, "user", None)
+    return bool(user is not None and user.is_active and user.is_staff)
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """Serve the metrics in the Prometheus text format (or OpenMetrics if the scraper asks)."""
+    _require()
+    if not _allowed(request):
+        return HttpResponse("forbidden\n", status=403, content_type="text/plain")
+    registry = prometheus_client.CollectorRegistry(auto_describe=False)
+    registry.register(JobsCollector())
+    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+    return HttpResponse(encoder(registry), content_type=content_type)
+
+
+def _count_enqueue(sender: Any, *, queue: str, duplicate: bool | None, **kwargs: Any) -> None:
+    if not duplicate:
+        _enqueued.labels(queue=queue).inc()
+
+
+def install() -> None:
+    """Count this process's enqueues (called at startup when DJANGO_JOBS["METRICS"] is True)."""
+    global _process_registry, _enqueued
+    _require()
+    if _process_registry is None:
+        _process_registry = prometheus_client.CollectorRegistry(auto_describe=False)
+        _enqueued = prometheus_client.Counter(
+            "django_jobs_enqueued", "Jobs enqueued by this process.", ["queue"], registry=_process_registry
+        )
+    signals.job_enqueued.connect(_count_enqueue, dispatch_uid="django_jobs.metrics.enqueued")

@@ -1,0 +1,171 @@
+"""Retention: delete old completion markers and dead letters, a small batch at a time.
+
+Workers prune in their maintenance step (no task to schedule); ``manage.py
+prunejobs`` does the same on demand, with ``--dry-run`` to count first. Ages are
+measured on the database clock against ``completed_at`` and ``dead_at``.
+
+A marker is the proof that its key's work is done: while a live job holds the
+same key (or is the very job the marker records), deleting it would let that job
+run the work again. Such markers are never pruned, whatever their age.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.db.models import Exists, OuterRef, Q
+from django.db.models.functions import Now
+
+from django_jobs import conf
+
+# Default of the keep_* arguments: read the setting.
+SETTINGS: Any = type("FromSettings", (), {"__repr__": lambda self: "SETTINGS"})()
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def as_timedelta(value: Any, *, what: str = "retention") -> timedelta | None:
+    """Accept None, a timedelta, seconds, or text like '7d', '12h', '90m', 'none'."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str):
+        if value.strip().lower() in ("none", "forever", "keep"):
+            return None
+        match = _DURATION.match(value.lower())
+        if not match:
+            raise ValueError(f"{what} must be a duration like 7d, 12h, 30m or 90s, or 'none'; not {value!r}")
+        seconds = float(match[1]) * _UNIT[match[2]]
+    else:
+        raise ValueError(f"{what} must be None, seconds or a timedelta, not {value!r}")
+    if not seconds >= 0 or seconds == float("inf"):
+        raise ValueError(f"{what} must be zero or more seconds, not {value!r}")
+    return timedelta(seconds=seconds)
+
+
+@dataclass
+class PruneResult:
+    markers: int = 0
+    dead_letters: int = 0
+    batches: int = 0
+
+    def __iadd__(self, other: PruneResult) -> PruneResult:
+        self.markers += other.markers
+        self.dead_letters += other.dead_letters
+        self.batches += other.batches
+        return self
+
+
+def prunable_markers(alias: str, keep: timedelta):
+    """Markers older than `keep` whose key no live job holds."""
+    from django_jobs.models import CompletionMarker, Job
+
+    live = Job.objects.using(alias).filter(Q(key=OuterRef("key")) | Q(id=OuterRef("job_id")))
+    return (
+        CompletionMarker.objects.using(alias)
+        .filter(completed_at__lt=Now() - keep)
+        .exclude(Exists(live))
+    )
+
+
+def prunable_dead_letters(alias: str, keep: timedelta):
+    """Dead letters older than `keep`."""
+    from django_jobs.models import DeadLetter
+
+    return DeadLetter.objects.using(alias).filter(dead_at__lt=Now() - keep)
+
+
+def _delete_batch(queryset, pk: str, order: str, batch: int) -> int:
+    # Two statements: pick the oldest ids along the age index, then delete those
+    # still eligible (the same conditions, re-checked at delete time).
+    ids = list(queryset.order_by(order).values_list(pk, flat=True)[:batch])
+    if not ids:
+        return 0
+    deleted, _ = queryset.filter(**{f"{pk}__in": ids}).delete()
+    return deleted
+
+
+def prune_batch(
+    alias: str | None = None,
+    *,
+    keep_markers: Any = SETTINGS,
+    keep_dead_letters: Any = SETTINGS,
+    batch: int | None = None,
+) -> PruneResult:
+    """Delete at most one batch of old markers and one of old dead letters."""
+    alias = alias or conf.database()
+    batch = batch or conf.get("PRUNE_BATCH")
+    keep_markers, keep_dead_letters = _keeps(keep_markers, keep_dead_letters)
+    result = PruneResult()
+    if keep_markers is not None:
+        result.markers = _delete_batch(prunable_markers(alias, keep_markers), "job_id", "completed_at", batch)
+        result.batches += 1
+    if keep_dead_letters is not None:
+        result.dead_letters = _delete_batch(
+            prunable_dead_letters(alias, keep_dead_letters), "id", "dead_at", batch
+        )
+        result.batches += 1
+    return result
+
+
+def prune(
+    alias: str | None = None,
+    *,
+    keep_markers: Any = SETTINGS,
+    keep_dead_letters: Any = SETTINGS,
+    batch: int | None = None,
+    budget: float | None = None,
+) -> PruneResult:
+    """Prune in batches until nothing is left (or `budget` seconds have passed)."""
+    alias = alias or conf.database()
+    batch = batch or conf.get("PRUNE_BATCH")
+    keep_markers, keep_dead_letters = _keeps(keep_markers, keep_dead_letters)
+    total = PruneResult()
+    deadline = None if budget is None else time.monotonic() + budget
+    while True:
+        result = prune_batch(alias, keep_markers=keep_markers, keep_dead_letters=keep_dead_letters, batch=batch)
+        total += result
+        if result.markers < batch and result.dead_letters < batch:
+            return total
+        if result.markers < batch:
+            keep_markers = None  # done with markers; finish the dead letters
+        if result.dead_letters < batch:
+            keep_dead_letters = None
+        if deadline is not None and time.monotonic() >= deadline:
+            return total
+
+
+def count_prunable(
+    alias: str | None = None,
+    *,
+    keep_markers: Any = SETTINGS,
+    keep_dead_letters: Any = SETTINGS,
+) -> PruneResult:
+    """Count what prune() would delete now (for --dry-run)."""
+    alias = alias or conf.database()
+    keep_markers, keep_dead_letters = _keeps(keep_markers, keep_dead_letters)
+    return PruneResult(
+        markers=prunable_markers(alias, keep_markers).count() if keep_markers is not None else 0,
+        dead_letters=prunable_dead_letters(alias, keep_dead_letters).count()
+        if keep_dead_letters is not None
+        else 0,
+    )
+
+
+def _keeps(keep_markers: Any, keep_dead_letters: Any) -> tuple[timedelta | None, timedelta | None]:
+    if keep_markers is SETTINGS:
+        keep_markers = conf.get("KEEP_MARKERS")
+    if keep_dead_letters is SETTINGS:
+        keep_dead_letters = conf.get("KEEP_DEAD_LETTERS")
+    return (
+        as_timedelta(keep_markers, what="KEEP_MARKERS"),
+        as_timedelta(keep_dead_letters, what="KEEP_DEAD_LETTERS"),
+    )

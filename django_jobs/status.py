@@ -1,0 +1,131 @@
+"""What the queues hold right now, and which workers are alive: for `jobs status`, the admin, metrics.
+
+Every figure is read from the tables on the database clock, in four queries
+(jobs by queue, markers and dead letters of the last hour by queue, workers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Count, Min, Q
+from django.db.models.functions import Now
+
+from django_jobs import conf, registry
+from django_jobs.schedules import db_now
+
+RECENT = timedelta(hours=1)
+
+
+@dataclass
+class QueueStatus:
+    name: str
+    paused: bool = False
+    waiting: int = 0  # due now, not leased
+    scheduled: int = 0  # due later
+    running: int = 0  # leased to a worker
+    oldest_wait: float | None = None  # seconds the longest-waiting due job has waited
+    done_last_hour: int = 0
+    dead_last_hour: int = 0
+
+
+@dataclass
+class WorkerStatus:
+    id: str
+    host: str
+    pid: int
+    queues: list[str]
+    concurrency: int
+    running: int
+    started_at: datetime
+    last_seen_at: datetime
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Status:
+    now: datetime
+    queues: list[QueueStatus]
+    workers: list[WorkerStatus]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "now": self.now.isoformat(),
+            "queues": [asdict(q) for q in self.queues],
+            "workers": [
+                {**asdict(w), "started_at": w.started_at.isoformat(), "last_seen_at": w.last_seen_at.isoformat()}
+                for w in self.workers
+            ],
+        }
+
+
+def queue_status(alias: str | None = None, now: datetime | None = None) -> list[QueueStatus]:
+    """Return per-queue figures for every queue that has jobs, recent history, a row or a handler."""
+    from django_jobs.models import CompletionMarker, DeadLetter, Job, QueueState
+
+    alias = alias or conf.database()
+    now = now or db_now(alias)
+    due = Q(locked_by__isnull=True, run_at__lte=now)
+    queues: dict[str, QueueStatus] = {}
+
+    def get(name: str) -> QueueStatus:
+        return queues.setdefault(name, QueueStatus(name))
+
+    for name in {h.get_queue() for h in registry.all_handlers().values()} | {conf.get("DEFAULT_QUEUE")}:
+        get(name)
+    for name, paused in QueueState.objects.using(alias).values_list("name", "paused"):
+        get(name).paused = paused
+    rows = (
+        Job.objects.using(alias)
+        .order_by()
+        .values("queue")
+        .annotate(
+            waiting=Count("id", filter=due),
+            scheduled=Count("id", filter=Q(locked_by__isnull=True, run_at__gt=now)),
+            running=Count("id", filter=Q(locked_by__isnull=False)),
+            oldest=Min("run_at", filter=due),
+        )
+    )
+    for row in rows:
+        q = get(row["queue"])
+        q.waiting, q.scheduled, q.running = row["waiting"], row["scheduled"], row["running"]
+        if row["oldest"] is not None:
+            q.oldest_wait = max(0.0, (now - row["oldest"]).total_seconds())
+    since = now - RECENT
+    done = (
+        CompletionMarker.objects.using(alias)
+        .filter(completed_at__gte=since)
+        .order_by()
+        .values("queue")
+        .annotate(n=Count("job_id"))
+    )
+    for row in done:
+        get(row["queue"]).done_last_hour = row["n"]
+    dead = DeadLetter.objects.using(alias).filter(dead_at__gte=since).order_by().values("queue").annotate(n=Count("id"))
+    for row in dead:
+        get(row["queue"]).dead_last_hour = row["n"]
+    return sorted(queues.values(), key=lambda q: q.name)
+
+
+def live_workers(alias: str | None = None) -> list[WorkerStatus]:
+    """Return the workers whose heartbeat row is younger than WORKER_EXPIRY."""
+    from django_jobs.models import WorkerBeat
+
+    alias = alias or conf.database()
+    expiry = timedelta(seconds=float(conf.get("WORKER_EXPIRY")))
+    rows = WorkerBeat.objects.using(alias).filter(last_seen_at__gte=Now() - expiry)
+    return [
+        WorkerStatus(
+            id=w.id, host=w.host, pid=w.pid, queues=list(w.queues), concurrency=w.concurrency,
+            running=w.running, started_at=w.started_at, last_seen_at=w.last_seen_at, stats=dict(w.stats),
+        )  # fmt: skip
+        for w in rows
+    ]
+
+
+def status(alias: str | None = None) -> Status:
+    alias = alias or conf.database()
+    now = db_now(alias)
+    return Status(now=now, queues=queue_status(alias, now), workers=live_workers(alias))
