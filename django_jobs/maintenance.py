@@ -13,7 +13,12 @@ job, and a waiting worker still makes one round trip per poll interval:
 - old markers and dead letters are pruned in time-boxed rounds, every
   MAINTENANCE_INTERVAL while there is something to prune, then every
   ROW_REFRESH seconds once there is not;
-- paused queues need nothing here: the claim leaves them out.
+- paused queues need nothing here: the claim leaves them out;
+- on PostgreSQL, a worker that has been busy VACUUMs the jobs table when dead
+  rows pile up in it (every finished job leaves one). Autovacuum usually does
+  this, but it may be off, or slow to get to a small table that churns this
+  fast; dead rows slow every claim down. After pruning, it VACUUMs the
+  markers and dead letters too when autovacuum is off.
 """
 
 from __future__ import annotations
@@ -29,10 +34,11 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from django.db import connections
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from django_jobs import conf, retention, schedules
+from django_jobs import conf, retention, schedules, sql
 from django_jobs.models import Beat
 
 if TYPE_CHECKING:
@@ -46,6 +52,13 @@ DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 PRUNE_BUDGET = 0.25
 # Seconds between full rewrites of the heartbeat row (and idle pruning checks).
 ROW_REFRESH = 600.0
+# Jobs this worker claims between two looks at the jobs table's dead rows, and
+# how many dead rows (beyond the live ones) call for a VACUUM.
+VACUUM_CHECK_JOBS = 20_000
+VACUUM_MIN_DEAD = 10_000
+# Rows pruned from markers or dead letters between two VACUUMs of that table
+# (only when autovacuum is off: otherwise it takes care of them).
+VACUUM_AFTER_PRUNED = 50_000
 
 
 class WorkerOps:
@@ -60,6 +73,9 @@ class WorkerOps:
         self._next_schedules = 0.0
         self._next_prune = 0.0
         self._clock: tuple[datetime, float] | None = None  # (database time, monotonic time)
+        self._postgres = connections[self.alias].vendor == "postgresql"
+        self._next_vacuum_check = VACUUM_CHECK_JOBS
+        self._pruned: Counter[str] = Counter()
         self.ticker = schedules.Ticker(self.alias)
         self._prune_pause()  # bad retention settings fail here, at start, not every round
         self.counters: Counter[str] = Counter()
@@ -95,6 +111,9 @@ class WorkerOps:
         if now >= self._next_prune:
             self._next_prune = now + self._prune_pause()  # sooner if this round finds work
             self._step(lambda: self._prune(now))
+        if self.worker.stats.claimed >= self._next_vacuum_check and self._postgres:
+            self._next_vacuum_check = self.worker.stats.claimed + VACUUM_CHECK_JOBS
+            self._step(self._vacuum_jobs)
 
     def beat_due(self, now: float) -> bool:
         return now >= self._next_beat
@@ -177,10 +196,25 @@ class WorkerOps:
         result = retention.prune(self.alias, budget=PRUNE_BUDGET)
         if result.markers or result.dead_letters:
             self._next_prune = now + self.interval
+            self._pruned["django_jobs_marker"] += result.markers
+            self._pruned["django_jobs_deadletter"] += result.dead_letters
+            for table, pruned in self._pruned.items():
+                if pruned >= VACUUM_AFTER_PRUNED and self._postgres and not sql.autovacuum_on(self.alias):
+                    # Nothing else would make the pruned rows' space reusable.
+                    sql.vacuum(self.alias, table)
+                    self._pruned[table] = 0
             self.counters["pruned_markers"] += result.markers
             self.counters["pruned_dead_letters"] += result.dead_letters
             logger.info("worker %s: pruned %d marker(s), %d dead letter(s)",
                         self.worker.id, result.markers, result.dead_letters)  # fmt: skip
+
+    def _vacuum_jobs(self) -> None:
+        if sql.dead_rows(self.alias, "django_jobs_job") > VACUUM_MIN_DEAD:
+            started = time.monotonic()
+            sql.vacuum(self.alias, "django_jobs_job")
+            self.counters["vacuums"] += 1
+            logger.info("worker %s: vacuumed the jobs table (%.0f ms)", self.worker.id,
+                        (time.monotonic() - started) * 1000)  # fmt: skip
 
     def _prune_pause(self) -> float:
         """Seconds until the next round when this one finds nothing: no row can turn

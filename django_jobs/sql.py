@@ -210,17 +210,15 @@ RETURNING id, cancel_requested_at IS NOT NULL
 """
 
 # Enqueue one job without a dedupe key. %(channel)s is notified at commit when
-# the job is due now, so that a listening worker claims it at once.
+# the job is due now, so that a listening worker claims it at once. (A plain
+# INSERT ... RETURNING pg_notify() plans cheaper than a CTE: E1 is all round trip.)
 INSERT = """
-WITH inserted AS (
-    INSERT INTO django_jobs_job
-        (id, name, queue, payload, priority, run_at, enqueued_at, attempts, max_attempts, errors)
-    VALUES (%(id)s, %(name)s, %(queue)s, %(payload)s, %(priority)s,
-            COALESCE(%(run_at)s, statement_timestamp() + %(delay)s * interval '1 second'),
-            statement_timestamp(), 0, %(max_attempts)s, '[]')
-    RETURNING queue, run_at <= statement_timestamp() AS due
-)
-SELECT pg_notify(%(channel)s, queue) FROM inserted WHERE due AND %(notify)s
+INSERT INTO django_jobs_job
+    (id, name, queue, payload, priority, run_at, enqueued_at, attempts, max_attempts, errors)
+VALUES (%(id)s, %(name)s, %(queue)s, %(payload)s, %(priority)s,
+        COALESCE(%(run_at)s, statement_timestamp() + %(delay)s * interval '1 second'),
+        statement_timestamp(), 0, %(max_attempts)s, '[]')
+RETURNING CASE WHEN %(notify)s AND run_at <= statement_timestamp() THEN pg_notify(%(channel)s, queue) END
 """
 
 # Enqueue one job with a dedupe key, unless the key has a live job or a
@@ -259,3 +257,27 @@ FROM STDIN
 
 # Wake listening workers of a queue (after a replay or "run now", say).
 NOTIFY = "SELECT pg_notify(%s, %s)"
+
+
+def dead_rows(alias: str, table: str) -> int:
+    """Dead rows of table beyond its live ones, as the statistics collector counts them."""
+    if connections[alias].pg_version >= 150000:
+        # This session's own deletes reach the statistics at its next report: force it.
+        run(alias, "SELECT pg_stat_force_next_flush()")
+    rows = run(
+        alias,
+        "SELECT n_dead_tup - n_live_tup FROM pg_stat_user_tables WHERE relid = %s::regclass",
+        [table],
+    )
+    return int(rows[0][0]) if rows else 0
+
+
+def vacuum(alias: str, table: str) -> None:
+    """VACUUM table, unless another session is vacuuming it already (SKIP_LOCKED)."""
+    connection = connections[alias]
+    with connection.cursor() as cursor:  # autocommit: VACUUM cannot run in a transaction
+        cursor.execute(f"VACUUM (SKIP_LOCKED) {connection.ops.quote_name(table)}")
+
+
+def autovacuum_on(alias: str) -> bool:
+    return run(alias, "SELECT current_setting('autovacuum') = 'on'")[0][0]
