@@ -52,11 +52,18 @@ def candidates() -> list[str]:
     roots = [os.environ.get("PYENV_ROOT", ""), os.path.expanduser("~/.pyenv")]
     pyenv = shutil.which("pyenv")
     if pyenv:
-        root = subprocess.run([pyenv, "root"], capture_output=True, text=True, check=False).stdout.strip()
+        root = subprocess.run(
+            [pyenv, "root"], capture_output=True, text=True, check=False
+        ).stdout.strip()
         roots.insert(0, root)
     for root in filter(None, roots):
-        found += sorted(glob.glob(os.path.join(root, "versions", "3.1[2-9]*", "bin", "python3")), reverse=True)
-    found += sorted(glob.glob(os.path.expanduser("~/.local/share/uv/python/cpython-3.1[2-9]*/bin/python3")), reverse=True)
+        found += sorted(
+            glob.glob(os.path.join(root, "versions", "3.1[2-9]*", "bin", "python3")), reverse=True
+        )
+    found += sorted(
+        glob.glob(os.path.expanduser("~/.local/share/uv/python/cpython-3.1[2-9]*/bin/python3")),
+        reverse=True,
+    )
     return list(dict.fromkeys(found))
 
 
@@ -81,7 +88,7 @@ def venv_python() -> str:
 
 
 def ensure_venv(extras: str) -> str:
-    """Create .venv with a suitable Python and install the project (once per change of pyproject)."""
+    """Create .venv with a suitable Python; install the project (once per change of pyproject)."""
     python = venv_python()
     if os.path.exists(python) and (version_of(python) or (0, 0)) < MINIMUM:
         say(f"{VENV} was made with an older Python; rebuilding it")
@@ -144,7 +151,9 @@ def ensure_browser() -> bool:
     return False
 
 
-def pytest_run(python: str, env: dict[str, str], args: list[str], report: str) -> tuple[int, list[str]]:
+def pytest_run(
+    python: str, env: dict[str, str], args: list[str], report: str
+) -> tuple[int, list[str]]:
     code = subprocess.run(
         [python, "-m", "pytest", f"--junitxml={report}", *args], cwd=ROOT, env=env, check=False
     ).returncode
@@ -163,7 +172,8 @@ def test(args: list[str]) -> int:
             "dev.py: PostgreSQL is not reachable at "
             f"{os.environ.get('PGHOST', '127.0.0.1')}:{os.environ.get('PGPORT', '5432')} "
             f"as {os.environ.get('PGUSER', 'postgres')}.\n"
-            "  Start it (on Debian: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start)\n"
+            "  Start it (on Debian: pg_ctlcluster --skip-systemctl-redirect "
+            "$(ls /etc/postgresql) main start)\n"
             "  or set PGHOST/PGPORT/PGUSER/PGPASSWORD to one you can use."
         )
     os.makedirs(os.path.join(ROOT, "reports"), exist_ok=True)
@@ -178,7 +188,9 @@ def test(args: list[str]) -> int:
         return code
     postgres_skips = [s for s in skipped if "postgres" in s.lower()]
     if postgres_skips:
-        say("PostgreSQL tests were skipped on the PostgreSQL run:\n  " + "\n  ".join(postgres_skips))
+        say(
+            "PostgreSQL tests were skipped on the PostgreSQL run:\n  " + "\n  ".join(postgres_skips)
+        )
         return 1
     say("running the tests on SQLite")
     env = {**base_env, "TEST_DB": "sqlite"}
@@ -188,7 +200,9 @@ def test(args: list[str]) -> int:
 
 def bench(args: list[str]) -> int:
     python = ensure_venv("test")
-    return subprocess.run([python, os.path.join(ROOT, "bench", "run.py"), *args], cwd=ROOT, check=False).returncode
+    return subprocess.run(
+        [python, os.path.join(ROOT, "bench", "run.py"), *args], cwd=ROOT, check=False
+    ).returncode
 
 
 COMMANDS = {"demo": demo, "test": test, "bench": bench}

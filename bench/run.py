@@ -192,16 +192,21 @@ def idle(seconds: float) -> tuple[float, float]:
         return int(fields[11]) + int(fields[12])  # utime + stime
 
     def transactions() -> int:
-        [(count,)] = admin(f"SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = '{DB}'")
+        [(count,)] = admin(
+            f"SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = '{DB}'"
+        )
         return count
 
     ticks, xacts = cpu_ticks(), transactions()
     if shutil.which("strace"):
         traced = subprocess.run(
-            ["timeout", str(seconds), "strace", "-f", "-c", "-e", "trace=sendto", "-p", str(worker.pid)],
+            ["timeout", str(seconds), "strace", "-f", "-c", "-e", "trace=sendto",
+             "-p", str(worker.pid)],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
-        sends = [line.split() for line in traced.stderr.splitlines() if line.rstrip().endswith("sendto")]
+        sends = [
+            line.split() for line in traced.stderr.splitlines() if line.rstrip().endswith("sendto")
+        ]
         trips = int(sends[0][3]) if sends else 0
     else:
         time.sleep(seconds)
@@ -295,7 +300,9 @@ def pgbench_insert_tps(seconds: int) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run with a few hundred jobs")
     parser.add_argument("--runs", type=int, help="runs per figure (default 3; 1 with --quick)")
     parser.add_argument("--only", help="comma-separated figures to run, e.g. D1,D2")
@@ -335,7 +342,9 @@ def main() -> int:
             figures.append((key, label + f" ({unit})", values, target))
             print(f"  {key:<5} {label}: {_fmt(values)} {unit}", flush=True)  # noqa: T201
 
-    print(f"django-jobs benchmarks on {DB} ({'quick' if quick else f'medians of {runs}'})", flush=True)  # noqa: T201
+    print(
+        f"django-jobs benchmarks on {DB} ({'quick' if quick else f'medians of {runs}'})", flush=True
+    )  # noqa: T201
     add("E1", "enqueue_on_commit, autocommit", "jobs/s", ">= 2,000",
         measure("E1", enqueue_one_by_one, size["enqueue"], False))  # fmt: skip
     add("E1A", "enqueue_on_commit, one atomic() per job", "jobs/s", "",
@@ -357,7 +366,13 @@ def main() -> int:
     if not only or "SCALE" in only:
         small, big, ratio = claim_at_scale(size["scheduled"], size["due"], 15 if quick else 50)
         add("SCALE", "claim of 100, 1,000 jobs", "ms", "", [small])
-        add("SCALE", f"claim of 100, {size['scheduled']:,} scheduled + {size['due']:,} due", "ms", "", [big])
+        add(
+            "SCALE",
+            f"claim of 100, {size['scheduled']:,} scheduled + {size['due']:,} due",
+            "ms",
+            "",
+            [big],
+        )
         add("SCALE", "ratio big / small", "x", "<= 2", [ratio])
     if not only or "MEM" in only:
         peak, rate = memory(size["memory"])
@@ -367,7 +382,7 @@ def main() -> int:
             [pgbench_insert_tps(size["pgbench_s"]) for _ in range(runs)])  # fmt: skip
 
     print()  # noqa: T201
-    print(f"| figure | median | min–max | target |\n|---|---|---|---|")  # noqa: T201
+    print("| figure | median | min–max | target |\n|---|---|---|---|")  # noqa: T201
     for key, label, values, target in figures:
         print(f"| {key} {label} | {_num(statistics.median(values))} | "  # noqa: T201
               f"{_num(min(values))}–{_num(max(values))} | {target} |")  # fmt: skip
@@ -386,7 +401,10 @@ def _num(value: float) -> str:
 
 
 def _fmt(values: list[float]) -> str:
-    return f"median {_num(statistics.median(values))} (min {_num(min(values))}, max {_num(max(values))})"
+    return (
+        f"median {_num(statistics.median(values))} "
+        f"(min {_num(min(values))}, max {_num(max(values))})"
+    )
 
 
 if __name__ == "__main__":

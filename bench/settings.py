@@ -1,4 +1,7 @@
-"""Settings of the benchmark project: Django's defaults (CONN_MAX_AGE = 0, DEBUG off) on PostgreSQL."""
+"""Settings of the benchmark project.
+
+Django's defaults (CONN_MAX_AGE = 0, DEBUG off) on PostgreSQL.
+"""
 
 import os
 

@@ -28,13 +28,17 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--round", type=int, default=10_000)
     parser.add_argument("--every", type=int, default=100_000)
     parser.add_argument("--keep-markers", type=float, default=30.0)
     parser.add_argument("--vacuum-every", type=float, default=None, metavar="SECONDS")
-    parser.add_argument("--database", default=os.environ.get("JOBS_TEST_DB", "django_jobs") + "_bench")
+    parser.add_argument(
+        "--database", default=os.environ.get("JOBS_TEST_DB", "django_jobs") + "_bench"
+    )
     args = parser.parse_args()
 
     import psycopg
@@ -51,7 +55,8 @@ def main() -> int:
     os.environ["TEST_DB_NAME"] = args.database
     os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
     os.environ["JOBS_TEST_SETTINGS"] = (
-        f'{{"KEEP_MARKERS": {args.keep_markers}, "PRUNE_BATCH": 5000, "MAINTENANCE_INTERVAL": 1.0, "LISTEN": false}}'
+        f'{{"KEEP_MARKERS": {args.keep_markers}, "PRUNE_BATCH": 5000, '
+        '"MAINTENANCE_INTERVAL": 1.0, "LISTEN": false}'
     )
     try:
         return run(args)
@@ -85,8 +90,10 @@ def run(args: argparse.Namespace) -> int:
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT pg_relation_size('django_jobs_job'), pg_indexes_size('django_jobs_job'), "
-                "pg_total_relation_size('django_jobs_marker'), (SELECT count(*) FROM django_jobs_marker), "
-                "(SELECT autovacuum_count FROM pg_stat_user_tables WHERE relname = 'django_jobs_job')"
+                "pg_total_relation_size('django_jobs_marker'), "
+                "(SELECT count(*) FROM django_jobs_marker), "
+                "(SELECT autovacuum_count FROM pg_stat_user_tables "
+                "WHERE relname = 'django_jobs_job')"
             )
             heap, indexes, markers, marker_rows, vacuums = cursor.fetchone()
         manual = vacuums_done[0]

@@ -1,12 +1,12 @@
 """django-jobs: durable background jobs kept in your Django database.
 
-    from django_jobs import job, enqueue_on_commit
+from django_jobs import job, enqueue_on_commit
 
-    @job(max_attempts=5)
-    def send_welcome(payload, ctx):
-        ...
+@job(max_attempts=5)
+def send_welcome(payload, ctx):
+    ...
 
-    enqueue_on_commit(send_welcome, {"user_id": user.pk})
+enqueue_on_commit(send_welcome, {"user_id": user.pk})
 """
 
 from __future__ import annotations

@@ -48,7 +48,16 @@ class _ReadOnly(admin.ModelAdmin):
 
 
 class ScheduleAdmin(_ReadOnly):
-    list_display = ["name", "when", "job_name", "enabled", "declared", "next_run", "last_tick_at", "last_job"]
+    list_display = [
+        "name",
+        "when",
+        "job_name",
+        "enabled",
+        "declared",
+        "next_run",
+        "last_tick_at",
+        "last_job",
+    ]
     list_filter = ["enabled", "declared"]
     search_fields = ["name", "job_name"]
     actions = ["enable_schedules", "disable_schedules"]
@@ -82,7 +91,10 @@ class ScheduleAdmin(_ReadOnly):
             state = _("pruned")
         return format_html("{} ({})", obj.last_job_id, state)
 
-    @admin.action(description=_("Enable selected schedules (missed ticks are not run)"), permissions=["change"])
+    @admin.action(
+        description=_("Enable selected schedules (missed ticks are not run)"),
+        permissions=["change"],
+    )
     def enable_schedules(self, request: HttpRequest, queryset: Any) -> None:
         count = queryset.enable()
         self.message_user(request, f"Enabled {count} schedule(s).", messages.SUCCESS)
@@ -98,18 +110,35 @@ class ScheduleAdmin(_ReadOnly):
 
 def _count(**filters: Any) -> Coalesce:
     rows = Job.objects.filter(queue=OuterRef("name"), **filters).order_by().values("queue")
-    return Coalesce(Subquery(rows.annotate(n=Count("id")).values("n")[:1], output_field=IntegerField()), 0)
+    return Coalesce(
+        Subquery(rows.annotate(n=Count("id")).values("n")[:1], output_field=IntegerField()), 0
+    )
 
 
 class QueueStateAdmin(_ReadOnly):
-    list_display = ["name", "paused", "waiting", "scheduled", "running", "oldest_wait", "paused_at", "paused_by", "reason"]
+    list_display = [
+        "name",
+        "paused",
+        "waiting",
+        "scheduled",
+        "running",
+        "oldest_wait",
+        "paused_at",
+        "paused_by",
+        "reason",
+    ]
     list_filter = ["paused"]
     actions = ["pause_queues", "resume_queues"]
     readonly_fields = ["name", "paused", "paused_at", "paused_by", "reason"]
 
     def get_queryset(self, request: HttpRequest) -> Any:
         due = Q(locked_by__isnull=True, run_at__lte=Now())
-        oldest = Job.objects.filter(due, queue=OuterRef("name")).order_by().values("queue").annotate(m=Min("run_at"))
+        oldest = (
+            Job.objects.filter(due, queue=OuterRef("name"))
+            .order_by()
+            .values("queue")
+            .annotate(m=Min("run_at"))
+        )
         return (
             super()
             .get_queryset(request)
@@ -139,11 +168,18 @@ class QueueStateAdmin(_ReadOnly):
             return "-"
         return f"{max(0.0, (timezone.now() - obj.oldest_run_at).total_seconds()):.0f}s"
 
-    @admin.action(description=_("Pause selected queues (running jobs finish)"), permissions=["change"])
+    @admin.action(
+        description=_("Pause selected queues (running jobs finish)"), permissions=["change"]
+    )
     def pause_queues(self, request: HttpRequest, queryset: Any) -> None:
-        count = control.pause(queryset.values_list("name", flat=True), by=request.user.get_username())
-        self.message_user(request, f"Paused {count} queue(s): workers stop claiming them within one poll.",
-                          messages.SUCCESS)  # fmt: skip
+        count = control.pause(
+            queryset.values_list("name", flat=True), by=request.user.get_username()
+        )
+        self.message_user(
+            request,
+            f"Paused {count} queue(s): workers stop claiming them within one poll.",
+            messages.SUCCESS,
+        )
 
     @admin.action(description=_("Resume selected queues"), permissions=["change"])
     def resume_queues(self, request: HttpRequest, queryset: Any) -> None:
@@ -155,15 +191,36 @@ class QueueStateAdmin(_ReadOnly):
 
 
 class WorkerBeatAdmin(_ReadOnly):
-    list_display = ["host", "pid", "queues", "concurrency", "running", "started_at", "last_seen_at", "live"]
-    readonly_fields = ["id", "host", "pid", "queues", "concurrency", "running", "started_at", "last_seen_at", "stats"]
+    list_display = [
+        "host",
+        "pid",
+        "queues",
+        "concurrency",
+        "running",
+        "started_at",
+        "last_seen_at",
+        "live",
+    ]
+    readonly_fields = [
+        "id",
+        "host",
+        "pid",
+        "queues",
+        "concurrency",
+        "running",
+        "started_at",
+        "last_seen_at",
+        "stats",
+    ]
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
     @admin.display(description=_("live"), boolean=True)
     def live(self, obj: WorkerBeat) -> bool:
-        return (timezone.now() - obj.last_seen_at).total_seconds() < float(conf.get("WORKER_EXPIRY"))
+        return (timezone.now() - obj.last_seen_at).total_seconds() < float(
+            conf.get("WORKER_EXPIRY")
+        )
 
 
 # ---- running jobs ---------------------------------------------------------------------
@@ -171,24 +228,36 @@ class WorkerBeatAdmin(_ReadOnly):
 
 @admin.action(description=_("Cancel selected jobs"), permissions=["cancel"])
 def cancel_jobs(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: Any) -> None:
-    """Cancel: waiting jobs go to the dead letters now, running ones stop at their next heartbeat."""
-    result = control.cancel(list(queryset.values_list("id", flat=True)), by=request.user.get_username())
+    """Cancel: waiting jobs go to the dead letters now, running ones stop at the next heartbeat."""
+    result = control.cancel(
+        list(queryset.values_list("id", flat=True)), by=request.user.get_username()
+    )
     modeladmin.message_user(
         request,
-        f"Cancelled {result.cancelled} waiting job(s); asked the workers of {result.requested} running "
-        "job(s) to stop them (they end in the dead letters as 'cancelled' if their handler stops).",
+        f"Cancelled {result.cancelled} waiting job(s); asked the workers of "
+        f"{result.requested} running job(s) to stop them (they end in the dead letters as "
+        "'cancelled' if their handler stops).",
         messages.SUCCESS,
     )
 
 
 class RunningJobAdmin(_ReadOnly):
-    list_display = ["id", "name", "queue", "attempts", "worker", "attempted_at", "lease_expires_at", "cancel_requested_at"]
+    list_display = [
+        "id",
+        "name",
+        "queue",
+        "attempts",
+        "worker",
+        "attempted_at",
+        "lease_expires_at",
+        "cancel_requested_at",
+    ]
     list_filter = ["queue", "name"]
     search_fields = ["id", "name", "key"]
     actions = [cancel_jobs]
     readonly_fields = [
-        "id", "name", "queue", "priority", "attempts", "max_attempts", "key", "locked_by", "started_at",
-        "attempted_at", "lease_expires_at", "cancel_requested_at",
+        "id", "name", "queue", "priority", "attempts", "max_attempts", "key", "locked_by",
+        "started_at", "attempted_at", "lease_expires_at", "cancel_requested_at",
     ]  # fmt: skip
 
     def get_queryset(self, request: HttpRequest) -> Any:

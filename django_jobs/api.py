@@ -10,11 +10,10 @@ callback would lose the job.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
-from functools import partial
 from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 from uuid import UUID
 
@@ -255,7 +254,9 @@ def check_key(key: object) -> str:
     return key
 
 
-def _schedule(delay: timedelta | float | None, run_at: datetime | None) -> tuple[datetime | None, float]:
+def _schedule(
+    delay: timedelta | float | None, run_at: datetime | None
+) -> tuple[datetime | None, float]:
     if delay is not None and run_at is not None:
         raise InvalidJob("pass delay or run_at, not both")
     if run_at is not None:
@@ -265,7 +266,7 @@ def _schedule(delay: timedelta | float | None, run_at: datetime | None) -> tuple
             raise InvalidJob("run_at must be an aware datetime when USE_TZ is on")
         try:
             if timezone.is_aware(run_at):
-                run_at = run_at.astimezone(dt_timezone.utc)
+                run_at = run_at.astimezone(UTC)
                 if not settings.USE_TZ:
                     run_at = timezone.make_naive(run_at)
         except OverflowError as exc:
@@ -335,7 +336,9 @@ def _write_postgres(job: _Prepared, alias: str) -> EnqueueResult:
             if kind == "inserted":
                 return EnqueueResult(job_id, False, job.name, job.queue)
             return _duplicate(job, job_id, fingerprint)
-        existing = Job.objects.using(alias).filter(key=job.key).values_list("id", "fingerprint").first()
+        existing = (
+            Job.objects.using(alias).filter(key=job.key).values_list("id", "fingerprint").first()
+        )
         if existing is not None:
             return _duplicate(job, *existing)
         # The live job finished between the two statements: its marker answers next round.
@@ -426,7 +429,12 @@ def _write_portable(job: _Prepared, alias: str) -> EnqueueResult:
                 row.save(using=alias, force_insert=True)
             return EnqueueResult(job.id, False, job.name, job.queue)
         except IntegrityError:
-            existing = Job.objects.using(alias).filter(key=job.key).values_list("id", "fingerprint").first()
+            existing = (
+                Job.objects.using(alias)
+                .filter(key=job.key)
+                .values_list("id", "fingerprint")
+                .first()
+            )
             if existing is not None:
                 return _duplicate(job, *existing)
     raise InvalidJob(f"key {job.key!r} keeps changing hands; try again")

@@ -23,15 +23,22 @@ def check_operations(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     try:
         specs = schedules.declared()
     except InvalidJob as exc:
-        errors.append(Error(f"Invalid schedule: {exc}", hint="See DJANGO_JOBS['SCHEDULES'] and @periodic.",
-                            id="django_jobs.E201"))  # fmt: skip
+        errors.append(
+            Error(
+                f"Invalid schedule: {exc}",
+                hint="See DJANGO_JOBS['SCHEDULES'] and @periodic.",
+                id="django_jobs.E201",
+            )
+        )
         specs = {}
     for spec in specs.values():
         if registry.lookup(spec.job) is None:
             errors.append(
                 Error(
-                    f"Schedule {spec.name!r} runs {spec.job!r}, which no @job handler is registered as.",
-                    hint="Use the handler's name (its dotted path unless @job(name=...) says otherwise).",
+                    f"Schedule {spec.name!r} runs {spec.job!r}, "
+                    "which no @job handler is registered as.",
+                    hint="Use the handler's name "
+                    "(its dotted path unless @job(name=...) says otherwise).",
                     id="django_jobs.E202",
                 )
             )
@@ -44,11 +51,17 @@ def check_operations(app_configs: Any = None, **kwargs: Any) -> list[Any]:
             errors.append(Error(f"DJANGO_JOBS['{name}'] is invalid: {exc}", id="django_jobs.E203"))
     batch = s["PRUNE_BATCH"]
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        errors.append(Error("DJANGO_JOBS['PRUNE_BATCH'] must be a positive integer.", id="django_jobs.E204"))
+        errors.append(
+            Error("DJANGO_JOBS['PRUNE_BATCH'] must be a positive integer.", id="django_jobs.E204")
+        )
     interval, expiry = s["MAINTENANCE_INTERVAL"], s["WORKER_EXPIRY"]
     if not _positive(interval):
-        errors.append(Error("DJANGO_JOBS['MAINTENANCE_INTERVAL'] must be a positive number of seconds.",
-                            id="django_jobs.E205"))  # fmt: skip
+        errors.append(
+            Error(
+                "DJANGO_JOBS['MAINTENANCE_INTERVAL'] must be a positive number of seconds.",
+                id="django_jobs.E205",
+            )
+        )
     elif not _positive(expiry) or expiry <= 2 * interval:
         errors.append(
             Error(
@@ -67,8 +80,12 @@ def check_operations(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         )
     token = s["METRICS_TOKEN"]
     if token is not None and (not isinstance(token, str) or len(token) < 16):
-        errors.append(Error("DJANGO_JOBS['METRICS_TOKEN'] must be None or a string of 16+ characters.",
-                            id="django_jobs.E209"))  # fmt: skip
+        errors.append(
+            Error(
+                "DJANGO_JOBS['METRICS_TOKEN'] must be None or a string of 16+ characters.",
+                id="django_jobs.E209",
+            )
+        )
     return errors
 
 
@@ -91,9 +108,9 @@ def check_autovacuum(app_configs: Any = None, databases: Any = None, **kwargs: A
     return [
         Warning(
             f"autovacuum is off on the jobs database {alias!r}.",
-            hint="Finished jobs are deleted from django_jobs_job; without VACUUM their space is never "
-            "reused and the table and its claim index grow with every job. Turn autovacuum on, or "
-            "VACUUM django_jobs_job and django_jobs_marker every few seconds.",
+            hint="Finished jobs are deleted from django_jobs_job; without VACUUM their space is "
+            "never reused and the table and its claim index grow with every job. Turn autovacuum "
+            "on, or VACUUM django_jobs_job and django_jobs_marker every few seconds.",
             id="django_jobs.W201",
         )
     ]

@@ -42,7 +42,8 @@ DEFAULTS: dict[str, Any] = {
     # Payload keys whose values the admin and the logs show as "********".
     "MASK_KEYS": ["password", "passwd", "secret", "token", "api_key", "apikey", "authorization"],
     # ---- operations (schedules, retention, control, metrics) ----
-    # Periodic jobs: {"name": {"cron": "0 3 * * *", "job": "app.jobs.nightly", ...}}; see schedules.py.
+    # Periodic jobs: {"name": {"cron": "0 3 * * *", "job": "app.jobs.nightly", ...}};
+    # see schedules.py.
     "SCHEDULES": {},
     # How long completion markers and dead letters are kept (seconds or timedelta); None: forever.
     "KEEP_MARKERS": 7 * 24 * 3600,

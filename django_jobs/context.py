@@ -55,7 +55,10 @@ class JobContext:
 
     @property
     def is_cancelled(self) -> bool:
-        """True once the worker wants this attempt to stop (timeout, shutdown, lost lease, cancel)."""
+        """True once the worker wants this attempt to stop.
+
+        That is on a timeout, a shutdown, a lost lease or a cancel.
+        """
         return self._cancel_requested
 
     @property

@@ -47,7 +47,22 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_jobs.worker")
 
 # Upper bounds (seconds) of the job duration histogram's buckets.
-DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+DURATION_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+)
 # Longest a maintenance step may spend pruning before it returns to the jobs.
 PRUNE_BUDGET = 0.25
 # Seconds between full rewrites of the heartbeat row (and idle pruning checks).
@@ -143,7 +158,9 @@ class WorkerOps:
         """Remove this worker's heartbeat row (a clean exit is not a dead worker)."""
         from django_jobs.models import WorkerBeat
 
-        self.worker._db(lambda: WorkerBeat.objects.using(self.alias).filter(id=self.worker.id).delete())
+        self.worker._db(
+            lambda: WorkerBeat.objects.using(self.alias).filter(id=self.worker.id).delete()
+        )
 
     def snapshot(self) -> dict[str, Any]:
         """Counters since start, as stored in the heartbeat row (read by the metrics view)."""
@@ -166,7 +183,9 @@ class WorkerOps:
         try:
             self.worker._db(operation)
         except Exception:  # noqa: BLE001
-            logger.exception("worker %s: maintenance step failed; trying again later", self.worker.id)
+            logger.exception(
+                "worker %s: maintenance step failed; trying again later", self.worker.id
+            )
 
     def _write_row(self) -> None:
         from django_jobs.models import WorkerBeat
@@ -199,7 +218,11 @@ class WorkerOps:
             self._pruned["django_jobs_marker"] += result.markers
             self._pruned["django_jobs_deadletter"] += result.dead_letters
             for table, pruned in self._pruned.items():
-                if pruned >= VACUUM_AFTER_PRUNED and self._postgres and not sql.autovacuum_on(self.alias):
+                if (
+                    pruned >= VACUUM_AFTER_PRUNED
+                    and self._postgres
+                    and not sql.autovacuum_on(self.alias)
+                ):
                     # Nothing else would make the pruned rows' space reusable.
                     sql.vacuum(self.alias, table)
                     self._pruned[table] = 0
@@ -221,7 +244,10 @@ class WorkerOps:
         old sooner than the shortest retention, and ROW_REFRESH bounds the wait."""
         keeps = [
             keep.total_seconds()
-            for keep in (retention.as_timedelta(conf.get(name)) for name in ("KEEP_MARKERS", "KEEP_DEAD_LETTERS"))
+            for keep in (
+                retention.as_timedelta(conf.get(name))
+                for name in ("KEEP_MARKERS", "KEEP_DEAD_LETTERS")
+            )
             if keep is not None
         ]
         return min(ROW_REFRESH, max(self.interval, min(keeps, default=ROW_REFRESH)))

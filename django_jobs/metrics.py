@@ -53,13 +53,25 @@ class JobsCollector:
 
     def collect(self) -> Iterator[Any]:
         report = status.status(self.alias)
-        jobs = GaugeMetricFamily("django_jobs_queue_jobs", "Live jobs by queue and state.", labels=["queue", "state"])
-        oldest = GaugeMetricFamily(
-            "django_jobs_queue_oldest_wait_seconds", "How long the oldest due job has waited.", labels=["queue"]
+        jobs = GaugeMetricFamily(
+            "django_jobs_queue_jobs", "Live jobs by queue and state.", labels=["queue", "state"]
         )
-        paused = GaugeMetricFamily("django_jobs_queue_paused", "1 if the queue is paused.", labels=["queue"])
-        done = GaugeMetricFamily("django_jobs_queue_done_last_hour", "Jobs completed in the last hour.", labels=["queue"])
-        dead = GaugeMetricFamily("django_jobs_queue_dead_last_hour", "Jobs dead-lettered in the last hour.", labels=["queue"])
+        oldest = GaugeMetricFamily(
+            "django_jobs_queue_oldest_wait_seconds",
+            "How long the oldest due job has waited.",
+            labels=["queue"],
+        )
+        paused = GaugeMetricFamily(
+            "django_jobs_queue_paused", "1 if the queue is paused.", labels=["queue"]
+        )
+        done = GaugeMetricFamily(
+            "django_jobs_queue_done_last_hour", "Jobs completed in the last hour.", labels=["queue"]
+        )
+        dead = GaugeMetricFamily(
+            "django_jobs_queue_dead_last_hour",
+            "Jobs dead-lettered in the last hour.",
+            labels=["queue"],
+        )
         for q in report.queues:
             for state in ("waiting", "scheduled", "running"):
                 jobs.add_metric([q.name, state], getattr(q, state))
@@ -69,10 +81,16 @@ class JobsCollector:
             dead.add_metric([q.name], q.dead_last_hour)
         yield from (jobs, oldest, paused, done, dead)
 
-        yield GaugeMetricFamily("django_jobs_workers", "Live workers (recent heartbeat row).", value=len(report.workers))
+        yield GaugeMetricFamily(
+            "django_jobs_workers", "Live workers (recent heartbeat row).", value=len(report.workers)
+        )
         labels = ["worker", "host"]
-        claimed = CounterMetricFamily("django_jobs_jobs_claimed", "Jobs claimed (attempts started).", labels=labels)
-        started = CounterMetricFamily("django_jobs_jobs_started", "Jobs handed to a handler.", labels=labels)
+        claimed = CounterMetricFamily(
+            "django_jobs_jobs_claimed", "Jobs claimed (attempts started).", labels=labels
+        )
+        started = CounterMetricFamily(
+            "django_jobs_jobs_started", "Jobs handed to a handler.", labels=labels
+        )
         finished = CounterMetricFamily(
             "django_jobs_jobs_finished", "Jobs finished, by outcome.", labels=[*labels, "outcome"]
         )
@@ -82,7 +100,9 @@ class JobsCollector:
             "dead worker's job rescued (rescued).",
             labels=[*labels, "kind"],
         )
-        ticks = CounterMetricFamily("django_jobs_schedule_ticks", "Periodic jobs enqueued.", labels=labels)
+        ticks = CounterMetricFamily(
+            "django_jobs_schedule_ticks", "Periodic jobs enqueued.", labels=labels
+        )
         duration = HistogramMetricFamily(
             "django_jobs_job_duration_seconds", "Handler run time.", labels=labels, unit=""
         )
@@ -90,7 +110,13 @@ class JobsCollector:
             s, key = w.stats, [w.id, w.host]
             claimed.add_metric(key, s.get("claimed", 0))
             started.add_metric(key, s.get("started", 0))
-            outcomes = {"succeeded": 0, "retried": 0, "dead": 0, "snoozed": 0, **s.get("outcomes", {})}
+            outcomes = {
+                "succeeded": 0,
+                "retried": 0,
+                "dead": 0,
+                "snoozed": 0,
+                **s.get("outcomes", {}),
+            }
             for outcome, n in sorted(outcomes.items()):
                 finished.add_metric([*key, outcome], n)
             reruns.add_metric([*key, "lease_lost"], s.get("lost", 0))
@@ -112,7 +138,7 @@ def _allowed(request: HttpRequest) -> bool:
     token = conf.get("METRICS_TOKEN")
     header = request.headers.get("Authorization", "")
     if token and header.startswith("Bearer "):
-        return hmac.compare_digest(header[len("Bearer "):].encode(), str(token).encode())
+        return hmac.compare_digest(header[len("Bearer ") :].encode(), str(token).encode())
     user = getattr(request, "user", None)
     return bool(user is not None and user.is_active and user.is_staff)
 
@@ -140,6 +166,9 @@ def install() -> None:
     if _process_registry is None:
         _process_registry = prometheus_client.CollectorRegistry(auto_describe=False)
         _enqueued = prometheus_client.Counter(
-            "django_jobs_enqueued", "Jobs enqueued by this process.", ["queue"], registry=_process_registry
+            "django_jobs_enqueued",
+            "Jobs enqueued by this process.",
+            ["queue"],
+            registry=_process_registry,
         )
     signals.job_enqueued.connect(_count_enqueue, dispatch_uid="django_jobs.metrics.enqueued")

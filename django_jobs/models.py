@@ -153,14 +153,21 @@ class JobQuerySet(models.QuerySet):
         rows = sql.run(alias, sql.CLAIM, params)
         # errors come as JSON text (Django loads jsonb as text), NULL when empty.
         return [
-            ClaimedJob(*row[:11], errors=json.loads(row[11]) if row[11] else [], token=token, completed=row[12])
+            ClaimedJob(
+                *row[:11],
+                errors=json.loads(row[11]) if row[11] else [],
+                token=token,
+                completed=row[12],
+            )
             for row in rows
         ]
 
     def _claim_portable(self, queues, limit, token, lease, exclude_names) -> list[ClaimedJob]:
         # Conditional UPDATEs: on SQLite each takes the write lock at once, and
         # re-checking the lease in the UPDATE keeps two workers from taking one row.
-        paused = set(QueueState.objects.using(self.db).filter(paused=True).values_list("name", flat=True))
+        paused = set(
+            QueueState.objects.using(self.db).filter(paused=True).values_list("name", flat=True)
+        )
         queues = [q for q in queues if q not in paused]
         now = Now()
         lease_until = now + timedelta(seconds=lease)
@@ -204,7 +211,9 @@ class JobQuerySet(models.QuerySet):
         keys = {j.idempotency_key for j in jobs if j.key is not None or j.attempts > 1}
         if keys:
             done = set(
-                CompletionMarker.objects.using(self.db).filter(key__in=keys).values_list("key", flat=True)
+                CompletionMarker.objects.using(self.db)
+                .filter(key__in=keys)
+                .values_list("key", flat=True)
             )
             for job in jobs:
                 job.completed = job.idempotency_key in done
@@ -231,13 +240,14 @@ class JobQuerySet(models.QuerySet):
         token_of = {job_id: (token, result) for job_id, token, result in finished}
         with transaction.atomic(using=alias):
             rows = list(
-                self.filter(id__in=list(token_of))
-                .values_list(*_CLAIMED_FIELDS, "locked_by")
+                self.filter(id__in=list(token_of)).values_list(*_CLAIMED_FIELDS, "locked_by")
             )
             held = [row for row in rows if row[-1] == token_of[row[0]][0]]
             if not held:
                 return set()
-            self.filter(id__in=[row[0] for row in held], locked_by__in={row[-1] for row in held}).delete()
+            self.filter(
+                id__in=[row[0] for row in held], locked_by__in={row[-1] for row in held}
+            ).delete()
             now = timezone.now()
             CompletionMarker.objects.using(alias).bulk_create(
                 [
@@ -338,7 +348,9 @@ class JobQuerySet(models.QuerySet):
         if _is_postgres(alias):
             return dict(sql.run(alias, sql.EXTEND_LEASES, [float(seconds), ids, tokens]))
         held = self.filter(id__in=ids, locked_by__in=tokens)
-        held.update(lease_expires_at=Greatest("lease_expires_at", Now() + timedelta(seconds=seconds)))
+        held.update(
+            lease_expires_at=Greatest("lease_expires_at", Now() + timedelta(seconds=seconds))
+        )
         return {
             job_id: requested is not None
             for job_id, requested in held.values_list("id", "cancel_requested_at")
@@ -668,7 +680,9 @@ class Job(models.Model):
     attempted_at = models.DateTimeField(null=True, blank=True, help_text=_("Latest attempt."))
     errors = models.JSONField(default=list, blank=True, help_text=_("Errors of earlier attempts."))
     cancel_requested_at = models.DateTimeField(
-        null=True, blank=True, help_text=_("Cancellation asked for; the worker sees it at its next heartbeat.")
+        null=True,
+        blank=True,
+        help_text=_("Cancellation asked for; the worker sees it at its next heartbeat."),
     )
 
     objects = JobsDatabaseManager.from_queryset(JobQuerySet)()
@@ -678,7 +692,10 @@ class Job(models.Model):
         ordering = ["-priority", "run_at", "id"]
         permissions = [
             ("run_job_now", "Can make scheduled jobs due now"),
-            ("cancel_job", "Can cancel jobs (waiting ones are dead-lettered, running ones stopped)"),
+            (
+                "cancel_job",
+                "Can cancel jobs (waiting ones are dead-lettered, running ones stopped)",
+            ),
         ]
         indexes = [
             # Matches sql.CLAIM exactly: one queue, unleased, in claim order.
@@ -821,9 +838,11 @@ class DeadLetter(models.Model):
             with transaction.atomic(using=alias):
                 # Conditional on "not replayed yet": of two concurrent replays (two
                 # tabs), the second waits for the first's row lock, then updates nothing.
-                claimed = DeadLetter.objects.using(alias).filter(
-                    id=self.id, replayed_at__isnull=True
-                ).update(replayed_at=Now(), replayed_by=by[:150], replay_job_id=job_id)
+                claimed = (
+                    DeadLetter.objects.using(alias)
+                    .filter(id=self.id, replayed_at__isnull=True)
+                    .update(replayed_at=Now(), replayed_by=by[:150], replay_job_id=job_id)
+                )
                 if not claimed:
                     report.already.append(self.id)
                     return False
@@ -847,6 +866,7 @@ class DeadLetter(models.Model):
             return False
         report.replayed[self.id] = job_id
         return True
+
 
 # The operational tables (schedules, queue states, worker heartbeats) live in their own module.
 from django_jobs.ops_models import QueueState, RunningJob, Schedule, WorkerBeat  # noqa: E402, F401

@@ -24,7 +24,10 @@ class ScheduleQuerySet(models.QuerySet):
     """Named state changes of schedules."""
 
     def enable(self) -> int:
-        """Enable schedules; ticks missed while disabled are not run (the tick state moves to now)."""
+        """Enable schedules; ticks missed while disabled are not run.
+
+        The tick state moves to now.
+        """
         return self.filter(enabled=False).update(enabled=True, updated_at=Now(), last_tick_at=Now())
 
     def disable(self) -> int:
@@ -72,7 +75,9 @@ class Schedule(models.Model):
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
     last_tick_at = models.DateTimeField(
-        null=True, blank=True, help_text=_("Latest tick handled (or when re-enabled): ticks up to it never run again.")
+        null=True,
+        blank=True,
+        help_text=_("Latest tick handled (or when re-enabled): ticks up to it never run again."),
     )
     last_enqueued_at = models.DateTimeField(null=True, blank=True)
     last_job_id = models.UUIDField(null=True, blank=True)
@@ -96,10 +101,14 @@ class QueueStateQuerySet(models.QuerySet):
     """Named state changes of queues."""
 
     def pause(self, *, by: str = "", reason: str = "") -> int:
-        return self.filter(paused=False).update(paused=True, paused_at=Now(), paused_by=by, reason=reason)
+        return self.filter(paused=False).update(
+            paused=True, paused_at=Now(), paused_by=by, reason=reason
+        )
 
     def resume(self) -> int:
-        return self.filter(paused=True).update(paused=False, paused_at=None, paused_by="", reason="")
+        return self.filter(paused=True).update(
+            paused=False, paused_at=None, paused_by="", reason=""
+        )
 
     def ensure(self, names: Any) -> None:
         """Create rows for queues not seen before (so that the admin lists them)."""

@@ -103,7 +103,9 @@ def decode(text: str) -> Any:
 
 def fingerprint(name: str, text: str) -> str:
     """Return a digest of a job's name and payload, independent of dict key order."""
-    canonical = json.dumps(json.loads(text), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    canonical = json.dumps(
+        json.loads(text), sort_keys=True, ensure_ascii=False, separators=(",", ":")
+    )
     return hashlib.sha256(f"{name}\x00{canonical}".encode()).hexdigest()
 
 
@@ -114,7 +116,9 @@ def encode_result(value: Any) -> str | None:
     try:
         return json.dumps(value, ensure_ascii=False, allow_nan=False, cls=type(encoder()))
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"the handler returned a value that is not JSON-serialisable: {exc}") from exc
+        raise TypeError(
+            f"the handler returned a value that is not JSON-serialisable: {exc}"
+        ) from exc
 
 
 def mask(value: Any, keys: frozenset[str] | None = None) -> Any:

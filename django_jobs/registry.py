@@ -51,7 +51,9 @@ class Backoff:
         return cls("fixed", float(seconds), float(seconds), jitter)
 
     @classmethod
-    def exponential(cls, base: float = 2.0, ceiling: float = 600.0, *, jitter: float = 0.25) -> Backoff:
+    def exponential(
+        cls, base: float = 2.0, ceiling: float = 600.0, *, jitter: float = 0.25
+    ) -> Backoff:
         return cls("exponential", float(base), float(ceiling), jitter)
 
     @classmethod
@@ -148,7 +150,9 @@ def check_priority(priority: object) -> int:
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise InvalidJob(f"priority must be an integer, not {priority!r}")
     if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-        raise InvalidJob(f"priority must be between {MIN_PRIORITY} and {MAX_PRIORITY}, not {priority}")
+        raise InvalidJob(
+            f"priority must be between {MIN_PRIORITY} and {MAX_PRIORITY}, not {priority}"
+        )
     return priority
 
 

@@ -42,7 +42,9 @@ def as_timedelta(value: Any, *, what: str = "retention") -> timedelta | None:
             return None
         match = _DURATION.match(value.lower())
         if not match:
-            raise ValueError(f"{what} must be a duration like 7d, 12h, 30m or 90s, or 'none'; not {value!r}")
+            raise ValueError(
+                f"{what} must be a duration like 7d, 12h, 30m or 90s, or 'none'; not {value!r}"
+            )
         seconds = float(match[1]) * _UNIT[match[2]]
     else:
         raise ValueError(f"{what} must be None, seconds or a timedelta, not {value!r}")
@@ -106,7 +108,9 @@ def prune_batch(
     keep_markers, keep_dead_letters = _keeps(keep_markers, keep_dead_letters)
     result = PruneResult()
     if keep_markers is not None:
-        result.markers = _delete_batch(prunable_markers(alias, keep_markers), "job_id", "completed_at", batch)
+        result.markers = _delete_batch(
+            prunable_markers(alias, keep_markers), "job_id", "completed_at", batch
+        )
         result.batches += 1
     if keep_dead_letters is not None:
         result.dead_letters = _delete_batch(
@@ -131,7 +135,9 @@ def prune(
     total = PruneResult()
     deadline = None if budget is None else time.monotonic() + budget
     while True:
-        result = prune_batch(alias, keep_markers=keep_markers, keep_dead_letters=keep_dead_letters, batch=batch)
+        result = prune_batch(
+            alias, keep_markers=keep_markers, keep_dead_letters=keep_dead_letters, batch=batch
+        )
         total += result
         if result.markers < batch and result.dead_letters < batch:
             return total

@@ -102,9 +102,16 @@ def make_spec(
     priority: int | None = None,
 ) -> ScheduleSpec:
     """Validate a schedule's definition and return it; raise InvalidSchedule naming the problem."""
-    if not isinstance(name, str) or not name or len(name) > MAX_SCHEDULE_NAME or not name.isprintable() \
-            or name != name.strip():  # fmt: skip
-        raise InvalidSchedule(f"schedule name must be 1 to {MAX_SCHEDULE_NAME} printable characters, not {name!r}")
+    if (
+        not isinstance(name, str)
+        or not name
+        or len(name) > MAX_SCHEDULE_NAME
+        or not name.isprintable()
+        or name != name.strip()
+    ):
+        raise InvalidSchedule(
+            f"schedule name must be 1 to {MAX_SCHEDULE_NAME} printable characters, not {name!r}"
+        )
     if (cron is None) == (every is None):
         raise InvalidSchedule(f"schedule {name!r} needs either a cron expression or every=seconds")
     if not isinstance(timezone, str):
@@ -124,14 +131,25 @@ def make_spec(
         try:
             CronSim(cron, datetime.now(ZoneInfo(timezone)))
         except CronSimError as exc:
-            raise InvalidSchedule(f"schedule {name!r}: invalid cron expression {cron!r}: {exc}") from None
+            raise InvalidSchedule(
+                f"schedule {name!r}: invalid cron expression {cron!r}: {exc}"
+            ) from None
     else:
         value = every.total_seconds() if isinstance(every, timedelta) else every
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-                or value < 1 or value != int(value):  # fmt: skip
-            raise InvalidSchedule(f"schedule {name!r}: every must be a whole number of seconds >= 1, not {every!r}")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value < 1
+            or value != int(value)
+        ):
+            raise InvalidSchedule(
+                f"schedule {name!r}: every must be a whole number of seconds >= 1, not {every!r}"
+            )
         seconds = int(value)
-    if queue is not None and (not isinstance(queue, str) or len(queue) > MAX_QUEUE_LENGTH or not QUEUE_RE.fullmatch(queue)):
+    if queue is not None and (
+        not isinstance(queue, str) or len(queue) > MAX_QUEUE_LENGTH or not QUEUE_RE.fullmatch(queue)
+    ):
         raise InvalidSchedule(f"schedule {name!r}: invalid queue name {queue!r}")
     if priority is not None:
         try:
@@ -181,7 +199,9 @@ def periodic(
         )  # fmt: skip
         existing = _declared.get(spec.name)
         if existing is not None and existing != spec:
-            raise InvalidSchedule(f"schedule {spec.name!r} is declared twice with different definitions")
+            raise InvalidSchedule(
+                f"schedule {spec.name!r} is declared twice with different definitions"
+            )
         _declared[spec.name] = spec
         return handler
 
@@ -202,7 +222,15 @@ def _from_settings() -> tuple[ScheduleSpec, ...]:
     for name, definition in raw.items():
         if not isinstance(definition, dict):
             raise InvalidSchedule(f"schedule {name!r}: its definition must be a dict")
-        unknown = set(definition) - {"cron", "every", "job", "timezone", "payload", "queue", "priority"}
+        unknown = set(definition) - {
+            "cron",
+            "every",
+            "job",
+            "timezone",
+            "payload",
+            "queue",
+            "priority",
+        }
         if unknown:
             raise InvalidSchedule(f"schedule {name!r}: unknown options {sorted(unknown)}")
         if "job" not in definition:
@@ -216,7 +244,9 @@ def declared() -> dict[str, ScheduleSpec]:
     specs = dict(_declared)
     for spec in _from_settings():
         if spec.name in specs and specs[spec.name] != spec:
-            raise InvalidSchedule(f"schedule {spec.name!r} is declared both in settings and with @periodic")
+            raise InvalidSchedule(
+                f"schedule {spec.name!r} is declared both in settings and with @periodic"
+            )
         specs[spec.name] = spec
     return specs
 
@@ -246,8 +276,8 @@ def sync(alias: str | None = None) -> dict[str, ScheduleSpec]:
     with transaction.atomic(using=alias):
         rows.bulk_create(
             [
-                Schedule(name=s.name, cron=s.cron, every=s.every, timezone=s.timezone, job_name=s.job,
-                         payload=s.payload, queue=s.queue, priority=s.priority)
+                Schedule(name=s.name, cron=s.cron, every=s.every, timezone=s.timezone,
+                         job_name=s.job, payload=s.payload, queue=s.queue, priority=s.priority)
                 for s in specs.values()
             ],
             ignore_conflicts=True,
@@ -255,9 +285,15 @@ def sync(alias: str | None = None) -> dict[str, ScheduleSpec]:
         for spec in specs.values():
             # Rewrite only rows whose definition differs (NOT (a AND b ...)), so that
             # workers starting together do not queue up on the same rows.
-            same = _nullable(cron=spec.cron, every=spec.every, queue=spec.queue, priority=spec.priority)
+            same = _nullable(
+                cron=spec.cron, every=spec.every, queue=spec.queue, priority=spec.priority
+            )
             changed = rows.filter(name=spec.name).exclude(
-                timezone=spec.timezone, job_name=spec.job, payload=spec.payload, declared=True, **same
+                timezone=spec.timezone,
+                job_name=spec.job,
+                payload=spec.payload,
+                declared=True,
+                **same,
             )
             changed.update(
                 cron=spec.cron, every=spec.every, timezone=spec.timezone, job_name=spec.job,
@@ -270,7 +306,9 @@ def sync(alias: str | None = None) -> dict[str, ScheduleSpec]:
 
 def _nullable(**values: Any) -> dict[str, Any]:
     # exclude(queue=None) would compare with = NULL; ask for IS NULL instead.
-    return {(f"{k}__isnull" if v is None else k): (True if v is None else v) for k, v in values.items()}
+    return {
+        (f"{k}__isnull" if v is None else k): (True if v is None else v) for k, v in values.items()
+    }
 
 
 @dataclass(slots=True)
@@ -300,7 +338,9 @@ class Ticker:
         for name, enabled, created_at, last_tick_at in rows.values_list(
             "name", "enabled", "created_at", "last_tick_at"
         ):
-            self.states[name] = _State(specs[name], enabled, _aware(created_at), _aware(last_tick_at))
+            self.states[name] = _State(
+                specs[name], enabled, _aware(created_at), _aware(last_tick_at)
+            )
         self._plan(now)
 
     def _plan(self, now: datetime) -> None:
@@ -318,7 +358,10 @@ class Ticker:
         return tick if tick > state.last_tick_at else None
 
     def run_due(self, now: datetime) -> int:
-        """Enqueue the due tick of each schedule whose tick no other worker took; return how many."""
+        """Enqueue the due tick of each schedule whose tick no other worker took.
+
+        Return how many were enqueued.
+        """
         from django_jobs import registry
         from django_jobs.api import enqueue
         from django_jobs.models import Schedule
@@ -330,7 +373,11 @@ class Ticker:
                 continue
             spec = state.spec
             if registry.lookup(spec.job) is None:
-                logger.error("schedule %s: no handler named %r in this worker; tick skipped", spec.name, spec.job)
+                logger.error(
+                    "schedule %s: no handler named %r in this worker; tick skipped",
+                    spec.name,
+                    spec.job,
+                )
                 continue
             try:
                 with transaction.atomic(using=self.alias):
@@ -343,7 +390,9 @@ class Ticker:
                     )  # fmt: skip
                     Schedule.objects.using(self.alias).note_job(spec.name, result.id)
             except (JobsError, DatabaseError) as exc:
-                logger.error("schedule %s: could not enqueue the tick of %s: %s", spec.name, tick, exc)
+                logger.error(
+                    "schedule %s: could not enqueue the tick of %s: %s", spec.name, tick, exc
+                )
                 if isinstance(exc, DatabaseError) and not isinstance(exc, JobsError):
                     raise
                 continue
@@ -351,7 +400,8 @@ class Ticker:
             state.last_tick_at = tick
             count += 1
             logger.info(
-                "schedule %s: enqueued job %s for tick %s%s", spec.name, result.id, tick.isoformat(),
+                "schedule %s: enqueued job %s for tick %s%s",
+                spec.name, result.id, tick.isoformat(),
                 f" ({missed} earlier missed tick(s) skipped)" if missed else "",
             )  # fmt: skip
         self.enqueued += count

@@ -108,7 +108,8 @@ claimed AS (
                 'attempt', j.attempts,
                 'at', now(),
                 'type', 'django_jobs.LeaseExpired',
-                'message', 'the lease expired before the attempt settled (worker killed, hung or cut off)',
+                'message',
+                'the lease expired before the attempt settled (worker killed, hung or cut off)',
                 'traceback', '',
                 'worker', split_part(j.locked_by, '#', 1))) END
     FROM claimable
@@ -120,11 +121,13 @@ claimed AS (
 SELECT id, name, queue, payload, priority, attempts, max_attempts, key, fingerprint, enqueued_at,
        started_at, CASE WHEN errors = '[]' THEN NULL ELSE errors END,
        (key IS NOT NULL OR attempts > 1) AND EXISTS (
-           SELECT 1 FROM django_jobs_marker AS m WHERE m.key = COALESCE(claimed.key, claimed.id::text)
+           SELECT 1 FROM django_jobs_marker AS m
+           WHERE m.key = COALESCE(claimed.key, claimed.id::text)
        ) AS completed
 FROM claimed
 ORDER BY priority DESC, run_at, id
 """
+
 
 def claim_params(
     queues: list[str],
@@ -218,7 +221,8 @@ INSERT INTO django_jobs_job
 VALUES (%(id)s, %(name)s, %(queue)s, %(payload)s, %(priority)s,
         COALESCE(%(run_at)s, statement_timestamp() + %(delay)s * interval '1 second'),
         statement_timestamp(), 0, %(max_attempts)s, '[]')
-RETURNING CASE WHEN %(notify)s AND run_at <= statement_timestamp() THEN pg_notify(%(channel)s, queue) END
+RETURNING CASE WHEN %(notify)s AND run_at <= statement_timestamp()
+    THEN pg_notify(%(channel)s, queue) END
 """
 
 # Enqueue one job with a dedupe key, unless the key has a live job or a

@@ -1,4 +1,4 @@
-"""What the queues hold right now, and which workers are alive: for `jobs status`, the admin, metrics.
+"""What the queues hold now, and which workers are alive: for `jobs status`, the admin, metrics.
 
 Every figure is read from the tables on the database clock, in four queries
 (jobs by queue, markers and dead letters of the last hour by queue, workers).
@@ -55,14 +55,18 @@ class Status:
             "now": self.now.isoformat(),
             "queues": [asdict(q) for q in self.queues],
             "workers": [
-                {**asdict(w), "started_at": w.started_at.isoformat(), "last_seen_at": w.last_seen_at.isoformat()}
+                {
+                    **asdict(w),
+                    "started_at": w.started_at.isoformat(),
+                    "last_seen_at": w.last_seen_at.isoformat(),
+                }
                 for w in self.workers
             ],
         }
 
 
 def queue_status(alias: str | None = None, now: datetime | None = None) -> list[QueueStatus]:
-    """Return per-queue figures for every queue that has jobs, recent history, a row or a handler."""
+    """Return per-queue figures for each queue that has jobs, recent history, a row or a handler."""
     from django_jobs.models import CompletionMarker, DeadLetter, Job, QueueState
 
     alias = alias or conf.database()
@@ -73,7 +77,9 @@ def queue_status(alias: str | None = None, now: datetime | None = None) -> list[
     def get(name: str) -> QueueStatus:
         return queues.setdefault(name, QueueStatus(name))
 
-    for name in {h.get_queue() for h in registry.all_handlers().values()} | {conf.get("DEFAULT_QUEUE")}:
+    for name in {h.get_queue() for h in registry.all_handlers().values()} | {
+        conf.get("DEFAULT_QUEUE")
+    }:
         get(name)
     for name, paused in QueueState.objects.using(alias).values_list("name", "paused"):
         get(name).paused = paused
@@ -103,7 +109,13 @@ def queue_status(alias: str | None = None, now: datetime | None = None) -> list[
     )
     for row in done:
         get(row["queue"]).done_last_hour = row["n"]
-    dead = DeadLetter.objects.using(alias).filter(dead_at__gte=since).order_by().values("queue").annotate(n=Count("id"))
+    dead = (
+        DeadLetter.objects.using(alias)
+        .filter(dead_at__gte=since)
+        .order_by()
+        .values("queue")
+        .annotate(n=Count("id"))
+    )
     for row in dead:
         get(row["queue"]).dead_last_hour = row["n"]
     return sorted(queues.values(), key=lambda q: q.name)
@@ -118,8 +130,15 @@ def live_workers(alias: str | None = None) -> list[WorkerStatus]:
     rows = WorkerBeat.objects.using(alias).filter(last_seen_at__gte=Now() - expiry)
     return [
         WorkerStatus(
-            id=w.id, host=w.host, pid=w.pid, queues=list(w.queues), concurrency=w.concurrency,
-            running=w.running, started_at=w.started_at, last_seen_at=w.last_seen_at, stats=dict(w.stats),
+            id=w.id,
+            host=w.host,
+            pid=w.pid,
+            queues=list(w.queues),
+            concurrency=w.concurrency,
+            running=w.running,
+            started_at=w.started_at,
+            last_seen_at=w.last_seen_at,
+            stats=dict(w.stats),
         )  # fmt: skip
         for w in rows
     ]

@@ -48,7 +48,14 @@ from django_jobs import conf, payloads, registry, signals
 from django_jobs.context import JobContext
 from django_jobs.exceptions import FatalError, JobCancelled, LeaseLost, Snooze
 from django_jobs.maintenance import WorkerOps
-from django_jobs.models import LEASE_EXPIRED, ClaimedJob, DeadReason, Job, JobQuerySet, error_summary
+from django_jobs.models import (
+    LEASE_EXPIRED,
+    ClaimedJob,
+    DeadReason,
+    Job,
+    JobQuerySet,
+    error_summary,
+)
 from django_jobs.registry import Handler
 
 logger = logging.getLogger(__name__)
@@ -71,7 +78,12 @@ _DB_ERRORS = (OperationalError, InterfaceError)
 
 
 def _extra(job: ClaimedJob) -> dict[str, Any]:
-    return {"job_id": str(job.id), "job_name": job.name, "queue": job.queue, "attempt": job.attempts}
+    return {
+        "job_id": str(job.id),
+        "job_name": job.name,
+        "queue": job.queue,
+        "attempt": job.attempts,
+    }
 
 
 def error_entry(exc: BaseException, attempt: int, worker_id: str) -> dict[str, Any]:
@@ -138,7 +150,9 @@ class _Snoozed:
     seconds: float
 
 
-Outcome = _Succeeded | _SettledAtomically | _AlreadyDone | _Lost | _Unstarted | _Failed | _Dead | _Snoozed
+Outcome = (
+    _Succeeded | _SettledAtomically | _AlreadyDone | _Lost | _Unstarted | _Failed | _Dead | _Snoozed
+)
 
 
 @dataclass(slots=True, eq=False)
@@ -236,7 +250,8 @@ class Worker:
         self.listen = self.listen and connections[self.database].vendor == "postgresql"
         if not self.queues:
             self.queues = sorted(
-                {settings["DEFAULT_QUEUE"]} | {h.get_queue() for h in registry.all_handlers().values()}
+                {settings["DEFAULT_QUEUE"]}
+                | {h.get_queue() for h in registry.all_handlers().values()}
             )
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._claims = itertools.count(1)
@@ -391,7 +406,9 @@ class Worker:
                 self._db(lambda: self._jobs().extend_leases([run.job], event.seconds))
         elif isinstance(event, _Stop):
             if not self._stopping:
-                logger.info("worker %s stopping: finishing running jobs (grace %.0fs)", self.id, self.grace)
+                logger.info(
+                    "worker %s stopping: finishing running jobs (grace %.0fs)", self.id, self.grace
+                )
             self._stopping = True
 
     def _finished_work(self) -> bool:
@@ -436,7 +453,12 @@ class Worker:
         queues = self.queues[first:] + self.queues[:first]
         jobs = self._db(
             lambda: self._jobs().claim(
-                queues=queues, limit=asked, token=token, lease=self.lease, exclude_names=capped, beat=beat
+                queues=queues,
+                limit=asked,
+                token=token,
+                lease=self.lease,
+                exclude_names=capped,
+                beat=beat,
             )
         )
         if jobs is None:
@@ -455,13 +477,18 @@ class Worker:
                         job.id, extra=_extra(job))  # fmt: skip
             self._settle(_Run(job, None, None), _Succeeded(None), 0.0)
             return
-        if job.errors and job.errors[-1].get("type") == LEASE_EXPIRED and job.errors[-1].get("attempt") == job.attempts - 1:
+        if (
+            job.errors
+            and job.errors[-1].get("type") == LEASE_EXPIRED
+            and job.errors[-1].get("attempt") == job.attempts - 1
+        ):
             # The claim took this job over from a worker whose lease expired: that
             # attempt may have had effects, and this one repeats them.
             self.stats.reexecuted += 1
             logger.warning(
                 "job %s: attempt %d's lease expired (worker %s); taking it over as attempt %d",
-                job.id, job.attempts - 1, job.errors[-1].get("worker", "?"), job.attempts, extra=_extra(job),
+                job.id, job.attempts - 1, job.errors[-1].get("worker", "?"), job.attempts,
+                extra=_extra(job),
             )  # fmt: skip
         if job.attempts > job.max_attempts:
             # The previous attempt was lost with its worker (killed, OOM, os._exit).
@@ -546,7 +573,9 @@ class Worker:
         self._avg_duration = avg = duration if avg is None else 0.9 * avg + 0.1 * duration
         # Short jobs are queued ahead of free threads so that claims stay few;
         # long ones only as threads free up, so one worker does not hoard them.
-        self._target = self.concurrency + min(self.batch, int(self.concurrency * LOOKAHEAD / max(avg, 1e-6)))
+        self._target = self.concurrency + min(
+            self.batch, int(self.concurrency * LOOKAHEAD / max(avg, 1e-6))
+        )
         self._settle(run, event.outcome, duration)
 
     def _forget(self, run: _Run) -> None:
@@ -633,7 +662,8 @@ class Worker:
             logger.warning(
                 "job %s attempt %d/%d failed (%s); retrying in %.1fs",
                 job.id, job.attempts, job.max_attempts, error_summary(outcome.error), delay,
-                extra=_extra(job), exc_info=outcome.exc if logger.isEnabledFor(logging.DEBUG) else None,
+                extra=_extra(job),
+                exc_info=outcome.exc if logger.isEnabledFor(logging.DEBUG) else None,
             )  # fmt: skip
             self._send_finished(job, "retried", outcome.exc, duration)
         else:
@@ -670,7 +700,9 @@ class Worker:
     def _flush_done(self) -> None:
         batch, self._done = self._done, []
         settled = self._db(
-            lambda: self._jobs().complete([(run.job.id, run.job.token, result) for run, result, _ in batch])
+            lambda: self._jobs().complete(
+                [(run.job.id, run.job.token, result) for run, result, _ in batch]
+            )
         )
         if settled is None:
             # One poisoned row must not block the rest: settle one by one next time.
@@ -705,11 +737,14 @@ class Worker:
     def _note_fenced(self, job: ClaimedJob) -> None:
         self.stats.lost += 1
         logger.warning(
-            "job %s: lease was taken over before this worker settled it; its late result is dropped",
+            "job %s: lease was taken over before this worker settled it; "
+            "its late result is dropped",
             job.id, extra=_extra(job),
         )  # fmt: skip
 
-    def _send_finished(self, job: ClaimedJob, outcome: str, error: Any, duration: float | None) -> None:
+    def _send_finished(
+        self, job: ClaimedJob, outcome: str, error: Any, duration: float | None
+    ) -> None:
         self._ops.finished(outcome, duration)
         if signals.job_finished.receivers:
             signals.job_finished.send(
@@ -743,11 +778,19 @@ class Worker:
             self._held_back.remove(run)
             exc = JobCancelled("cancelled before it started")
             self.stats.cancelled += 1
-            self._dead_letter(run.job, DeadReason.CANCELLED, error_entry(exc, run.job.attempts, self.id),
-                              attempts=run.job.attempts - 1)  # fmt: skip
+            self._dead_letter(
+                run.job,
+                DeadReason.CANCELLED,
+                error_entry(exc, run.job.attempts, self.id),
+                attempts=run.job.attempts - 1,
+            )
             return
         run.ctx.cancel()
-        logger.warning("job %s: cancellation requested; ctx.cancelled is set", run.job.id, extra=_extra(run.job))
+        logger.warning(
+            "job %s: cancellation requested; ctx.cancelled is set",
+            run.job.id,
+            extra=_extra(run.job),
+        )
 
     def _expire_timeouts(self, now: float) -> None:
         for run in [run for run in self._timed if (d := run.deadline) and now >= d]:
@@ -758,7 +801,9 @@ class Worker:
             # The thread stays busy until the handler returns: replace it.
             self._start_executor()
             exc = TimeoutError(f"handler ran longer than its {run.timeout:g}s timeout")
-            self._fail(run, _Failed(error_entry(exc, job.attempts, self.id), exc=exc), now - run.started)
+            self._fail(
+                run, _Failed(error_entry(exc, job.attempts, self.id), exc=exc), now - run.started
+            )
 
     def _release(self, runs: list[_Run]) -> None:
         released = self._db(lambda: self._jobs().release(run.job for run in runs))
@@ -825,7 +870,11 @@ class Worker:
                     continue
                 if run.cancel_requested:  # cancelled while it waited for this thread
                     exc = JobCancelled("cancelled before it started")
-                    self._inbox.put(_Finished(run, _Failed(error_entry(exc, run.job.attempts, self.id), exc=exc), 0.0))
+                    self._inbox.put(
+                        _Finished(
+                            run, _Failed(error_entry(exc, run.job.attempts, self.id), exc=exc), 0.0
+                        )
+                    )
                     continue
                 if time.monotonic() - last_job > IDLE_CHECK:
                     _check_connections(own)

@@ -14,10 +14,19 @@ if os.environ.get("TEST_DB", "postgres") == "sqlite":
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             # A file, not :memory:, so that worker subprocesses and threads share it.
-            "NAME": os.environ.get("TEST_DB_NAME", os.path.join(os.path.dirname(__file__), "db.sqlite3")),
-            "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20,
-                        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"},
-            "TEST": {"NAME": os.environ.get("TEST_DB_NAME", os.path.join(os.path.dirname(__file__), "test_db.sqlite3"))},
+            "NAME": os.environ.get(
+                "TEST_DB_NAME", os.path.join(os.path.dirname(__file__), "db.sqlite3")
+            ),
+            "OPTIONS": {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+            "TEST": {
+                "NAME": os.environ.get(
+                    "TEST_DB_NAME", os.path.join(os.path.dirname(__file__), "test_db.sqlite3")
+                )
+            },
         },
         # A second database, for jobs tied to the commit of another alias.
         "other": {
@@ -34,13 +43,17 @@ else:
             "PORT": os.environ.get("PGPORT", "5432"),
             "USER": os.environ.get("PGUSER", "postgres"),
             "PASSWORD": os.environ.get("PGPASSWORD", ""),
-            # pytest-django makes "test_" + NAME; JOBS_TEST_DB lets parallel checkouts use their own.
+            # pytest-django makes "test_" + NAME;
+            # JOBS_TEST_DB lets parallel checkouts use their own.
             # Worker subprocesses get the name of the test database itself in TEST_DB_NAME.
             "NAME": os.environ.get("TEST_DB_NAME", os.environ.get("JOBS_TEST_DB", "django_jobs")),
             "CONN_MAX_AGE": int(os.environ.get("JOBS_CONN_MAX_AGE", "0")),
         }
     }
-    DATABASES["other"] = {**DATABASES["default"], "NAME": os.environ.get("JOBS_TEST_DB", "django_jobs") + "_other"}
+    DATABASES["other"] = {
+        **DATABASES["default"],
+        "NAME": os.environ.get("JOBS_TEST_DB", "django_jobs") + "_other",
+    }
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -105,5 +118,10 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"stderr": {"class": "logging.StreamHandler"}},
-    "loggers": {"django_jobs": {"handlers": ["stderr"], "level": os.environ.get("JOBS_LOG_LEVEL", "WARNING")}},
+    "loggers": {
+        "django_jobs": {
+            "handlers": ["stderr"],
+            "level": os.environ.get("JOBS_LOG_LEVEL", "WARNING"),
+        }
+    },
 }

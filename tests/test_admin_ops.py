@@ -27,12 +27,18 @@ def admin_client():
 
 
 def _action(client, model, action, ids):
-    return client.post(f"{BASE}/{model}/", {"action": action, "_selected_action": [str(i) for i in ids]}, follow=True)
+    return client.post(
+        f"{BASE}/{model}/",
+        {"action": action, "_selected_action": [str(i) for i in ids]},
+        follow=True,
+    )
 
 
 def test_pages_render(admin_client):
     now = timezone.now()
-    with override_settings(DJANGO_JOBS={"SCHEDULES": {"nightly": {"cron": "0 3 * * *", "job": "tests.noop"}}}):
+    with override_settings(
+        DJANGO_JOBS={"SCHEDULES": {"nightly": {"cron": "0 3 * * *", "job": "tests.noop"}}}
+    ):
         schedules.sync()
         QueueState.objects.ensure(["default"])
         WorkerBeat.objects.create(id="h:1:aa", host="h", pid=1, queues=["default"], concurrency=4,
@@ -61,7 +67,9 @@ def test_pause_and_resume_actions(admin_client):
 
 
 def test_enable_and_disable_schedules(admin_client):
-    with override_settings(DJANGO_JOBS={"SCHEDULES": {"nightly": {"cron": "0 3 * * *", "job": "tests.noop"}}}):
+    with override_settings(
+        DJANGO_JOBS={"SCHEDULES": {"nightly": {"cron": "0 3 * * *", "job": "tests.noop"}}}
+    ):
         schedules.sync()
     _action(admin_client, "schedule", "disable_schedules", ["nightly"])
     assert Schedule.objects.get().enabled is False
@@ -70,7 +78,9 @@ def test_enable_and_disable_schedules(admin_client):
 
 
 def test_cancel_action_flags_running_jobs(admin_client):
-    running = JobFactory(locked_by="h:1:aa#1", lease_expires_at=timezone.now() + timedelta(seconds=30), attempts=1)
+    running = JobFactory(
+        locked_by="h:1:aa#1", lease_expires_at=timezone.now() + timedelta(seconds=30), attempts=1
+    )
     response = _action(admin_client, "runningjob", "cancel_jobs", [running.id])
     assert "asked the workers of 1 running job(s)" in response.content.decode()
     assert Job.objects.get(id=running.id).cancel_requested_at is not None
@@ -82,7 +92,9 @@ def test_cancel_needs_the_cancel_permission():
     user.user_permissions.add(Permission.objects.get(codename="view_runningjob"))
     client = Client()
     client.force_login(user)
-    running = JobFactory(locked_by="h:1:aa#1", lease_expires_at=timezone.now() + timedelta(seconds=30))
+    running = JobFactory(
+        locked_by="h:1:aa#1", lease_expires_at=timezone.now() + timedelta(seconds=30)
+    )
     page = client.get(f"{BASE}/runningjob/")
     assert page.status_code == 200 and "cancel_jobs" not in page.content.decode()
     _action(client, "runningjob", "cancel_jobs", [running.id])

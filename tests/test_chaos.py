@@ -27,7 +27,12 @@ from tests.conftest import wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Audit
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres, pytest.mark.chaos, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.postgres,
+    pytest.mark.chaos,
+    pytest.mark.slow,
+]
 
 
 def report(name: str, **figures: object) -> None:
@@ -87,7 +92,9 @@ def test_kill_storm_loses_nothing_and_doubles_no_effect(worker_process):
         victim.wait()
         kills += 1
         workers.append(worker_process(*args))
-    wait_for(lambda: CompletionMarker.objects.count() == total, timeout=180, message="every job's marker")
+    wait_for(
+        lambda: CompletionMarker.objects.count() == total, timeout=180, message="every job's marker"
+    )
     elapsed = time.monotonic() - started
     for worker in workers:
         worker.signal(signal.SIGTERM)
@@ -103,7 +110,9 @@ def test_kill_storm_loses_nothing_and_doubles_no_effect(worker_process):
     assert DeadLetter.objects.count() == 0
     assert audits == total  # atomic handlers: no effect twice, none lost
     assert Audit.objects.values("job_id").distinct().count() == total
-    assert CompletionMarker.objects.aggregate(m=Max("attempts"))["m"] <= jobs.chaos_atomic.max_attempts
+    assert (
+        CompletionMarker.objects.aggregate(m=Max("attempts"))["m"] <= jobs.chaos_atomic.max_attempts
+    )
 
 
 def test_forced_duplicates_are_counted_and_atomic_effects_stay_single(worker_process):
@@ -127,7 +136,8 @@ def test_forced_duplicates_are_counted_and_atomic_effects_stay_single(worker_pro
     slow_atomic_ids = Audit.objects.filter(label__in=[p["label"] for p in atomic if p["slow"]])
     report(
         "forced-duplicates", jobs=2 * n, slow=n // 5, reexecuted=reexecuted, fenced=fenced,
-        duplicate_plain_effects=plain_effects - n, atomic_effects=Audit.objects.filter(label__startswith="atomic-").count(),
+        duplicate_plain_effects=plain_effects - n,
+        atomic_effects=Audit.objects.filter(label__startswith="atomic-").count(),
         seconds=f"{time.monotonic() - started:.1f}",
     )  # fmt: skip
     assert CompletionMarker.objects.count() == 2 * n  # exactly one marker per job
@@ -147,20 +157,31 @@ def test_forced_duplicates_are_counted_and_atomic_effects_stay_single(worker_pro
 def test_stale_worker_is_fenced_out_after_sigstop(worker_process):
     result = enqueue(jobs.sleep, {"seconds": 2, "label": "fenced"})
     stale = worker_process("--concurrency", "1", "--lease", "1")
-    wait_for(lambda: Audit.objects.filter(label="start-fenced").exists(), message="the first attempt")
+    wait_for(
+        lambda: Audit.objects.filter(label="start-fenced").exists(), message="the first attempt"
+    )
     stale.signal(signal.SIGSTOP)
     time.sleep(1.5)  # its lease expires while it is stopped
     other = worker_process("--concurrency", "1", "--lease", "5", "--burst")
     assert other.wait(timeout=30) == 0
     assert CompletionMarker.objects.get().attempts == 2
     stale.signal(signal.SIGCONT)
-    wait_for(lambda: Audit.objects.filter(label="end-fenced").count() == 2, message="the stale attempt to end")
+    wait_for(
+        lambda: Audit.objects.filter(label="end-fenced").count() == 2,
+        message="the stale attempt to end",
+    )
     time.sleep(1.0)
     assert stale.proc.poll() is None, "the stale worker must survive its fenced settle"
     stale.signal(signal.SIGTERM)
     assert stale.wait(timeout=20) == 0
     fenced = stat(stale.output(), "late settles fenced out")
-    report("stale-worker", jobs=1, stopped_s=1.5, markers=CompletionMarker.objects.count(), fenced=fenced)
+    report(
+        "stale-worker",
+        jobs=1,
+        stopped_s=1.5,
+        markers=CompletionMarker.objects.count(),
+        fenced=fenced,
+    )
     assert fenced == 1
     assert CompletionMarker.objects.count() == 1
     assert CompletionMarker.objects.get().job_id == result.id
@@ -177,9 +198,13 @@ def test_database_restart_mid_run(worker_process):
     mode = os.environ.get("CHAOS_DB_RESTART", "terminate")
     started = time.monotonic()
     if mode == "restart":
-        version = subprocess.run(["ls", "/etc/postgresql"], capture_output=True, text=True, check=True).stdout.split()[0]
+        version = subprocess.run(
+            ["ls", "/etc/postgresql"], capture_output=True, text=True, check=True
+        ).stdout.split()[0]
         subprocess.run(
-            ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"], check=True, timeout=120
+            ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
+            check=True,
+            timeout=120,
         )
         connection.close()
     else:
@@ -202,8 +227,10 @@ def test_database_restart_mid_run(worker_process):
         worker.signal(signal.SIGTERM)
     assert [w.wait(timeout=30) for w in workers] == [0, 0]
     outputs = "".join(w.output() for w in workers)
-    report("database-" + mode, jobs=total, markers=markers, left=left, recovered_s=f"{recovered:.1f}",
-           errors_logged=outputs.count("database error") + outputs.count("lost its connection"))  # fmt: skip
+    report("database-" + mode, jobs=total, markers=markers, left=left,
+           recovered_s=f"{recovered:.1f}",
+           errors_logged=outputs.count("database error")
+           + outputs.count("lost its connection"))  # fmt: skip
     assert markers == total
     assert left == 0  # nothing left leased
 
@@ -239,7 +266,8 @@ def test_failing_done_write_neither_loses_nor_sticks_jobs(worker_process):
         while time.monotonic() - started < 4 or not retaken:
             assert time.monotonic() - started < 30, "the failed jobs stayed stuck"
             [(ahead,)] = query(
-                "SELECT COALESCE(max(extract(epoch FROM lease_expires_at - now())), 0) FROM django_jobs_job"
+                "SELECT COALESCE(max(extract(epoch FROM lease_expires_at - now())), 0) "
+                "FROM django_jobs_job"
             )
             longest_lease = max(longest_lease, float(ahead))
             retaken = Job.objects.filter(name="tests.record", attempts__gt=1).count()
@@ -247,7 +275,11 @@ def test_failing_done_write_neither_loses_nor_sticks_jobs(worker_process):
         during = (Job.objects.count(), CompletionMarker.objects.count())
         with connection.cursor() as cursor:
             cursor.execute("DELETE FROM chaos_fail")
-        wait_for(lambda: CompletionMarker.objects.count() == 20, timeout=60, message="every job after the fix")
+        wait_for(
+            lambda: CompletionMarker.objects.count() == 20,
+            timeout=60,
+            message="every job after the fix",
+        )
         worker.signal(signal.SIGTERM)
         assert worker.wait(timeout=20) == 0
     finally:
@@ -256,8 +288,8 @@ def test_failing_done_write_neither_loses_nor_sticks_jobs(worker_process):
             cursor.execute("DROP FUNCTION IF EXISTS chaos_fail_marker()")
             cursor.execute("DROP TABLE IF EXISTS chaos_fail")
     atomic_effects = Audit.objects.filter(label__startswith="atomic-").count()
-    report("failing-done-write", jobs=20, during_jobs=during[0], during_markers=during[1], retaken=retaken,
-           longest_lease_s=f"{longest_lease:.1f}", atomic_effects=atomic_effects,
+    report("failing-done-write", jobs=20, during_jobs=during[0], during_markers=during[1],
+           retaken=retaken, longest_lease_s=f"{longest_lease:.1f}", atomic_effects=atomic_effects,
            plain_effects=Audit.objects.filter(label__startswith="plain-").count())  # fmt: skip
     assert during == (20, 0)  # nothing lost, nothing marked while the write failed
     assert longest_lease <= 1.5  # no lease was extended past the lease length
@@ -267,7 +299,8 @@ def test_failing_done_write_neither_loses_nor_sticks_jobs(worker_process):
 
 def _listener_pid():
     rows = query(
-        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN %%'"
+        "SELECT pid FROM pg_stat_activity "
+        "WHERE datname = current_database() AND query LIKE 'LISTEN %%'"
     )
     return rows[0][0] if rows else None
 
@@ -275,7 +308,9 @@ def _listener_pid():
 def _start_latency(label: str) -> float:
     committed = time.monotonic()
     enqueue(jobs.record, {"label": label})
-    wait_for(lambda: Audit.objects.filter(label=label).exists(), timeout=15, interval=0.01, message=label)
+    wait_for(
+        lambda: Audit.objects.filter(label=label).exists(), timeout=15, interval=0.01, message=label
+    )
     return time.monotonic() - committed
 
 
@@ -286,13 +321,16 @@ def test_lost_listener_connection_is_replaced_and_polling_covers_the_gap(worker_
     notified = _start_latency("before")
     query("SELECT pg_terminate_backend(%s)", [first])
     gap = _start_latency("during")
-    second = wait_for(lambda: (pid := _listener_pid()) and pid != first and pid, message="a new LISTEN")
+    second = wait_for(
+        lambda: (pid := _listener_pid()) and pid != first and pid, message="a new LISTEN"
+    )
     time.sleep(0.3)
     renotified = _start_latency("after")
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0
     report("lost-wakeup", notified_ms=f"{notified * 1000:.0f}", gap_ms=f"{gap * 1000:.0f}",
-           renotified_ms=f"{renotified * 1000:.0f}", poll_s=3, listener_pids=f"{first}->{second}")  # fmt: skip
+           renotified_ms=f"{renotified * 1000:.0f}", poll_s=3,
+           listener_pids=f"{first}->{second}")  # fmt: skip
     assert notified < 1.0
     assert gap < 3.5  # within the poll interval
     assert renotified < 1.0  # listening again: no poll needed
@@ -314,10 +352,14 @@ def test_connections_stay_within_bounds(worker_process):
         time.sleep(0.02)
     time.sleep(2.5)  # idle longer than CONN_MAX_AGE = 1
     late = enqueue(jobs.record, {"label": "after-idle"})
-    wait_for(lambda: CompletionMarker.objects.filter(job_id=late.id).exists(), message="the job after the gap")
+    wait_for(
+        lambda: CompletionMarker.objects.filter(job_id=late.id).exists(),
+        message="the job after the gap",
+    )
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0
-    report("connections", concurrency=concurrency, most_connections=most, idle_in_transaction_over_1s=stuck,
+    report("connections", concurrency=concurrency, most_connections=most,
+           idle_in_transaction_over_1s=stuck,
            after_idle_attempts=CompletionMarker.objects.get(job_id=late.id).attempts)  # fmt: skip
     assert most <= concurrency + 2
     assert stuck == 0
@@ -331,9 +373,18 @@ def test_memory_stays_flat_and_max_jobs_exits_cleanly(worker_process, debug):
     for start in range(0, total, 10_000):
         enqueue_many(jobs.query, [{"n": i} for i in range(start, min(total, start + 10_000))])
     worker = worker_process(
-        "--concurrency", "4", "--max-jobs", str(total), extra_env={"JOBS_DEBUG": "1" if debug else "0"}
+        "--concurrency",
+        "4",
+        "--max-jobs",
+        str(total),
+        extra_env={"JOBS_DEBUG": "1" if debug else "0"},
     )
-    wait_for(lambda: CompletionMarker.objects.count() >= warm, timeout=120, interval=0.02, message="warm-up")
+    wait_for(
+        lambda: CompletionMarker.objects.count() >= warm,
+        timeout=120,
+        interval=0.02,
+        message="warm-up",
+    )
     at_warm = rss_kb(worker.pid)
     at_end = at_warm
     while worker.proc.poll() is None:
@@ -344,8 +395,9 @@ def test_memory_stays_flat_and_max_jobs_exits_cleanly(worker_process, debug):
         time.sleep(0.05)
     code = worker.wait(timeout=120)
     growth = (at_end - at_warm) / at_warm * 100
-    report("memory" + ("-debug" if debug else ""), jobs=total, rss_at_warmup_mb=f"{at_warm / 1024:.1f}",
-           rss_at_end_mb=f"{at_end / 1024:.1f}", growth_pct=f"{growth:.1f}", exit=code)  # fmt: skip
+    report("memory" + ("-debug" if debug else ""), jobs=total,
+           rss_at_warmup_mb=f"{at_warm / 1024:.1f}", rss_at_end_mb=f"{at_end / 1024:.1f}",
+           growth_pct=f"{growth:.1f}", exit=code)  # fmt: skip
     assert code == 0
     assert CompletionMarker.objects.count() == total
     assert not Job.objects.filter(locked_by__isnull=False).exists()
@@ -362,8 +414,12 @@ def test_skewed_worker_clock_neither_runs_early_nor_steals_leases(worker_process
     later = enqueue(jobs.record, {"label": "scheduled"}, delay=60)
     enqueue(jobs.record, {"label": "held"})
     [held] = Job.objects.claim(queues=["default"], limit=1, token="healthy-worker:1:aa#1", lease=30)
-    ahead = worker_process("--concurrency", "1", "--poll-interval", "0.2", extra_env=_faketime("+10m"))
-    behind = worker_process("--concurrency", "1", "--poll-interval", "0.2", extra_env=_faketime("-10m"))
+    ahead = worker_process(
+        "--concurrency", "1", "--poll-interval", "0.2", extra_env=_faketime("+10m")
+    )
+    behind = worker_process(
+        "--concurrency", "1", "--poll-interval", "0.2", extra_env=_faketime("-10m")
+    )
     due_label = "due-now"
     enqueue(jobs.record, {"label": due_label})
     wait_for(lambda: Audit.objects.filter(label=due_label).exists(), message="a due job to run")
@@ -372,7 +428,8 @@ def test_skewed_worker_clock_neither_runs_early_nor_steals_leases(worker_process
         worker.signal(signal.SIGTERM)
     assert [w.wait(timeout=20) for w in (ahead, behind)] == [0, 0]
     still_held = Job.objects.get(id=held.id)
-    report("clock-skew", skew="+-10m", scheduled_run=Audit.objects.filter(label="scheduled").exists(),
+    report("clock-skew", skew="+-10m",
+           scheduled_run=Audit.objects.filter(label="scheduled").exists(),
            lease_stolen=still_held.locked_by != held.token)  # fmt: skip
     assert not Audit.objects.filter(label__in=["scheduled", "held"]).exists()
     assert Job.objects.filter(id=later.id, attempts=0).exists()

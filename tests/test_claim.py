@@ -61,8 +61,15 @@ def test_claim_respects_queues_limit_and_exclusions():
         enqueue(jobs.noop)
     enqueue(jobs.other_queue)
     assert len(Job.objects.claim(queues=["default"], limit=2, token="a#1", lease=30)) == 2
-    assert [j.queue for j in Job.objects.claim(queues=["emails"], limit=9, token="b#1", lease=30)] == ["emails"]
-    assert Job.objects.claim(queues=["default"], limit=9, token="c#1", lease=30, exclude_names=["tests.noop"]) == []
+    assert [
+        j.queue for j in Job.objects.claim(queues=["emails"], limit=9, token="b#1", lease=30)
+    ] == ["emails"]
+    assert (
+        Job.objects.claim(
+            queues=["default"], limit=9, token="c#1", lease=30, exclude_names=["tests.noop"]
+        )
+        == []
+    )
     assert len(Job.objects.claim(queues=["default"], limit=9, token="d#1", lease=30)) == 1
 
 
@@ -83,9 +90,11 @@ def test_claim_uses_its_partial_index_on_a_big_table():
             """
             INSERT INTO django_jobs_job (id, name, queue, payload, priority, run_at, enqueued_at,
                                          attempts, max_attempts, errors)
-            SELECT gen_random_uuid(), 'tests.noop', CASE WHEN g % 10 = 0 THEN 'emails' ELSE 'default' END,
+            SELECT gen_random_uuid(), 'tests.noop',
+                   CASE WHEN g % 10 = 0 THEN 'emails' ELSE 'default' END,
                    '{}', (g % 3) - 1,
-                   CASE WHEN g % 200 = 1 THEN now() - interval '1 minute' ELSE now() + interval '1 day' END,
+                   CASE WHEN g % 200 = 1 THEN now() - interval '1 minute'
+                        ELSE now() + interval '1 day' END,
                    now(), 0, 3, '[]'
             FROM generate_series(1, 100000) AS g
             """
@@ -99,5 +108,9 @@ def test_claim_uses_its_partial_index_on_a_big_table():
     assert "Seq Scan on django_jobs_job" not in plan, plan
     claimed = Job.objects.claim(queues=["default"], limit=50, token="t#1", lease=30)
     assert len(claimed) == 50
-    due = set(Job.objects.filter(id__in=[j.id for j in claimed], run_at__lt=timezone.now()).values_list("id", flat=True))
+    due = set(
+        Job.objects.filter(id__in=[j.id for j in claimed], run_at__lt=timezone.now()).values_list(
+            "id", flat=True
+        )
+    )
     assert due == {j.id for j in claimed}

@@ -52,20 +52,31 @@ def test_pause_refuses_bad_queue_names():
 def test_a_running_worker_honours_a_pause_within_one_poll_and_finishes_running_jobs(worker_process):
     worker = worker_process("--concurrency", "2")
     enqueue(jobs.sleep, {"seconds": 1.0, "label": "in-flight"})
-    wait_for(lambda: Audit.objects.filter(label="start-in-flight").exists(), message="the first job to start")
+    wait_for(
+        lambda: Audit.objects.filter(label="start-in-flight").exists(),
+        message="the first job to start",
+    )
     control.pause(["default"])
     time.sleep(POLL + 0.3)  # one poll interval, and a margin for a busy machine
-    late = enqueue(jobs.record, {"label": "late"})  # NOTIFY wakes the worker: it must still not claim
-    wait_for(lambda: Audit.objects.filter(label="end-in-flight").exists(), message="the running job to finish")
+    late = enqueue(
+        jobs.record, {"label": "late"}
+    )  # NOTIFY wakes the worker: it must still not claim
+    wait_for(
+        lambda: Audit.objects.filter(label="end-in-flight").exists(),
+        message="the running job to finish",
+    )
     time.sleep(4 * POLL)
     assert Job.objects.filter(id=late.id, attempts=0, locked_by__isnull=True).exists()
     control.resume(["default"])
-    wait_for(lambda: CompletionMarker.objects.filter(job_id=late.id).exists(), message="the job after resume")
+    wait_for(
+        lambda: CompletionMarker.objects.filter(job_id=late.id).exists(),
+        message="the job after resume",
+    )
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0
 
 
-# ---- snooze ------------------------------------------------------------------------------------------
+# ---- snooze --------------------------------------------------------------------------------------
 
 
 def test_snooze_runs_again_without_consuming_an_attempt(run_worker):
@@ -101,13 +112,15 @@ def test_snooze_rolls_back_an_atomic_handlers_effects(run_worker):
     assert CompletionMarker.objects.get().attempts == 1
 
 
-@pytest.mark.parametrize(("seconds", "error"), [(-1, ValueError), (float("nan"), ValueError), ("soon", TypeError)])
+@pytest.mark.parametrize(
+    ("seconds", "error"), [(-1, ValueError), (float("nan"), ValueError), ("soon", TypeError)]
+)
 def test_bad_snooze_is_a_clear_error(seconds, error):
     with pytest.raises(error, match="Snooze"):
         Snooze(seconds)
 
 
-# ---- cancel -----------------------------------------------------------------------------------------
+# ---- cancel --------------------------------------------------------------------------------------
 
 
 def test_cancelling_a_waiting_job_dead_letters_it_at_once(capsys):
@@ -137,7 +150,11 @@ def test_cancelling_a_running_job_stops_it_at_the_next_heartbeat(worker_process)
     outcome = control.cancel([result.id], by="alice")
     assert (outcome.cancelled, outcome.requested) == (0, 1)
     asked = time.monotonic()
-    letter = wait_for(lambda: DeadLetter.objects.filter(id=result.id).first(), timeout=10, message="the dead letter")
+    letter = wait_for(
+        lambda: DeadLetter.objects.filter(id=result.id).first(),
+        timeout=10,
+        message="the dead letter",
+    )
     assert time.monotonic() - asked < 3  # a heartbeat (0.5 s) and a little
     assert (letter.reason, letter.attempts) == (DeadReason.CANCELLED, 1)
     assert "stopped: cancelled" in letter.error
@@ -149,11 +166,18 @@ def test_cancelling_a_running_job_stops_it_at_the_next_heartbeat(worker_process)
 
 @pytest.mark.slow
 def test_a_running_job_that_ignores_cancellation_completes(worker_process):
-    result = enqueue(jobs.sleep, {"seconds": 1.5, "label": "stubborn"})  # never looks at ctx.cancelled
+    result = enqueue(
+        jobs.sleep, {"seconds": 1.5, "label": "stubborn"}
+    )  # never looks at ctx.cancelled
     worker = worker_process("--concurrency", "1", "--lease", "1.5")
-    wait_for(lambda: Audit.objects.filter(label="start-stubborn").exists(), message="the job to start")
+    wait_for(
+        lambda: Audit.objects.filter(label="start-stubborn").exists(), message="the job to start"
+    )
     control.cancel([result.id])
-    wait_for(lambda: CompletionMarker.objects.filter(job_id=result.id).exists(), message="the job to complete")
+    wait_for(
+        lambda: CompletionMarker.objects.filter(job_id=result.id).exists(),
+        message="the job to complete",
+    )
     assert not DeadLetter.objects.exists()
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0

@@ -71,7 +71,11 @@ def test_delay_schedules_on_the_database_clock(delay):
     before = timezone.now()
     enqueue(jobs.noop, delay=delay)
     row = Job.objects.get()
-    assert before + dt.timedelta(seconds=299) <= row.run_at <= timezone.now() + dt.timedelta(seconds=301)
+    assert (
+        before + dt.timedelta(seconds=299)
+        <= row.run_at
+        <= timezone.now() + dt.timedelta(seconds=301)
+    )
 
 
 def test_no_delay_is_due_now():
@@ -174,9 +178,16 @@ def test_payload_size_cap_is_configurable():
 
 
 def test_json_encoder_setting_allows_declared_types():
-    with override_settings(DJANGO_JOBS={"JSON_ENCODER": "django.core.serializers.json.DjangoJSONEncoder"}):
-        enqueue(jobs.noop, {"when": dt.datetime(2026, 1, 1, tzinfo=dt.UTC), "amount": Decimal("1.50")})
-    assert json.loads(Job.objects.get().payload) == {"when": "2026-01-01T00:00:00Z", "amount": "1.50"}
+    with override_settings(
+        DJANGO_JOBS={"JSON_ENCODER": "django.core.serializers.json.DjangoJSONEncoder"}
+    ):
+        enqueue(
+            jobs.noop, {"when": dt.datetime(2026, 1, 1, tzinfo=dt.UTC), "amount": Decimal("1.50")}
+        )
+    assert json.loads(Job.objects.get().payload) == {
+        "when": "2026-01-01T00:00:00Z",
+        "amount": "1.50",
+    }
 
 
 def _plain_function(payload, ctx):
@@ -458,7 +469,9 @@ class TestEnqueueMany:
         from django_jobs import enqueue_many
 
         enqueue_many(jobs.noop, [1, 2, 3], delay=120)
-        assert Job.objects.filter(run_at__gt=timezone.now() + dt.timedelta(seconds=100)).count() == 3
+        assert (
+            Job.objects.filter(run_at__gt=timezone.now() + dt.timedelta(seconds=100)).count() == 3
+        )
 
     def test_empty_call_does_nothing(self):
         from django_jobs import enqueue_many

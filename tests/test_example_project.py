@@ -11,7 +11,10 @@ from tests.conftest import ROOT
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(find_spec("django.tasks") is None, reason="the example project uses django.tasks (Django >= 6.0)")
+@pytest.mark.skipif(
+    find_spec("django.tasks") is None,
+    reason="the example project uses django.tasks (Django >= 6.0)",
+)
 def test_demo_shows_jobs_done_and_a_dead_letter(tmp_path):
     env = {**os.environ, "EXAMPLE_SQLITE": str(tmp_path / "demo.sqlite3"), "PYTHONPATH": str(ROOT)}
     env.pop("DJANGO_SETTINGS_MODULE", None)

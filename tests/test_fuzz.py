@@ -27,7 +27,14 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 
-SAFE_HANDLERS = ["tests.noop", "tests.record", "tests.validated", "tests.fatal", "tests.flaky", "tests.bad_return"]
+SAFE_HANDLERS = [
+    "tests.noop",
+    "tests.record",
+    "tests.validated",
+    "tests.fatal",
+    "tests.flaky",
+    "tests.bad_return",
+]
 
 # Any unicode, lone surrogates included (they must be refused, not stored broken).
 any_text = st.text(st.characters(codec=None), max_size=40) | st.text(
@@ -42,13 +49,20 @@ scalars = (
 )
 payloads = st.recursive(
     scalars,
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(any_text | st.integers(-3, 3), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(any_text | st.integers(-3, 3), children, max_size=4)
+    ),
     max_leaves=12,
 )
 names = st.sampled_from(SAFE_HANDLERS) | any_text
 keys = st.none() | any_text | st.integers()
-delays = st.none() | st.floats(allow_nan=True) | st.integers(-5, 10**12) | st.timedeltas(max_value=dt.timedelta(days=3650))
+delays = (
+    st.none()
+    | st.floats(allow_nan=True)
+    | st.integers(-5, 10**12)
+    | st.timedeltas(max_value=dt.timedelta(days=3650))
+)
 run_ats = st.none() | st.datetimes(timezones=st.timezones() | st.none())
 priorities = st.none() | st.integers(-200, 200) | st.floats() | st.booleans() | st.text(max_size=3)
 queues = st.none() | st.sampled_from(["default", "emails"]) | any_text
@@ -97,11 +111,23 @@ def test_valid_options_round_trip_any_payload_exactly(name, payload, key, delay,
 
 @pytest.mark.django_db
 @FUZZ
-@given(name=names, payload=payloads, key=keys, delay=delays, run_at=run_ats, priority=priorities, queue=queues)
-def test_enqueue_round_trips_or_raises_its_own_error_and_writes_nothing(name, payload, key, delay, run_at, priority, queue):
+@given(
+    name=names,
+    payload=payloads,
+    key=keys,
+    delay=delays,
+    run_at=run_ats,
+    priority=priorities,
+    queue=queues,
+)
+def test_enqueue_round_trips_or_raises_its_own_error_and_writes_nothing(
+    name, payload, key, delay, run_at, priority, queue
+):
     before = _counts()
     try:
-        result = enqueue(name, payload, key=key, delay=delay, run_at=run_at, priority=priority, queue=queue)
+        result = enqueue(
+            name, payload, key=key, delay=delay, run_at=run_at, priority=priority, queue=queue
+        )
     except JobsError as exc:
         event(f"refused: {type(exc).__name__}")
         assert _counts() == before
@@ -116,7 +142,10 @@ def test_enqueue_round_trips_or_raises_its_own_error_and_writes_nothing(name, pa
 
 @pytest.mark.django_db
 @FUZZ
-@given(items=st.lists(payloads, min_size=1, max_size=5), keys_=st.none() | st.lists(keys, min_size=1, max_size=5))
+@given(
+    items=st.lists(payloads, min_size=1, max_size=5),
+    keys_=st.none() | st.lists(keys, min_size=1, max_size=5),
+)
 def test_enqueue_many_is_all_or_nothing(items, keys_):
     before = _counts()
     try:
@@ -134,19 +163,25 @@ def test_enqueue_many_is_all_or_nothing(items, keys_):
 
 rows = st.fixed_dictionaries(
     {
-        "name": st.sampled_from(SAFE_HANDLERS) | st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=60),
+        "name": st.sampled_from(SAFE_HANDLERS)
+        | st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=60),
         "payload": st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=60)
         | payloads.map(lambda p: json.dumps(p, allow_nan=True)),
         "priority": st.integers(-100, 100),
         "attempts": st.integers(0, 12),
         "max_attempts": st.integers(1, 6),
-        "key": st.none() | st.text(st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1, max_size=30),
+        "key": st.none()
+        | st.text(st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1, max_size=30),
     }
 )
 
 
 @pytest.mark.django_db(transaction=True)
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(batch=st.lists(rows, min_size=1, max_size=6, unique_by=lambda r: r["key"] or id(r)))
 def test_fuzzed_rows_are_dead_lettered_or_run_and_never_crash_the_worker(batch):
     for model in (Job, CompletionMarker, DeadLetter):  # a failed example may have left rows
@@ -155,10 +190,12 @@ def test_fuzzed_rows_are_dead_lettered_or_run_and_never_crash_the_worker(batch):
     with connection.cursor() as cursor:
         for row in batch:
             cursor.execute(
-                "INSERT INTO django_jobs_job (id, name, queue, payload, priority, run_at, enqueued_at, "
-                "attempts, max_attempts, key, errors) VALUES (%s, %s, 'default', %s, %s, %s, %s, %s, %s, %s, %s)",
+                "INSERT INTO django_jobs_job (id, name, queue, payload, priority, run_at, "
+                "enqueued_at, attempts, max_attempts, key, errors) "
+                "VALUES (%s, %s, 'default', %s, %s, %s, %s, %s, %s, %s, %s)",
                 [
-                    Job._meta.pk.get_db_prep_value(uuid.uuid4(), connection), row["name"], row["payload"], row["priority"],
+                    Job._meta.pk.get_db_prep_value(uuid.uuid4(), connection),
+                    row["name"], row["payload"], row["priority"],
                     past, past, row["attempts"], row["max_attempts"],
                     row["key"], "[]",
                 ],

@@ -7,7 +7,21 @@ from django_jobs import InvalidPayload, payloads
 
 @pytest.mark.parametrize(
     "value",
-    [None, 0, -1, 2**70, 1.5, 1e308, -0.0, "", "é ✓ 𝄞", "\x00 nul and \n newline", [], {}, {"a": [1, {"b": None}]}],
+    [
+        None,
+        0,
+        -1,
+        2**70,
+        1.5,
+        1e308,
+        -0.0,
+        "",
+        "é ✓ 𝄞",
+        "\x00 nul and \n newline",
+        [],
+        {},
+        {"a": [1, {"b": None}]},
+    ],
 )
 def test_round_trip_is_exact(value):
     text = payloads.encode(value)
@@ -18,7 +32,10 @@ def test_round_trip_is_exact(value):
 
 def test_shared_references_are_fine():
     shared = [1, 2]
-    assert payloads.decode(payloads.encode({"a": shared, "b": shared})) == {"a": [1, 2], "b": [1, 2]}
+    assert payloads.decode(payloads.encode({"a": shared, "b": shared})) == {
+        "a": [1, 2],
+        "b": [1, 2],
+    }
 
 
 def test_decode_refuses_non_json_constants():

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from django_jobs import Backoff, InvalidJob, job
-from django_jobs.exceptions import HandlerConflict
+from django_jobs.exceptions import HandlerConflict, UnknownJob
 from django_jobs.registry import get_handler, lookup, unregister
-from django_jobs.exceptions import UnknownJob
 
 
 @pytest.fixture
@@ -97,7 +96,9 @@ def test_exponential_backoff_doubles_up_to_its_ceiling():
 
 
 def test_backoff_from_settings_dict():
-    assert Backoff.coerce({"kind": "exponential", "base": 2, "ceiling": 8}) == Backoff.exponential(2, 8)
+    assert Backoff.coerce({"kind": "exponential", "base": 2, "ceiling": 8}) == Backoff.exponential(
+        2, 8
+    )
     with pytest.raises(ValueError):
         Backoff.coerce({"kind": "linear", "base": 1, "ceiling": 2})
     with pytest.raises(ValueError):

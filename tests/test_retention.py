@@ -1,4 +1,7 @@
-"""Retention: old markers and dead letters are pruned in small batches, by workers and by prunejobs."""
+"""Retention: old markers and dead letters are pruned in small batches.
+
+Workers prune them, and so does prunejobs.
+"""
 
 from __future__ import annotations
 
@@ -39,7 +42,9 @@ def test_prune_deletes_old_markers_in_batches_and_keeps_young_ones():
     assert len(remaining) == 20
     rest = retention.prune(batch=10)
     assert (rest.markers, rest.batches) == (15, 3)  # markers 10 + 5, dead letters 0 (then done)
-    assert set(CompletionMarker.objects.values_list("job_id", flat=True)) == {m.job_id for m in young}
+    assert set(CompletionMarker.objects.values_list("job_id", flat=True)) == {
+        m.job_id for m in young
+    }
     assert not CompletionMarker.objects.filter(job_id__in=[m.job_id for m in old]).exists()
 
 
@@ -52,7 +57,10 @@ def test_the_marker_of_a_key_with_a_live_job_is_never_pruned():
     assert retention.count_prunable().markers == 1
     result = retention.prune(batch=1)
     assert result.markers == 1
-    assert set(CompletionMarker.objects.values_list("job_id", flat=True)) == {keyed.job_id, unkeyed.job_id}
+    assert set(CompletionMarker.objects.values_list("job_id", flat=True)) == {
+        keyed.job_id,
+        unkeyed.job_id,
+    }
     assert not CompletionMarker.objects.filter(job_id=free.job_id).exists()
 
 
@@ -85,7 +93,9 @@ def test_prunejobs_dry_run_counts_and_deletes_nothing(capsys):
     assert (CompletionMarker.objects.count(), DeadLetter.objects.count()) == (0, 1)
 
 
-@pytest.mark.parametrize("argv", [["--markers", "soon"], ["--dead-letters", "-3d"], ["--batch", "0"]])
+@pytest.mark.parametrize(
+    "argv", [["--markers", "soon"], ["--dead-letters", "-3d"], ["--batch", "0"]]
+)
 def test_prunejobs_refuses_bad_input(argv):
     _markers(2, 8 * DAY)
     with pytest.raises(CommandError):
@@ -94,7 +104,8 @@ def test_prunejobs_refuses_bad_input(argv):
 
 
 @pytest.mark.parametrize(
-    ("text", "seconds"), [("7d", 604800), ("12h", 43200), ("90m", 5400), ("45", 45), ("2w", 1209600), ("0s", 0)]
+    ("text", "seconds"),
+    [("7d", 604800), ("12h", 43200), ("90m", 5400), ("45", 45), ("2w", 1209600), ("0s", 0)],
 )
 def test_durations(text, seconds):
     assert retention.as_timedelta(text) == timedelta(seconds=seconds)
@@ -112,7 +123,11 @@ def test_workers_prune_by_themselves_in_batches(worker_process):
     ), "JOBS_LOG_LEVEL": "INFO"}  # fmt: skip
     worker = worker_process("--concurrency", "2", extra_env=env)
     wait_for(lambda: Job.objects.count() == 0, message="the jobs to run")
-    wait_for(lambda: CompletionMarker.objects.count() == 0, timeout=20, message="the markers to be pruned")
+    wait_for(
+        lambda: CompletionMarker.objects.count() == 0,
+        timeout=20,
+        message="the markers to be pruned",
+    )
     assert list(DeadLetter.objects.values_list("id", flat=True)) == [young_letter.id]
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0
@@ -122,7 +137,7 @@ def test_workers_prune_by_themselves_in_batches(worker_process):
 @pytest.mark.postgres
 @pytest.mark.slow
 def test_jobs_table_and_its_indexes_do_not_grow_as_jobs_go_through(run_worker):
-    """Finished jobs leave the hot table: its size follows the backlog, not the jobs that went through.
+    """Finished jobs leave the hot table: its size follows the backlog, not the jobs gone through.
 
     VACUUM stands in for autovacuum here (the test is shorter than its naptime);
     bench/table_sizes.py shows the same over 1,000,000 jobs with autovacuum alone.
@@ -133,18 +148,27 @@ def test_jobs_table_and_its_indexes_do_not_grow_as_jobs_go_through(run_worker):
     can delay; those pages are counted as deleted, not in use.
     """
     rounds, per_round = 20, 1000
-    indexes = ["django_jobs_job_pkey", "django_jobs_job_claim", "django_jobs_job_lease", "django_jobs_job_key_unique"]
+    indexes = [
+        "django_jobs_job_pkey",
+        "django_jobs_job_claim",
+        "django_jobs_job_lease",
+        "django_jobs_job_key_unique",
+    ]
     with connection.cursor() as cursor:
         cursor.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
 
     def size():
         with connection.cursor() as cursor:
             cursor.execute("VACUUM django_jobs_job")
-            cursor.execute("SELECT pg_relation_size('django_jobs_job'), pg_indexes_size('django_jobs_job')")
+            cursor.execute(
+                "SELECT pg_relation_size('django_jobs_job'), pg_indexes_size('django_jobs_job')"
+            )
             heap, files = cursor.fetchone()
             in_use = 0
             for name in indexes:
-                cursor.execute("SELECT internal_pages + leaf_pages + 1 FROM pgstatindex(%s)", [name])
+                cursor.execute(
+                    "SELECT internal_pages + leaf_pages + 1 FROM pgstatindex(%s)", [name]
+                )
                 in_use += cursor.fetchone()[0]
             return heap, files, in_use
 

@@ -21,7 +21,10 @@ from tests.conftest import wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Audit
 
-BASE = {"BACKOFF": {"kind": "fixed", "base": 0.0, "ceiling": 0.0, "jitter": 0.0}, "POLL_INTERVAL": 0.2}
+BASE = {
+    "BACKOFF": {"kind": "fixed", "base": 0.0, "ceiling": 0.0, "jitter": 0.0},
+    "POLL_INTERVAL": 0.2,
+}
 PARIS = ZoneInfo("Europe/Paris")
 
 
@@ -97,7 +100,10 @@ def test_periodic_declares_a_schedule_named_after_the_job():
         periodic("0 3 * * *", timezone="Europe/Paris", payload={"kind": "nightly"})(jobs.record_key)
         spec = schedules.declared()["tests.record_key"]
         assert (spec.job, spec.cron, spec.timezone, spec.payload) == (
-            "tests.record_key", "0 3 * * *", "Europe/Paris", '{"kind":"nightly"}'
+            "tests.record_key",
+            "0 3 * * *",
+            "Europe/Paris",
+            '{"kind":"nightly"}',
         )
         with pytest.raises(InvalidSchedule, match="declared twice"):
             periodic("0 4 * * *")(jobs.record_key)
@@ -135,11 +141,18 @@ def test_sync_writes_definitions_and_keeps_the_database_state():
         schedules.sync()
     row = Schedule.objects.get()
     assert (row.name, row.every, row.cron, row.job_name, row.enabled, row.declared) == (
-        "tick", 60, "", "tests.record_key", True, True
+        "tick",
+        60,
+        "",
+        "tests.record_key",
+        True,
+        True,
     )
     Schedule.objects.all().disable()
     Schedule.objects.filter(name="tick").update(last_tick_at=_now())
-    with jobs_settings(SCHEDULES={"tick": {"cron": "0 * * * *", "job": "tests.record_key", "payload": [1]}}):
+    with jobs_settings(
+        SCHEDULES={"tick": {"cron": "0 * * * *", "job": "tests.record_key", "payload": [1]}}
+    ):
         schedules.sync()
     row.refresh_from_db()
     assert (row.cron, row.every, row.payload, row.enabled) == ("0 * * * *", None, "[1]", False)
@@ -156,7 +169,9 @@ def test_two_tickers_enqueue_a_tick_once():
         schedules.sync()
         # The schedule has existed for a while and handled a tick two minutes ago.
         now = _now()
-        Schedule.objects.update(created_at=now - timedelta(hours=1), last_tick_at=now - timedelta(minutes=2))
+        Schedule.objects.update(
+            created_at=now - timedelta(hours=1), last_tick_at=now - timedelta(minutes=2)
+        )
         a, b = Ticker("default"), Ticker("default")
         a.refresh(now)
         b.refresh(now)
@@ -177,14 +192,18 @@ def test_missed_ticks_run_once_the_latest_only(caplog):
         schedules.sync()
         now = _now()
         # The workers were down for ten minutes.
-        Schedule.objects.update(created_at=now - timedelta(hours=1), last_tick_at=now - timedelta(minutes=10))
+        Schedule.objects.update(
+            created_at=now - timedelta(hours=1), last_tick_at=now - timedelta(minutes=10)
+        )
         ticker = Ticker("default")
         ticker.refresh(now)
         with caplog.at_level(logging.INFO, logger="django_jobs.schedules"):
             assert ticker.run_due(now) == 1
         assert ticker.run_due(now) == 0
     latest = now.replace(second=0, microsecond=0)
-    assert list(Job.objects.values_list("key", flat=True)) == [f"schedule:minutely:{latest:%Y-%m-%dT%H:%M:%SZ}"]
+    assert list(Job.objects.values_list("key", flat=True)) == [
+        f"schedule:minutely:{latest:%Y-%m-%dT%H:%M:%SZ}"
+    ]
     assert "9 earlier missed tick(s) skipped" in caplog.text
 
 
@@ -205,7 +224,9 @@ def test_disabled_schedules_do_not_tick_and_enabling_skips_what_was_missed():
     with jobs_settings(SCHEDULES={"tick": {"every": 60, "job": "tests.record_key"}}):
         schedules.sync()
         now = _now()
-        Schedule.objects.update(created_at=now - timedelta(hours=1), last_tick_at=now - timedelta(minutes=5))
+        Schedule.objects.update(
+            created_at=now - timedelta(hours=1), last_tick_at=now - timedelta(minutes=5)
+        )
         Schedule.objects.all().disable()
         ticker = Ticker("default")
         ticker.refresh(now)
@@ -239,7 +260,9 @@ def test_jobs_command_lists_enables_and_disables_schedules(capsys):
 
 
 def _ticks(name):
-    labels = Audit.objects.filter(label__startswith=f"schedule:{name}:").values_list("label", flat=True)
+    labels = Audit.objects.filter(label__startswith=f"schedule:{name}:").values_list(
+        "label", flat=True
+    )
     return [datetime.strptime(label.split(":", 2)[2], "%Y-%m-%dT%H:%M:%SZ") for label in labels]
 
 
@@ -261,9 +284,16 @@ def test_two_workers_one_schedule_exactly_one_job_per_tick(worker_process):
     assert len(ticks) == len(set(ticks)), "a tick ran twice"
     gaps = {(b - a).total_seconds() for a, b in zip(ticks, ticks[1:], strict=False)}
     assert gaps == {1.0}, f"ticks were skipped while both workers were up: {ticks}"
-    keys = list(CompletionMarker.objects.filter(name="tests.record_key").values_list("key", flat=True))
+    keys = list(
+        CompletionMarker.objects.filter(name="tests.record_key").values_list("key", flat=True)
+    )
     assert len(keys) == len(set(keys)) >= len(ticks) - 1
-    assert Job.objects.filter(name="tests.record_key", run_at__lte=ticks[-1].replace(tzinfo=UTC)).count() == 0
+    assert (
+        Job.objects.filter(
+            name="tests.record_key", run_at__lte=ticks[-1].replace(tzinfo=UTC)
+        ).count()
+        == 0
+    )
 
 
 @pytest.mark.slow
@@ -276,16 +306,23 @@ def test_cron_schedule_after_downtime_enqueues_the_latest_tick_once_across_worke
     with jobs_settings(SCHEDULES={"minutely": {"cron": "* * * * *", "job": "tests.record_key"}}):
         schedules.sync()
     now = _now()
-    Schedule.objects.update(created_at=now - timedelta(hours=2), last_tick_at=now - timedelta(hours=1))
+    Schedule.objects.update(
+        created_at=now - timedelta(hours=2), last_tick_at=now - timedelta(hours=1)
+    )
     workers = [worker_process("--concurrency", "1", extra_env=env) for _ in range(2)]
     wait_for(lambda: WorkerBeat.objects.count() == 2, message="both workers to beat")
-    wait_for(lambda: Audit.objects.filter(label__startswith="schedule:minutely:").exists(), message="the tick")
+    wait_for(
+        lambda: Audit.objects.filter(label__startswith="schedule:minutely:").exists(),
+        message="the tick",
+    )
     row = Schedule.objects.get()
     before_next = row.last_tick_at + timedelta(minutes=1)
     for worker in workers:
         worker.signal(signal.SIGTERM)
     assert [w.wait(timeout=20) for w in workers] == [0, 0]
-    labels = list(Audit.objects.filter(label__startswith="schedule:minutely:").values_list("label", flat=True))
+    labels = list(
+        Audit.objects.filter(label__startswith="schedule:minutely:").values_list("label", flat=True)
+    )
     if _now() < before_next:  # no new minute began meanwhile: exactly one job, the latest tick
         assert labels == [f"schedule:minutely:{row.last_tick_at:%Y-%m-%dT%H:%M:%SZ}"]
     assert len(labels) == len(set(labels)) <= 2

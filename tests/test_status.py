@@ -34,7 +34,12 @@ def tables():
         JobFactory(queue="default", run_at=now - timedelta(seconds=age))
     JobFactory(queue="default", run_at=now + timedelta(minutes=5))
     JobFactory(queue="default", run_at=now + timedelta(hours=2))
-    JobFactory(queue="default", locked_by="w:1:a#1", lease_expires_at=now + timedelta(seconds=30), attempts=1)
+    JobFactory(
+        queue="default",
+        locked_by="w:1:a#1",
+        lease_expires_at=now + timedelta(seconds=30),
+        attempts=1,
+    )
     JobFactory(queue="emails", run_at=now - timedelta(seconds=10))
     for minutes in (1, 10, 59):
         MarkerFactory(queue="default", completed_at=now - timedelta(minutes=minutes))
@@ -46,7 +51,8 @@ def tables():
     WorkerBeat.objects.create(id="h:1:aa", host="h", pid=1, queues=["default"], concurrency=4,
                               started_at=now - timedelta(hours=1), last_seen_at=now)  # fmt: skip
     WorkerBeat.objects.create(id="h:2:bb", host="h", pid=2, queues=["default"], concurrency=4,
-                              started_at=now - timedelta(hours=1), last_seen_at=now - timedelta(minutes=5))  # fmt: skip
+                              started_at=now - timedelta(hours=1),
+                              last_seen_at=now - timedelta(minutes=5))  # fmt: skip
     return now
 
 
@@ -61,7 +67,9 @@ def _from_tables():
             "waiting": live.filter(locked_by__isnull=True, run_at__lte=now).count(),
             "scheduled": live.filter(locked_by__isnull=True, run_at__gt=now).count(),
             "running": live.filter(locked_by__isnull=False).count(),
-            "done_last_hour": CompletionMarker.objects.filter(queue=queue, completed_at__gte=hour).count(),
+            "done_last_hour": CompletionMarker.objects.filter(
+                queue=queue, completed_at__gte=hour
+            ).count(),
             "dead_last_hour": DeadLetter.objects.filter(queue=queue, dead_at__gte=hour).count(),
         }
     return result
@@ -71,7 +79,13 @@ def test_status_figures_equal_what_the_tables_hold(tables):
     report = status.status()
     by_name = {q.name: q for q in report.queues}
     expected = _from_tables()
-    assert expected["default"] == {"waiting": 3, "scheduled": 2, "running": 1, "done_last_hour": 3, "dead_last_hour": 1}
+    assert expected["default"] == {
+        "waiting": 3,
+        "scheduled": 2,
+        "running": 1,
+        "done_last_hour": 3,
+        "dead_last_hour": 1,
+    }
     for name, figures in expected.items():
         got = by_name[name]
         assert {k: getattr(got, k) for k in figures} == figures
@@ -93,9 +107,10 @@ def test_status_command_prints_the_figures(tables, capsys):
     call_command("jobs", "status", "--json")
     data = json.loads(capsys.readouterr().out)
     default = next(q for q in data["queues"] if q["name"] == "default")
-    assert {k: default[k] for k in ("waiting", "scheduled", "running", "done_last_hour", "dead_last_hour")} == (
-        _from_tables()["default"]
-    )
+    assert {
+        k: default[k]
+        for k in ("waiting", "scheduled", "running", "done_last_hour", "dead_last_hour")
+    } == (_from_tables()["default"])
     assert [w["pid"] for w in data["workers"]] == [1]
 
 
@@ -112,8 +127,10 @@ def test_live_workers_come_from_the_heartbeat_rows_of_real_workers(worker_proces
     assert (workers[a.pid].queues, workers[a.pid].concurrency) == (["default"], 3)
     assert (workers[b.pid].queues, workers[b.pid].concurrency) == (["emails"], 1)
     assert workers[a.pid].host == os.uname().nodename
-    wait_for(lambda: WorkerBeat.objects.get(pid=a.pid).stats.get("outcomes", {}).get("succeeded") == 1,
-             message="the counters in the heartbeat row")  # fmt: skip
+    wait_for(
+        lambda: WorkerBeat.objects.get(pid=a.pid).stats.get("outcomes", {}).get("succeeded") == 1,
+        message="the counters in the heartbeat row",
+    )
     call_command("jobs", "status")
     assert "2 live worker(s)" in capsys.readouterr().out
     a.signal(signal.SIGTERM)
@@ -123,7 +140,7 @@ def test_live_workers_come_from_the_heartbeat_rows_of_real_workers(worker_proces
     assert b.wait(timeout=20) == 0
 
 
-# ---- metrics ----------------------------------------------------------------------------------------
+# ---- metrics -------------------------------------------------------------------------------------
 
 
 def _staff():
@@ -136,7 +153,10 @@ def _staff():
 def test_metrics_need_a_token_or_a_staff_user(tables):
     assert Client().get("/metrics/jobs").status_code == 403
     with override_settings(DJANGO_JOBS={"METRICS_TOKEN": TOKEN}):
-        assert Client().get("/metrics/jobs", headers={"Authorization": "Bearer wrong"}).status_code == 403
+        assert (
+            Client().get("/metrics/jobs", headers={"Authorization": "Bearer wrong"}).status_code
+            == 403
+        )
         response = Client().get("/metrics/jobs", headers={"Authorization": f"Bearer {TOKEN}"})
         assert response.status_code == 200
         assert response["Content-Type"].startswith("text/plain; version=0.0.4")
@@ -151,7 +171,7 @@ def test_metrics_expose_queue_gauges_from_the_tables(tables):
     assert 'django_jobs_queue_paused{queue="emails"} 1.0' in body
     assert 'django_jobs_queue_done_last_hour{queue="default"} 3.0' in body
     assert 'django_jobs_queue_dead_last_hour{queue="default"} 1.0' in body
-    assert "django_jobs_queue_oldest_wait_seconds{queue=\"default\"} 1" in body  # 1xx seconds
+    assert 'django_jobs_queue_oldest_wait_seconds{queue="default"} 1' in body  # 1xx seconds
     assert "django_jobs_workers 1.0" in body
 
 
@@ -164,12 +184,16 @@ def test_metrics_expose_worker_counters_and_durations(run_worker):
     snapshot = worker._ops.snapshot()
     assert snapshot["started"] == 6  # 3 + the snoozer twice + the fatal one
     assert snapshot["outcomes"] == {"succeeded": 4, "snoozed": 1, "dead": 1}
-    assert sum(snapshot["duration_buckets"]) == 5  # a dead letter's job_finished carries no duration
+    assert (
+        sum(snapshot["duration_buckets"]) == 5
+    )  # a dead letter's job_finished carries no duration
     now = timezone.now()
     WorkerBeat.objects.create(id="h:9:cc", host="h", pid=9, queues=["default"], concurrency=2,
                               started_at=now, last_seen_at=now, stats=snapshot)  # fmt: skip
     body = _staff().get("/metrics/jobs").content.decode()
-    assert 'django_jobs_jobs_finished_total{host="h",outcome="succeeded",worker="h:9:cc"} 4.0' in body
+    assert (
+        'django_jobs_jobs_finished_total{host="h",outcome="succeeded",worker="h:9:cc"} 4.0' in body
+    )
     assert 'django_jobs_jobs_finished_total{host="h",outcome="snoozed",worker="h:9:cc"} 1.0' in body
     assert 'django_jobs_jobs_finished_total{host="h",outcome="dead",worker="h:9:cc"} 1.0' in body
     assert 'django_jobs_jobs_started_total{host="h",worker="h:9:cc"} 6.0' in body
@@ -185,13 +209,17 @@ def test_enqueue_counter_of_this_process():
         enqueue(jobs.record, {"label": "dup"}, key="k1")
         enqueue(jobs.record, {"label": "dup"}, key="k1")  # a duplicate is not an enqueue
         body = _staff().get("/metrics/jobs").content.decode()
-        line = next(x for x in body.splitlines() if x.startswith('django_jobs_enqueued_total{queue="default"}'))
+        line = next(
+            x
+            for x in body.splitlines()
+            if x.startswith('django_jobs_enqueued_total{queue="default"}')
+        )
         assert float(line.split()[-1]) >= 2.0
     finally:
         signals.job_enqueued.disconnect(dispatch_uid="django_jobs.metrics.enqueued")
 
 
-# ---- checks -----------------------------------------------------------------------------------------
+# ---- checks --------------------------------------------------------------------------------------
 
 
 @pytest.mark.django_db(databases=["default", "other"])

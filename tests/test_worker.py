@@ -74,7 +74,9 @@ def test_attempts_exhausted_dead_letter_keeps_every_error(run_worker):
 
 
 def test_retry_waits_for_the_backoff(run_worker):
-    with override_settings(DJANGO_JOBS={"BACKOFF": {"kind": "fixed", "base": 60, "ceiling": 60, "jitter": 0}}):
+    with override_settings(
+        DJANGO_JOBS={"BACKOFF": {"kind": "fixed", "base": 60, "ceiling": 60, "jitter": 0}}
+    ):
         enqueue(jobs.flaky, {"succeed_on": 2})
         run_worker()
     row = Job.objects.get()
@@ -294,7 +296,9 @@ class TestLeases:
     def test_without_heartbeats_a_long_job_loses_its_lease(self):
         enqueue(jobs.sleep, {"seconds": 1.2})
         holder = Worker(burst=True, lease=0.5, heartbeat=0, concurrency=1)
-        thief = threading.Thread(target=lambda: (time.sleep(0.8), Worker(burst=True, concurrency=1).run()))
+        thief = threading.Thread(
+            target=lambda: (time.sleep(0.8), Worker(burst=True, concurrency=1).run())
+        )
         thief.start()
         holder.run()
         thief.join()

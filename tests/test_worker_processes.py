@@ -54,7 +54,9 @@ def test_sigkill_loses_nothing_and_counts_the_killed_attempt(worker_process):
     held = list(Job.objects.filter(locked_by__isnull=False).values_list("id", flat=True))
     assert held, "the killed worker held claimed jobs"
     rescuer = worker_process("--concurrency", "3", "--lease", "1.5")
-    wait_for(lambda: CompletionMarker.objects.count() == 6, timeout=30, message="all 6 jobs to complete")
+    wait_for(
+        lambda: CompletionMarker.objects.count() == 6, timeout=30, message="all 6 jobs to complete"
+    )
     rescuer.signal(signal.SIGTERM)
     assert rescuer.wait() == 0
     assert Job.objects.count() == 0
@@ -87,7 +89,9 @@ def test_sigterm_releases_jobs_that_outlive_the_grace_without_consuming_an_attem
     assert worker.wait(timeout=20) == 0
     assert time.monotonic() - started < 10
     assert CompletionMarker.objects.count() == 0
-    assert set(Job.objects.values_list("attempts", "locked_by", "lease_expires_at")) == {(0, None, None)}
+    assert set(Job.objects.values_list("attempts", "locked_by", "lease_expires_at")) == {
+        (0, None, None)
+    }
 
 
 def test_second_signal_exits_at_once(worker_process):
@@ -145,7 +149,9 @@ def test_worker_survives_its_connections_being_killed(worker_process):
         )
         killed = len(cursor.fetchall())
     assert killed >= 1
-    wait_for(lambda: CompletionMarker.objects.count() == 320, timeout=60, message="every job to complete")
+    wait_for(
+        lambda: CompletionMarker.objects.count() == 320, timeout=60, message="every job to complete"
+    )
     assert worker.proc.poll() is None and worker.pid == pid  # same process, still serving
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0

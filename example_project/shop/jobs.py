@@ -1,7 +1,9 @@
-"""The shop's background work: one handler that succeeds, one that retries, one that fails for good."""
+"""The shop's background work.
+
+One handler that succeeds, one that retries, one that fails for good.
+"""
 
 from django_jobs import FatalError, job
-
 from shop.models import Charge, Email, Order
 
 

@@ -28,7 +28,9 @@ def place_order(request):
     with transaction.atomic():
         order = Order.objects.create(email=request.POST["email"], item=request.POST["item"])
         enqueue_on_commit(jobs.send_confirmation, {"order_id": order.pk})
-        enqueue_on_commit(jobs.charge_card, {"order_id": order.pk, "amount": 1999}, key=f"charge-{order.pk}")
+        enqueue_on_commit(
+            jobs.charge_card, {"order_id": order.pk, "amount": 1999}, key=f"charge-{order.pk}"
+        )
         enqueue_on_commit(jobs.reserve_stock, {"order_id": order.pk})
         # A Django @task: enqueue() joins this transaction too.
         tasks.thank_customer.enqueue(order.pk)

@@ -47,13 +47,17 @@ def crash(payload, ctx):
 
 @job(name="tests.sleep")
 def sleep(payload, ctx):
-    Audit.objects.create(label=f"start-{payload.get('label', '')}", job_id=ctx.id, attempt=ctx.attempt)
+    Audit.objects.create(
+        label=f"start-{payload.get('label', '')}", job_id=ctx.id, attempt=ctx.attempt
+    )
     deadline = time.monotonic() + payload["seconds"]
     while time.monotonic() < deadline:
         if payload.get("cooperative") and ctx.is_cancelled:
             raise TimeoutError("cancelled")
         time.sleep(0.01)
-    Audit.objects.create(label=f"end-{payload.get('label', '')}", job_id=ctx.id, attempt=ctx.attempt)
+    Audit.objects.create(
+        label=f"end-{payload.get('label', '')}", job_id=ctx.id, attempt=ctx.attempt
+    )
 
 
 def _positive(payload):
@@ -119,7 +123,11 @@ def connection_info(payload, ctx):
 
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
-    backend = connection.connection.info.backend_pid if connection.vendor == "postgresql" else id(connection.connection)
+    backend = (
+        connection.connection.info.backend_pid
+        if connection.vendor == "postgresql"
+        else id(connection.connection)
+    )
     Audit.objects.create(label=f"pid={backend} queries={len(connection.queries)}", job_id=ctx.id)
 
 
@@ -159,6 +167,7 @@ def query(payload, ctx):
     with connection.cursor() as cursor:
         cursor.execute("SELECT %s", [payload.get("n", 0)])
 
+
 # ---- operations (schedules, snooze, cancel) ----
 
 
@@ -191,7 +200,11 @@ def snoozer_atomic(payload, ctx):
 @job(name="tests.until_cancelled", max_attempts=5)
 def until_cancelled(payload, ctx):
     """Run until ctx.cancelled is set (or `seconds` pass), then stop by raising."""
-    Audit.objects.create(label=f"start-{payload.get('label', '')}", job_id=ctx.id, attempt=ctx.attempt)
+    Audit.objects.create(
+        label=f"start-{payload.get('label', '')}", job_id=ctx.id, attempt=ctx.attempt
+    )
     if ctx.cancelled.wait(payload.get("seconds", 30)):
         raise RuntimeError("stopped: cancelled")
-    Audit.objects.create(label=f"end-{payload.get('label', '')}", job_id=ctx.id, attempt=ctx.attempt)
+    Audit.objects.create(
+        label=f"end-{payload.get('label', '')}", job_id=ctx.id, attempt=ctx.attempt
+    )

@@ -46,28 +46,40 @@ def _when(value: datetime | None, now: datetime) -> str:
 def _table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(x)) for x in column) for column in zip(header, *rows, strict=False)]
     lines = ["  ".join(str(x).ljust(w) for x, w in zip(header, widths, strict=True)).rstrip()]
-    lines += ["  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines += [
+        "  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
     return "\n".join(lines)
 
 
 class Command(BaseCommand):
-    help = "Operate django-jobs: status, pause/resume queues, list/enable/disable schedules, cancel jobs."
+    help = (
+        "Operate django-jobs: status, pause/resume queues, list/enable/disable schedules, "
+        "cancel jobs."
+    )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
         show = sub.add_parser("status", help="Per-queue figures and the live workers.")
         show.add_argument("--json", action="store_true", help="Print JSON instead of tables.")
-        pause = sub.add_parser("pause", help="Stop workers claiming from queues (running jobs finish).")
+        pause = sub.add_parser(
+            "pause", help="Stop workers claiming from queues (running jobs finish)."
+        )
         pause.add_argument("queues", nargs="+", type=queue_name, metavar="QUEUE")
         pause.add_argument("--reason", default="", help="Shown in the admin and `jobs status`.")
         resume = sub.add_parser("resume", help="Let workers claim from paused queues again.")
         resume.add_argument("queues", nargs="+", type=queue_name, metavar="QUEUE")
-        sub.add_parser("schedules", help="List the periodic schedules: next run, last run, last job.")
+        sub.add_parser(
+            "schedules", help="List the periodic schedules: next run, last run, last job."
+        )
         enable = sub.add_parser("enable", help="Enable schedules (missed ticks are not run).")
         enable.add_argument("names", nargs="+", metavar="SCHEDULE")
         disable = sub.add_parser("disable", help="Disable schedules without a deploy.")
         disable.add_argument("names", nargs="+", metavar="SCHEDULE")
-        cancel = sub.add_parser("cancel", help="Cancel jobs: waiting ones now, running ones at their next heartbeat.")
+        cancel = sub.add_parser(
+            "cancel", help="Cancel jobs: waiting ones now, running ones at their next heartbeat."
+        )
         cancel.add_argument("ids", nargs="+", type=job_id, metavar="JOB_ID")
 
     def handle(self, *, action: str, **options: Any) -> None:
@@ -82,28 +94,55 @@ class Command(BaseCommand):
             return
         rows = [
             [
-                q.name, "PAUSED" if q.paused else "", q.waiting, q.scheduled, q.running,
-                _seconds(q.oldest_wait), q.done_last_hour, q.dead_last_hour,
+                q.name,
+                "PAUSED" if q.paused else "",
+                q.waiting,
+                q.scheduled,
+                q.running,
+                _seconds(q.oldest_wait),
+                q.done_last_hour,
+                q.dead_last_hour,
             ]  # fmt: skip
             for q in report.queues
         ]
-        header = ["queue", "state", "waiting", "scheduled", "running", "oldest wait", "done 1h", "dead 1h"]
+        header = [
+            "queue",
+            "state",
+            "waiting",
+            "scheduled",
+            "running",
+            "oldest wait",
+            "done 1h",
+            "dead 1h",
+        ]
         self.stdout.write(_table(rows, header))
         self.stdout.write("")
         self.stdout.write(f"{len(report.workers)} live worker(s)")
         if report.workers:
             rows = [
                 [
-                    w.host, w.pid, ",".join(w.queues), w.concurrency, w.running,
-                    _when(w.started_at, report.now), _when(w.last_seen_at, report.now),
+                    w.host,
+                    w.pid,
+                    ",".join(w.queues),
+                    w.concurrency,
+                    w.running,
+                    _when(w.started_at, report.now),
+                    _when(w.last_seen_at, report.now),
                 ]  # fmt: skip
                 for w in report.workers
             ]
-            self.stdout.write(_table(rows, ["host", "pid", "queues", "concurrency", "running", "started", "last seen"]))
+            self.stdout.write(
+                _table(
+                    rows,
+                    ["host", "pid", "queues", "concurrency", "running", "started", "last seen"],
+                )
+            )
 
     def do_pause(self, *, queues: list[str], reason: str, **options: Any) -> None:
         changed = control.pause(queues, by="manage.py jobs", reason=reason)
-        self.stdout.write(f"paused {changed} queue(s); workers stop claiming from them within one poll interval")
+        self.stdout.write(
+            f"paused {changed} queue(s); workers stop claiming from them within one poll interval"
+        )
 
     def do_resume(self, *, queues: list[str], **options: Any) -> None:
         changed = control.resume(queues)
@@ -125,10 +164,13 @@ class Command(BaseCommand):
             if not row.declared:
                 state = "not declared"
             rows.append([
-                row.name, spec.describe() if spec else row.cron or f"every {row.every}s", row.job_name, state,
-                _when(upcoming, now), _when(row.last_tick_at, now), row.last_job_id or "-",
+                row.name, spec.describe() if spec else row.cron or f"every {row.every}s",
+                row.job_name, state, _when(upcoming, now), _when(row.last_tick_at, now),
+                row.last_job_id or "-",
             ])  # fmt: skip
-        self.stdout.write(_table(rows, ["schedule", "when", "job", "state", "next run", "last tick", "last job"]))
+        self.stdout.write(
+            _table(rows, ["schedule", "when", "job", "state", "next run", "last tick", "last job"])
+        )
 
     def do_enable(self, *, names: list[str], **options: Any) -> None:
         from django_jobs.models import Schedule
@@ -140,7 +182,9 @@ class Command(BaseCommand):
         from django_jobs.models import Schedule
 
         self._known(names)
-        self.stdout.write(f"disabled {Schedule.objects.filter(name__in=names).disable()} schedule(s)")
+        self.stdout.write(
+            f"disabled {Schedule.objects.filter(name__in=names).disable()} schedule(s)"
+        )
 
     def do_cancel(self, *, ids: list[uuid.UUID], **options: Any) -> None:
         result = control.cancel(ids, by="manage.py jobs")
@@ -150,7 +194,9 @@ class Command(BaseCommand):
         )
         missing = len(ids) - result.cancelled - result.requested
         if missing:
-            self.stderr.write(f"{missing} job(s) were not live (finished, dead or already cancelling)")
+            self.stderr.write(
+                f"{missing} job(s) were not live (finished, dead or already cancelling)"
+            )
 
     def _known(self, names: list[str]) -> None:
         from django_jobs.models import Schedule

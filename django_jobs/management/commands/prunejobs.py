@@ -25,16 +25,21 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--dry-run", action="store_true", help="Count what would be deleted; delete nothing.")
+        parser.add_argument(
+            "--dry-run", action="store_true", help="Count what would be deleted; delete nothing."
+        )
         parser.add_argument(
             "--markers", type=duration, default=retention.SETTINGS, metavar="AGE",
-            help="Keep markers this long (7d, 12h, 30m, 90s or 'none' to keep all). Default: KEEP_MARKERS.",
+            help="Keep markers this long (7d, 12h, 30m, 90s or 'none' to keep all). "
+            "Default: KEEP_MARKERS.",
         )  # fmt: skip
         parser.add_argument(
             "--dead-letters", type=duration, default=retention.SETTINGS, metavar="AGE",
             help="Keep dead letters this long. Default: KEEP_DEAD_LETTERS.",
         )  # fmt: skip
-        parser.add_argument("--batch", type=positive_int, help="Rows per DELETE (default PRUNE_BATCH).")
+        parser.add_argument(
+            "--batch", type=positive_int, help="Rows per DELETE (default PRUNE_BATCH)."
+        )
 
     def handle(
         self,
@@ -50,11 +55,12 @@ class Command(BaseCommand):
         if dry_run:
             result = retention.count_prunable(**keep)
             self.stdout.write(
-                f"would delete {result.markers} completion marker(s) and {result.dead_letters} dead letter(s)"
+                f"would delete {result.markers} completion marker(s) and "
+                f"{result.dead_letters} dead letter(s)"
             )
             return
         result = retention.prune(**keep, batch=batch or conf.get("PRUNE_BATCH"))
         self.stdout.write(
-            f"deleted {result.markers} completion marker(s) and {result.dead_letters} dead letter(s) "
-            f"in {result.batches} batch(es)"
+            f"deleted {result.markers} completion marker(s) and "
+            f"{result.dead_letters} dead letter(s) in {result.batches} batch(es)"
         )

@@ -82,17 +82,35 @@ class Command(BaseCommand):
             "--queue", "-q", action="append", dest="queues", type=queue_name, metavar="NAME",
             help="Queue to serve (repeatable). Default: every queue a registered handler names.",
         )  # fmt: skip
-        parser.add_argument("--concurrency", "-c", type=positive_int, help="Handler threads (default CONCURRENCY, 4).")
-        parser.add_argument("--batch", type=positive_int, help="Most jobs claimed at once (default BATCH, 100).")
+        parser.add_argument(
+            "--concurrency",
+            "-c",
+            type=positive_int,
+            help="Handler threads (default CONCURRENCY, 4).",
+        )
+        parser.add_argument(
+            "--batch", type=positive_int, help="Most jobs claimed at once (default BATCH, 100)."
+        )
         parser.add_argument("--burst", action="store_true", help="Run what is due, then exit 0.")
         parser.add_argument("--max-jobs", type=positive_int, help="Exit 0 after this many jobs.")
-        parser.add_argument("--lease", type=seconds, help="Lease length in seconds (default LEASE, 30).")
+        parser.add_argument(
+            "--lease", type=seconds, help="Lease length in seconds (default LEASE, 30)."
+        )
         parser.add_argument(
             "--heartbeat", type=seconds_or_zero,
-            help="Seconds between lease extensions of running jobs; 0 turns them off (default: lease / 3).",
+            help="Seconds between lease extensions of running jobs; "
+            "0 turns them off (default: lease / 3).",
         )  # fmt: skip
-        parser.add_argument("--grace", type=seconds_or_zero, help="Seconds running jobs get to finish at shutdown (default GRACE, 30).")
-        parser.add_argument("--poll-interval", type=seconds, help="Seconds between polls (default POLL_INTERVAL, 1).")
+        parser.add_argument(
+            "--grace",
+            type=seconds_or_zero,
+            help="Seconds running jobs get to finish at shutdown (default GRACE, 30).",
+        )
+        parser.add_argument(
+            "--poll-interval",
+            type=seconds,
+            help="Seconds between polls (default POLL_INTERVAL, 1).",
+        )
         parser.add_argument(
             "--no-listen", action="store_true",
             help="Poll only, without LISTEN/NOTIFY (for PgBouncer in transaction pooling).",
@@ -117,7 +135,9 @@ class Command(BaseCommand):
         self._configure_logging(verbosity)
         lease = lease or conf.get("LEASE")
         if heartbeat and heartbeat >= lease:
-            raise CommandError(f"--heartbeat ({heartbeat:g}s) must be shorter than the lease ({lease:g}s)")
+            raise CommandError(
+                f"--heartbeat ({heartbeat:g}s) must be shorter than the lease ({lease:g}s)"
+            )
         worker = Worker(
             queues=queues,
             concurrency=concurrency,
@@ -140,5 +160,7 @@ class Command(BaseCommand):
         logger.setLevel(LOG_LEVELS.get(verbosity, logging.DEBUG))
         if not logger.handlers and not logging.getLogger().handlers:
             handler = logging.StreamHandler(self.stderr._out)
-            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+            handler.setFormatter(
+                logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+            )
             logger.addHandler(handler)

@@ -38,10 +38,24 @@ class Command(BaseCommand):
 
         self.title("1. Four orders are placed through the view (POST /orders/)")
         client = Client()
-        logging.getLogger("django.request").setLevel(logging.CRITICAL)  # the failing view is on purpose
-        for item, explode in [("book", False), ("lamp", False), ("discontinued-widget", False), ("kite", True)]:
+        logging.getLogger("django.request").setLevel(
+            logging.CRITICAL
+        )  # the failing view is on purpose
+        for item, explode in [
+            ("book", False),
+            ("lamp", False),
+            ("discontinued-widget", False),
+            ("kite", True),
+        ]:
             try:
-                client.post("/orders/", {"email": "ada@example.com", "item": item, **({"explode": 1} if explode else {})})
+                client.post(
+                    "/orders/",
+                    {
+                        "email": "ada@example.com",
+                        "item": item,
+                        **({"explode": 1} if explode else {}),
+                    },
+                )
                 self.line(f"order for {item!r}: committed with its 3 jobs and 1 Django task")
             except RuntimeError as exc:
                 self.line(f"order for {item!r}: the view raised ({exc}); no order, no job")
@@ -65,7 +79,9 @@ class Command(BaseCommand):
         self.line(f"live jobs left: {Job.objects.count()}")
         self.line(f"completion markers: {CompletionMarker.objects.count()}")
         for marker in CompletionMarker.objects.order_by("completed_at"):
-            self.line(f"  done     {marker.name:<32} attempts={marker.attempts} result={marker.result}")
+            self.line(
+                f"  done     {marker.name:<32} attempts={marker.attempts} result={marker.result}"
+            )
         self.line(f"emails sent: {Email.objects.count()}, cards charged: {Charge.objects.count()}")
         self.line(f"dead letters: {DeadLetter.objects.count()}")
         for letter in DeadLetter.objects.all():
@@ -77,8 +93,13 @@ class Command(BaseCommand):
             self.line(f"  {result.status:<10} {result.return_value}")
 
         self.title("Where to look")
-        self.line("python manage.py runserver, then http://127.0.0.1:8000/admin/django_jobs/ (admin / admin):")
-        self.line("dead letters (every attempt's error, a replay action), jobs, markers, the dashboard.")
+        self.line(
+            "python manage.py runserver, then "
+            "http://127.0.0.1:8000/admin/django_jobs/ (admin / admin):"
+        )
+        self.line(
+            "dead letters (every attempt's error, a replay action), jobs, markers, the dashboard."
+        )
         self.line("To put the dead letter right: change the order's item (Shop > Orders), replay")
         self.line("the letter (its Replay button), and run: python manage.py runjobs --burst")
         self.line("Place more orders at http://127.0.0.1:8000/ and run: python manage.py runjobs")
