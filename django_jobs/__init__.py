@@ -1,12 +1,14 @@
 """django-jobs: durable background jobs kept in your Django database.
 
-from django_jobs import job, enqueue_on_commit
+Example::
 
-@job(max_attempts=5)
-def send_welcome(payload, ctx):
-    ...
+    from django_jobs import job, enqueue_on_commit
 
-enqueue_on_commit(send_welcome, {"user_id": user.pk})
+    @job(max_attempts=5)
+    def send_welcome(payload, ctx):
+        ...
+
+    enqueue_on_commit(send_welcome, {"user_id": user.pk})
 """
 
 from __future__ import annotations
