@@ -21,6 +21,17 @@ pytest_plugins = ["tests.admin_fixtures"]
 POSTGRES = os.environ.get("TEST_DB", "postgres") != "sqlite"
 
 
+# One line of figures per fault test (tests/test_chaos.py), repeated at the end of the run.
+CHAOS_LINES: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter):
+    if CHAOS_LINES:
+        terminalreporter.section("chaos figures")
+        for line in CHAOS_LINES:
+            terminalreporter.write_line(line)
+
+
 def pytest_collection_modifyitems(config, items):
     if POSTGRES:
         return

@@ -23,7 +23,7 @@ from django.db.models import Max
 
 from django_jobs import enqueue, enqueue_many
 from django_jobs.models import CompletionMarker, DeadLetter, Job
-from tests.conftest import wait_for
+from tests.conftest import CHAOS_LINES, wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Audit
 
@@ -36,7 +36,9 @@ pytestmark = [
 
 
 def report(name: str, **figures: object) -> None:
-    print("CHAOS " + name + ": " + " ".join(f"{k}={v}" for k, v in figures.items()))
+    line = "CHAOS " + name + ": " + " ".join(f"{k}={v}" for k, v in figures.items())
+    print(line)
+    CHAOS_LINES.append(line)  # printed again in the run's summary
 
 
 def rss_kb(pid: int) -> int:
