@@ -370,24 +370,9 @@ class JobQuerySet(models.QuerySet):
             deleted, _ = self.filter(id=job.id, locked_by=job.token).delete()
             if not deleted:
                 return None
-            return DeadLetter.objects.using(alias).create(
-                id=job.id,
-                name=job.name,
-                queue=job.queue,
-                payload=job.payload,
-                priority=job.priority,
-                key=job.key,
-                fingerprint=job.fingerprint,
-                attempts=job.attempts if attempts is None else attempts,
-                max_attempts=job.max_attempts,
-                reason=reason,
-                error=error_summary(error),
-                traceback=error.get("traceback", ""),
-                errors=[*job.errors, error],
-                enqueued_at=job.enqueued_at,
-                started_at=job.started_at,
-                dead_at=timezone.now(),
-            )
+            letter = DeadLetter.for_job(job, reason=reason, error=error, attempts=attempts)
+            letter.save(using=alias, force_insert=True)
+            return letter
 
     # ---- operators (admin, commands) -------------------------------------
 
@@ -530,24 +515,7 @@ def _cancelled_letter(job: Job, by: str, now: datetime) -> DeadLetter:
         "traceback": "",
         "worker": "",
     }
-    return DeadLetter(
-        id=job.id,
-        name=job.name,
-        queue=job.queue,
-        payload=job.payload,
-        priority=job.priority,
-        key=job.key,
-        fingerprint=job.fingerprint,
-        attempts=job.attempts,
-        max_attempts=job.max_attempts,
-        reason=DeadReason.CANCELLED,
-        error=error_summary(error),
-        traceback="",
-        errors=[*job.errors, error],
-        enqueued_at=job.enqueued_at,
-        started_at=job.started_at,
-        dead_at=now,
-    )
+    return DeadLetter.for_job(job, reason=DeadReason.CANCELLED, error=error, dead_at=now)
 
 
 def _plural(count: int, one: str, many: str) -> str:
@@ -814,6 +782,36 @@ class DeadLetter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} {self.id} ({self.reason})"
+
+    @classmethod
+    def for_job(
+        cls,
+        job: Job | ClaimedJob,
+        *,
+        reason: str,
+        error: dict[str, Any],
+        attempts: int | None = None,
+        dead_at: datetime | None = None,
+    ) -> DeadLetter:
+        """Return (unsaved) the letter of a job that dies with `error` as its last one."""
+        return cls(
+            id=job.id,
+            name=job.name,
+            queue=job.queue,
+            payload=job.payload,
+            priority=job.priority,
+            key=job.key,
+            fingerprint=job.fingerprint,
+            attempts=job.attempts if attempts is None else attempts,
+            max_attempts=job.max_attempts,
+            reason=reason,
+            error=error_summary(error),
+            traceback=error.get("traceback", ""),
+            errors=[*job.errors, error],
+            enqueued_at=job.enqueued_at,
+            started_at=job.started_at,
+            dead_at=dead_at or timezone.now(),
+        )
 
     @property
     def is_replayed(self) -> bool:

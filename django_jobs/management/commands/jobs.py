@@ -13,14 +13,7 @@ from django.utils import timezone
 
 from django_jobs import conf, control, schedules, status
 from django_jobs.exceptions import InvalidJob
-from django_jobs.management.commands.runjobs import queue_name
-
-
-def job_id(text: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a job id (a UUID)") from None
+from django_jobs.management.arguments import job_id, queue_name
 
 
 def _seconds(value: float | None) -> str:

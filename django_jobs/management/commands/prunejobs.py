@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from django_jobs import conf, retention
-from django_jobs.management.commands.runjobs import positive_int
+from django_jobs.management.arguments import positive_int
 
 
 def duration(text: str) -> Any:

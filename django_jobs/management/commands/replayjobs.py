@@ -14,8 +14,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
+from django_jobs.management.arguments import job_id, job_name, positive_int, queue_name
 from django_jobs.models import DeadLetter, DeadReason
-from django_jobs.registry import NAME_RE, QUEUE_RE
 
 # Selections longer than this get a progress bar (or, when not on a terminal, progress lines).
 PROGRESS_FROM = 500
@@ -53,25 +53,6 @@ def reason(text: str) -> str:
     return text
 
 
-def job_name(text: str) -> str:
-    if not NAME_RE.fullmatch(text) or len(text) > 200:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a valid job name")
-    return text
-
-
-def queue_name(text: str) -> str:
-    if not QUEUE_RE.fullmatch(text) or len(text) > 100:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a valid queue name")
-    return text
-
-
-def letter_id(text: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a job id (a UUID)") from None
-
-
 def delay_seconds(text: str) -> float:
     try:
         value = float(text)
@@ -79,16 +60,6 @@ def delay_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not 0 <= value < 10 * 365 * 86400:
         raise argparse.ArgumentTypeError(f"{text!r} must be zero or more seconds (under ten years)")
-    return value
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
     return value
 
 
@@ -143,7 +114,7 @@ class Command(BaseCommand):
             "--id",
             action="append",
             dest="ids",
-            type=letter_id,
+            type=job_id,
             metavar="JOB_ID",
             help="Only this dead letter (repeatable).",
         )

@@ -14,40 +14,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from django_jobs import conf
-from django_jobs.registry import QUEUE_RE
+from django_jobs.management.arguments import positive_int, queue_name, seconds, seconds_or_zero
 from django_jobs.worker import Worker
 
 LOG_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
-    return value
-
-
-def seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
-    return value
-
-
-def seconds_or_zero(text: str) -> float:
-    return 0.0 if text.strip() in ("0", "0.0") else seconds(text)
-
-
-def queue_name(text: str) -> str:
-    if not QUEUE_RE.fullmatch(text) or len(text) > 100:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a valid queue name")
-    return text
 
 
 @contextlib.contextmanager
