@@ -123,7 +123,8 @@ def test_forced_duplicates_are_counted_and_atomic_effects_stay_single(worker_pro
     atomic = [{"label": f"atomic-{i}", "slow": 2 if i % 10 == 0 else 0} for i in range(n)]
     enqueue_many(jobs.slow_first, plain, max_attempts=10)
     enqueue_many(jobs.slow_first_atomic, atomic)
-    args = ("--concurrency", "8", "--lease", "1", "--heartbeat", "0")
+    # Threads enough for every slow job, so that first attempts start before their lease ends.
+    args = ("--concurrency", "16", "--batch", "16", "--lease", "1", "--heartbeat", "0")
     workers = [worker_process(*args) for _ in range(2)]
     started = time.monotonic()
     wait_for(lambda: CompletionMarker.objects.count() == 2 * n, timeout=60, message="every marker")
