@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db.models import Count, Min, Q
-from django.db.models.functions import Now, TruncMinute
+from django.db.models import Count
+from django.db.models.functions import TruncMinute
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
@@ -67,18 +67,7 @@ def snapshot(alias: str | None = None) -> Snapshot:
     start = now.replace(second=0, microsecond=0) - timedelta(minutes=WINDOW_MINUTES - 1)
     snap = Snapshot(now=now, start=start)
 
-    due = Q(locked_by__isnull=True, run_at__lte=Now())
-    rows = (
-        Job.objects.using(alias)
-        .order_by()
-        .values("queue")
-        .annotate(
-            waiting=Count("pk", filter=due),
-            scheduled=Count("pk", filter=Q(locked_by__isnull=True, run_at__gt=Now())),
-            running=Count("pk", filter=Q(locked_by__isnull=False)),
-            oldest=Min("run_at", filter=due),
-        )
-    )
+    rows = Job.objects.using(alias).counts_by_queue()
     by_queue = {
         row["queue"]: QueueRow(
             row["queue"], row["waiting"], row["scheduled"], row["running"], row["oldest"], now

@@ -117,9 +117,10 @@ class WorkerOps:
         if now >= self._next_row:
             self._next_row = now + ROW_REFRESH
             self._step(self._write_row)
-        if now >= self._next_schedules and schedules.declared():
-            self._next_schedules = now + self.interval
-            self._step(self._refresh_schedules)
+        if now >= self._next_schedules:
+            self._next_schedules = now + self.interval  # not every loop, even with no schedules
+            if schedules.declared():
+                self._step(self._refresh_schedules)
         due = self.ticker.next_due
         if due is not None and self._clock is not None and self._db_now(now) >= due:
             self._step(lambda: self.ticker.run_due(self._db_now(time.monotonic())))

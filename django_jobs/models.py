@@ -385,6 +385,24 @@ class JobQuerySet(models.QuerySet):
     def running(self) -> JobQuerySet:
         return self.filter(locked_by__isnull=False)
 
+    def counts_by_queue(self, now: Any = None) -> models.QuerySet:
+        """Per queue: waiting, scheduled and running jobs, and the oldest due run-at.
+
+        `now` defaults to the database clock.
+        """
+        now = Now() if now is None else now
+        due = Q(locked_by__isnull=True, run_at__lte=now)
+        return (
+            self.order_by()
+            .values("queue")
+            .annotate(
+                waiting=models.Count("pk", filter=due),
+                scheduled=models.Count("pk", filter=Q(locked_by__isnull=True, run_at__gt=now)),
+                running=models.Count("pk", filter=Q(locked_by__isnull=False)),
+                oldest=models.Min("run_at", filter=due),
+            )
+        )
+
     def with_state(self) -> JobQuerySet:
         """Annotate each job's JobState as `state`, on the database clock."""
         return self.annotate(

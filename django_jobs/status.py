@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, Min, Q
+from django.db.models import Count
 from django.db.models.functions import Now
 
 from django_jobs import conf, registry
@@ -71,7 +71,6 @@ def queue_status(alias: str | None = None, now: datetime | None = None) -> list[
 
     alias = alias or conf.database()
     now = now or db_now(alias)
-    due = Q(locked_by__isnull=True, run_at__lte=now)
     queues: dict[str, QueueStatus] = {}
 
     def get(name: str) -> QueueStatus:
@@ -83,18 +82,7 @@ def queue_status(alias: str | None = None, now: datetime | None = None) -> list[
         get(name)
     for name, paused in QueueState.objects.using(alias).values_list("name", "paused"):
         get(name).paused = paused
-    rows = (
-        Job.objects.using(alias)
-        .order_by()
-        .values("queue")
-        .annotate(
-            waiting=Count("id", filter=due),
-            scheduled=Count("id", filter=Q(locked_by__isnull=True, run_at__gt=now)),
-            running=Count("id", filter=Q(locked_by__isnull=False)),
-            oldest=Min("run_at", filter=due),
-        )
-    )
-    for row in rows:
+    for row in Job.objects.using(alias).counts_by_queue(now):
         q = get(row["queue"])
         q.waiting, q.scheduled, q.running = row["waiting"], row["scheduled"], row["running"]
         if row["oldest"] is not None:
