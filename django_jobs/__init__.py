@@ -25,6 +25,7 @@ from django_jobs.exceptions import (
     JobsError,
     Snooze,
     UnknownJob,
+    UnstorableResult,
 )
 from django_jobs.registry import Backoff, job
 from django_jobs.schedules import periodic
@@ -46,6 +47,7 @@ __all__ = [
     "JobsError",
     "Snooze",
     "UnknownJob",
+    "UnstorableResult",
     "enqueue",
     "enqueue_many",
     "enqueue_on_commit",

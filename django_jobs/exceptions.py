@@ -57,6 +57,19 @@ class JobCancelled(JobsError):
     """Recorded for a job an operator cancelled before its handler started."""
 
 
+class UnstorableResult(JobsError):
+    """Recorded for an attempt whose return value the database cannot store.
+
+    Not JSON, NaN or an infinity, a lone surrogate, or a NUL character: the
+    attempt fails (and is retried or dead-lettered by the handler's policy)
+    instead of running again silently at every lease expiry.
+    """
+
+
+class MalformedJob(JobsError):
+    """Recorded for a job row the worker cannot use as it is (a hand-edited column)."""
+
+
 class LeaseLost(JobsError):
     """This worker no longer holds the job: another worker took it over after its lease expired."""
 

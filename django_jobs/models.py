@@ -30,6 +30,14 @@ from django.utils.translation import gettext_lazy as _
 
 from django_jobs import conf, sql
 from django_jobs.exceptions import LeaseLost
+from django_jobs.payloads import safe_str, storable_text
+
+# Longest message and traceback kept per attempt's error (characters): a handler
+# raising a 10 MB message must not make 10 MB rows, log lines or admin pages.
+MAX_MESSAGE = 2_000
+MAX_TRACEBACK = 16_000
+# Longest type name and worker id kept in an error entry.
+MAX_LABEL = 300
 
 
 def uuid7() -> uuid.UUID:
@@ -54,6 +62,8 @@ class DeadReason(models.TextChoices):
     ATTEMPTS_EXHAUSTED = "attempts_exhausted", _("attempts exhausted")
     FATAL = "fatal", _("fatal error")
     CANCELLED = "cancelled", _("cancelled")
+    # A hand-edited column the worker cannot use, or a row the database refused to update.
+    MALFORMED = "malformed", _("malformed row")
 
 
 class JobState(models.TextChoices):
@@ -100,6 +110,37 @@ class ClaimedJob:
     @property
     def worker_id(self) -> str:
         return self.token.rpartition("#")[0]
+
+    def malformed(self) -> str | None:
+        """Say which column of this row no worker can use as it is, or None when all are fine."""
+        errors = self.errors
+        if not isinstance(errors, list) or not all(type(e) is dict for e in errors):
+            return f"its errors column is not a list of error objects: {_preview(errors)}"
+        for name in ("attempts", "max_attempts", "priority"):
+            if type(getattr(self, name)) is not int:
+                return f"its {name} column is not an integer: {_preview(getattr(self, name))}"
+        for name in ("name", "queue", "payload"):
+            if type(getattr(self, name)) is not str:
+                return f"its {name} column is not text: {_preview(getattr(self, name))}"
+        return None
+
+    def make_storable(self) -> None:
+        """Replace what malformed() finds with usable values, so that a letter can be written."""
+        self.errors = usable_errors(self.errors)
+        for name, default in (("attempts", 0), ("max_attempts", 1), ("priority", 0)):
+            if type(getattr(self, name)) is not int:
+                setattr(self, name, default)
+        for name in ("name", "queue", "payload"):
+            if type(getattr(self, name)) is not str:
+                setattr(self, name, storable_text(_preview(getattr(self, name))))
+
+
+def _preview(value: Any) -> str:
+    try:
+        text = repr(value)
+    except BaseException:  # noqa: BLE001 - whatever a row decodes to, describe it
+        text = safe_str(type(value))
+    return storable_text(text, 200)
 
 
 _CLAIMED_FIELDS = (
@@ -184,7 +225,8 @@ class JobQuerySet(models.QuerySet):
                 locked_by=token,
                 lease_expires_at=lease_until,
                 attempted_at=now,
-                errors=[*errors, entry],
+                # A hand-edited non-list becomes one item, as jsonb's || does on PostgreSQL.
+                errors=[*errors, entry] if isinstance(errors, list) else [errors, entry],
             )
             attempted.append(job_id)
         if limit > len(attempted):
@@ -489,18 +531,51 @@ def error_summary(error: dict[str, Any]) -> str:
     return f"{kind}: {message}" if kind and message else kind or message
 
 
+def error_record(
+    *,
+    attempt: int,
+    kind: str,
+    message: Any,
+    traceback: Any = "",
+    worker: str = "",
+    at: datetime | None = None,
+) -> dict[str, Any]:
+    """Return one attempt's error entry, every text storable and within its cap.
+
+    The one builder of the entries in ``Job.errors`` and ``DeadLetter.errors``
+    (SQL builds the same shape for expired leases in sql.CLAIM).
+    """
+    traceback = storable_text(traceback)
+    if len(traceback) > MAX_TRACEBACK:
+        traceback = "…" + traceback[-MAX_TRACEBACK:]
+    return {
+        "attempt": attempt,
+        "at": (at or timezone.now()).isoformat(),
+        "type": storable_text(kind, MAX_LABEL),
+        "message": storable_text(message, MAX_MESSAGE),
+        "traceback": traceback,
+        "worker": storable_text(worker, MAX_LABEL),
+    }
+
+
 LEASE_EXPIRED = "django_jobs.LeaseExpired"
 
 
 def lease_expired_entry(attempt: int, worker_id: str, at: datetime) -> dict[str, Any]:
-    return {
-        "attempt": attempt,
-        "at": at.isoformat(),
-        "type": LEASE_EXPIRED,
-        "message": "the lease expired before the attempt settled (worker killed, hung or cut off)",
-        "traceback": "",
-        "worker": worker_id,
-    }
+    return error_record(
+        attempt=attempt,
+        kind=LEASE_EXPIRED,
+        message="the lease expired before the attempt settled (worker killed, hung or cut off)",
+        worker=worker_id,
+        at=at,
+    )
+
+
+def usable_errors(errors: Any) -> list[dict[str, Any]]:
+    """Return a row's errors list, without the items a hand edit left that are not entries."""
+    if not isinstance(errors, list):
+        return []
+    return [e for e in errors if type(e) is dict]
 
 
 def _json_loads(text: str | None) -> Any:
@@ -525,14 +600,12 @@ def _chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
 
 
 def _cancelled_letter(job: Job, by: str, now: datetime) -> DeadLetter:
-    error = {
-        "attempt": job.attempts,
-        "at": now.isoformat(),
-        "type": "django_jobs.Cancelled",
-        "message": f"cancelled by {by}" if by else "cancelled",
-        "traceback": "",
-        "worker": "",
-    }
+    error = error_record(
+        attempt=job.attempts,
+        kind="django_jobs.Cancelled",
+        message=f"cancelled by {by}" if by else "cancelled",
+        at=now,
+    )
     return DeadLetter.for_job(job, reason=DeadReason.CANCELLED, error=error, dead_at=now)
 
 
@@ -823,9 +896,10 @@ class DeadLetter(models.Model):
             attempts=job.attempts if attempts is None else attempts,
             max_attempts=job.max_attempts,
             reason=reason,
-            error=error_summary(error),
-            traceback=error.get("traceback", ""),
-            errors=[*job.errors, error],
+            # Texts made storable here too: a letter is the record that must always commit.
+            error=storable_text(error_summary(error), MAX_LABEL + MAX_MESSAGE + 64),
+            traceback=storable_text(error.get("traceback", "")),
+            errors=[*usable_errors(job.errors), error],
             enqueued_at=job.enqueued_at,
             started_at=job.started_at,
             dead_at=dead_at or timezone.now(),

@@ -10,13 +10,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from functools import cache
 from typing import Any
 
 from django.utils.module_loading import import_string
 
 from django_jobs import conf
-from django_jobs.exceptions import InvalidPayload
+from django_jobs.exceptions import InvalidPayload, UnstorableResult
 
 MASK = "********"
 
@@ -109,16 +110,64 @@ def fingerprint(name: str, text: str) -> str:
     return hashlib.sha256(f"{name}\x00{canonical}".encode()).hexdigest()
 
 
+# A JSON \u0000 escape not itself escaped ("\\u0000" is a backslash and "u0000").
+_ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+# What PostgreSQL cannot store in text or jsonb: NUL, and surrogates (UTF-8 cannot encode them).
+_UNSTORABLE_CHARS = re.compile("[\x00\ud800-\udfff]")
+
+
 def encode_result(value: Any) -> str | None:
-    """Return a handler's return value as JSON text (None stays None)."""
+    """Return a handler's return value as JSON text (None stays None).
+
+    Raise UnstorableResult for what the database cannot hold: values that are
+    not JSON, NaN or infinities, lone surrogates, NUL characters (jsonb refuses
+    them; SQLite is held to the same rule so that both behave alike).
+    """
     if value is None:
         return None
     try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False, cls=type(encoder()))
-    except (TypeError, ValueError) as exc:
-        raise TypeError(
-            f"the handler returned a value that is not JSON-serialisable: {exc}"
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, cls=type(encoder()))
+    except Exception as exc:  # noqa: BLE001 - whatever the value's own methods raise
+        raise UnstorableResult(
+            f"the handler returned a value that is not JSON: {safe_str(exc)}"
         ) from exc
+    # Cheap checks on the encoded text, not a walk of the value: ASCII text holds no
+    # surrogate, and json escapes a NUL in a string as \u0000.
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UnstorableResult(
+                "the handler returned a string with a lone surrogate, which UTF-8 cannot carry"
+            ) from None
+    if ("\\u0000" in text and _ESCAPED_NUL.search(text)) or "\x00" in text:
+        raise UnstorableResult(
+            "the handler returned a string with a NUL character (\\x00), which the "
+            "database cannot store"
+        )
+    return text
+
+
+def safe_str(value: Any) -> str:
+    """Return str(value), or a placeholder when its __str__ raises."""
+    try:
+        text = str(value)
+        return text if type(text) is str else str.__str__(text)  # a str subclass: plain text
+    except BaseException:  # noqa: BLE001 - a hostile __str__ may raise anything
+        try:
+            return f"<{type(value).__qualname__} object: str() failed>"
+        except BaseException:  # noqa: BLE001
+            return "<str() failed>"
+
+
+def storable_text(value: Any, limit: int | None = None) -> str:
+    """Return value as text any database stores: NUL and surrogates replaced, cut at limit."""
+    text = value if type(value) is str else safe_str(value)
+    if limit is not None and len(text) > limit:
+        text = f"{text[:limit]}… [{len(text) - limit} more characters cut]"
+    if text.isascii() and "\x00" not in text:
+        return text
+    return _UNSTORABLE_CHARS.sub("\ufffd", text)
 
 
 def mask(value: Any, keys: frozenset[str] | None = None) -> Any:

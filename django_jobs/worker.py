@@ -42,7 +42,6 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from django.core.exceptions import ValidationError
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
-from django.utils import timezone
 
 from django_jobs import conf, payloads, registry, signals
 from django_jobs.context import JobContext
@@ -50,13 +49,16 @@ from django_jobs.exceptions import FatalError, JobCancelled, LeaseLost, Snooze
 from django_jobs.maintenance import WorkerOps
 from django_jobs.models import (
     LEASE_EXPIRED,
+    MAX_MESSAGE,
     ClaimedJob,
     DeadReason,
     Job,
     JobQuerySet,
+    error_record,
     error_summary,
 )
-from django_jobs.registry import Handler
+from django_jobs.payloads import safe_str, storable_text
+from django_jobs.registry import Backoff, Handler
 
 logger = logging.getLogger(__name__)
 
@@ -67,8 +69,6 @@ LOOKAHEAD = 0.02
 # A thread idle longer than this checks its connection before the next handler
 # (servers and poolers drop idle sessions; a failed first query would cost an attempt).
 IDLE_CHECK = 5.0
-# Longest traceback kept per attempt.
-MAX_TRACEBACK = 16_000
 # How often the listener looks up from its socket to see whether the worker is stopping.
 LISTEN_TIMEOUT = 0.25
 # Reconnection backoff after database errors.
@@ -87,19 +87,39 @@ def _extra(job: ClaimedJob) -> dict[str, Any]:
 
 
 def error_entry(exc: BaseException, attempt: int, worker_id: str) -> dict[str, Any]:
-    """Describe an attempt's exception for the errors list of a job or dead letter."""
+    """Describe an attempt's exception for the errors list of a job or dead letter.
+
+    It never raises: an exception whose __str__ or traceback formatting raises
+    still gets an entry, and every text is made storable and capped (see
+    models.error_record).
+    """
+    return error_record(
+        attempt=attempt,
+        kind=_type_name(exc),
+        message=safe_str(exc),
+        traceback=_format_traceback(exc),
+        worker=worker_id,
+    )
+
+
+def _type_name(exc: BaseException) -> str:
     kind = type(exc)
-    text = "".join(traceback.format_exception(exc))
-    if len(text) > MAX_TRACEBACK:
-        text = "…" + text[-MAX_TRACEBACK:]
-    return {
-        "attempt": attempt,
-        "at": timezone.now().isoformat(),
-        "type": f"{kind.__module__}.{kind.__qualname__}",
-        "message": str(exc),
-        "traceback": text,
-        "worker": worker_id,
-    }
+    try:
+        return f"{kind.__module__}.{kind.__qualname__}"
+    except BaseException:  # noqa: BLE001 - a hostile metaclass may break even this
+        return "<unknown exception type>"
+
+
+def _format_traceback(exc: BaseException) -> str:
+    try:
+        parts = traceback.format_exception(exc)
+    except BaseException as error:  # noqa: BLE001 - e.g. a __notes__ that raises
+        return f"<the traceback could not be formatted: {_type_name(error)}>"
+    # A part is one frame or one exception line: cut a 10 MB message here, before joining.
+    return "".join(
+        part if len(part) <= MAX_MESSAGE else f"{storable_text(part, MAX_MESSAGE)}\n"
+        for part in parts
+    )
 
 
 # ---- outcomes an executor reports -------------------------------------------
@@ -141,6 +161,13 @@ class _Failed:
 class _Dead:
     reason: str
     error: dict[str, Any]
+
+
+@dataclass(slots=True)
+class _Refused:
+    """The database refused a settle's statement (not a connection error): exc says why."""
+
+    exc: Exception
 
 
 @dataclass(slots=True)
@@ -200,6 +227,13 @@ class _Stop:
 
 
 _STOP_EXECUTOR = object()
+_FENCED = object()  # a settle found the row leased to another worker
+
+
+def _traceback_of(error: dict[str, Any]) -> str:
+    """The stored traceback of an error entry, as a log line's tail."""
+    text = error.get("traceback")
+    return f"\n{text}" if text else ""
 
 
 @dataclass
@@ -477,6 +511,18 @@ class Worker:
                         job.id, extra=_extra(job))  # fmt: skip
             self._settle(_Run(job, None, None), _Succeeded(None), 0.0)
             return
+        problem = job.malformed()
+        if problem is not None:
+            # A hand-edited row: say so in its letter instead of tripping over it.
+            job.make_storable()
+            error = error_record(
+                attempt=job.attempts,
+                kind="django_jobs.MalformedJob",
+                message=f"the job row cannot be run as it is: {problem}",
+                worker=self.id,
+            )
+            self._dead_letter(job, DeadReason.MALFORMED, error)
+            return
         if (
             job.errors
             and job.errors[-1].get("type") == LEASE_EXPIRED
@@ -493,28 +539,25 @@ class Worker:
         if job.attempts > job.max_attempts:
             # The previous attempt was lost with its worker (killed, OOM, os._exit).
             last = job.errors[-1] if job.errors else {}
-            error = {
-                "attempt": job.attempts - 1,
-                "at": timezone.now().isoformat(),
-                "type": last.get("type", LEASE_EXPIRED),
-                "message": f"{job.max_attempts} attempts started and none settled; "
+            error = error_record(
+                attempt=job.attempts - 1,
+                kind=last.get("type", LEASE_EXPIRED),
+                message=f"{job.max_attempts} attempts started and none settled; "
                 f"the last one: {error_summary(last) or 'worker lost'}",
-                "traceback": last.get("traceback", ""),
-                "worker": self.id,
-            }
+                traceback=last.get("traceback", ""),
+                worker=self.id,
+            )
             job.errors = job.errors[:-1] if job.errors else []
             self._dead_letter(job, DeadReason.ATTEMPTS_EXHAUSTED, error, attempts=job.attempts - 1)
             return
         handler = registry.lookup(job.name)
         if handler is None:
-            error = {
-                "attempt": job.attempts,
-                "at": timezone.now().isoformat(),
-                "type": "django_jobs.UnknownJob",
-                "message": f"no handler is registered under the name {job.name!r} in this worker",
-                "traceback": "",
-                "worker": self.id,
-            }
+            error = error_record(
+                attempt=job.attempts,
+                kind="django_jobs.UnknownJob",
+                message=f"no handler is registered under the name {job.name!r} in this worker",
+                worker=self.id,
+            )
             self._dead_letter(job, DeadReason.UNKNOWN_NAME, error)
             return
         ctx = JobContext(
@@ -613,7 +656,8 @@ class Worker:
             logger.warning("job %s: lease lost to another worker; this attempt was rolled back",
                            job.id, extra=_extra(job))  # fmt: skip
         elif isinstance(outcome, _Dead):
-            self._dead_letter(job, outcome.reason, outcome.error)
+            if self._dead_letter(job, outcome.reason, outcome.error) is None:
+                self._unsettled.append((run, outcome, duration))
         elif isinstance(outcome, _Failed):
             self._fail(run, outcome, duration)
         elif isinstance(outcome, _Snoozed):
@@ -625,9 +669,11 @@ class Worker:
             exc = Snooze(outcome.seconds)
             self._fail(run, _Failed(error_entry(exc, job.attempts, self.id), exc=exc), duration)
             return
-        ok = self._db(lambda: self._jobs().snooze(job, delay=outcome.seconds))
+        ok = self._db(lambda: self._jobs().snooze(job, delay=outcome.seconds), settle=True)
         if ok is None:
             self._unsettled.append((run, outcome, duration))
+        elif isinstance(ok, _Refused):
+            self._fail(run, self._failure(job, ok.exc), duration)
         elif ok:
             self.stats.snoozed += 1
             if outcome.seconds <= 0:
@@ -641,29 +687,48 @@ class Worker:
     def _fail(self, run: _Run, outcome: _Failed, duration: float) -> None:
         job = run.job
         if run.cancel_requested:  # the handler stopped after an operator cancelled it
+            reason = DeadReason.CANCELLED
+        elif outcome.fatal:
+            reason = DeadReason.FATAL
+        elif job.attempts >= job.max_attempts:
+            reason = DeadReason.ATTEMPTS_EXHAUSTED
+        else:
+            self._retry(run, outcome, duration)
+            return
+        written = self._dead_letter(job, reason, outcome.error, exc=outcome.exc)
+        if written is None:
+            self._unsettled.append((run, outcome, duration))
+        elif written and reason == DeadReason.CANCELLED:
             self.stats.cancelled += 1
-            self._dead_letter(job, DeadReason.CANCELLED, outcome.error, exc=outcome.exc)
-            return
-        if outcome.fatal:
-            self._dead_letter(job, DeadReason.FATAL, outcome.error, exc=outcome.exc)
-            return
-        if job.attempts >= job.max_attempts:
-            self._dead_letter(job, DeadReason.ATTEMPTS_EXHAUSTED, outcome.error, exc=outcome.exc)
-            return
-        delay = run.handler.get_backoff().delay(job.attempts)
-        ok = self._db(lambda: self._jobs().retry(job, delay=delay, error=outcome.error))
+
+    def _retry(self, run: _Run, outcome: _Failed, duration: float) -> None:
+        job = run.job
+        backoff = run.handler.get_backoff() if run.handler else Backoff.coerce(conf.get("BACKOFF"))
+        delay = backoff.delay(job.attempts)
+        error = outcome.error
+        ok = self._db(lambda: self._jobs().retry(job, delay=delay, error=error), settle=True)
         if ok is None:
             self._unsettled.append((run, outcome, duration))
-            return
-        if ok:
+        elif isinstance(ok, _Refused):
+            # The database will not take the row back: keep the true cause in a letter
+            # rather than leave the job to its lease (and the next worker to the same end).
+            error = error_record(
+                attempt=error["attempt"], kind=error["type"], traceback=error["traceback"],
+                message=f"{error['message']} (the database refused to record the retry: "
+                f"{storable_text(safe_str(ok.exc), MAX_MESSAGE)})",
+                worker=error["worker"],
+            )  # fmt: skip
+            if self._dead_letter(job, DeadReason.MALFORMED, error, exc=outcome.exc) is None:
+                self._unsettled.append((run, outcome, duration))
+        elif ok:
             self.stats.retried += 1
             if delay <= 0:
                 self._more = True
             logger.warning(
-                "job %s attempt %d/%d failed (%s); retrying in %.1fs",
+                "job %s attempt %d/%d failed (%s); retrying in %.1fs%s",
                 job.id, job.attempts, job.max_attempts, error_summary(outcome.error), delay,
+                _traceback_of(outcome.error) if logger.isEnabledFor(logging.DEBUG) else "",
                 extra=_extra(job),
-                exc_info=outcome.exc if logger.isEnabledFor(logging.DEBUG) else None,
             )  # fmt: skip
             self._send_finished(job, "retried", outcome.exc, duration)
         else:
@@ -677,60 +742,93 @@ class Worker:
         *,
         attempts: int | None = None,
         exc: BaseException | None = None,
-    ) -> None:
+    ) -> bool | None:
+        """Move job to the dead letters: True if written, None to try again (database away)."""
         letter = self._db(
-            lambda: self._jobs().dead_letter(job, reason=reason, error=error, attempts=attempts)
+            lambda: (
+                self._jobs().dead_letter(job, reason=reason, error=error, attempts=attempts)
+                or _FENCED
+            ),
+            settle=True,
         )
         if letter is None:
-            # Fenced out (another worker holds it) or the database is away: the
-            # lease will expire and whoever claims the job next decides again.
-            return
+            return None
+        if letter is _FENCED:
+            return False  # another worker holds it now: whoever settles it decides
+        if isinstance(letter, _Refused):
+            # Nothing this worker writes for the job is taken: its lease expires and
+            # the job comes round again, each claim counting an attempt.
+            logger.error("job %s: its dead letter (%s) could not be written", job.id, reason,
+                         extra=_extra(job))  # fmt: skip
+            return False
         self.stats.dead += 1
+        # The stored (capped, storable) traceback, not exc_info: a 10 MB message
+        # must not make a 10 MB log line, and a hostile exception cannot break logging.
         logger.error(
-            "job %s dead-lettered (%s) after %d attempt(s): %s",
-            job.id, reason, letter.attempts, error_summary(error), extra=_extra(job), exc_info=exc,
+            "job %s dead-lettered (%s) after %d attempt(s): %s%s",
+            job.id, reason, letter.attempts, error_summary(error), _traceback_of(error),
+            extra=_extra(job),
         )  # fmt: skip
         if signals.job_dead_lettered.receivers:
-            signals.job_dead_lettered.send(
+            self._signal(
+                signals.job_dead_lettered,
                 sender=job.name, job_id=job.id, name=job.name, queue=job.queue,
                 reason=reason, attempts=letter.attempts, error=letter.error,
             )  # fmt: skip
         self._send_finished(job, "dead", exc, None)
+        return True
 
     def _flush_done(self) -> None:
         batch, self._done = self._done, []
         settled = self._db(
             lambda: self._jobs().complete(
                 [(run.job.id, run.job.token, result) for run, result, _ in batch]
-            )
+            ),
+            settle=True,
         )
         if settled is None:
-            # One poisoned row must not block the rest: settle one by one next time.
+            # The database is away: settle one by one once it is back.
             self._unsettled.extend((run, _Succeeded(result), d) for run, result, d in batch)
-            return
-        for index, (run, _, duration) in enumerate(batch):
-            if index in settled:
-                self.stats.succeeded += 1
-                self._send_finished(run.job, "succeeded", None, duration)
-            else:
-                self._note_fenced(run.job)
+        elif isinstance(settled, _Refused):
+            if len(batch) == 1:
+                run, _, duration = batch[0]
+                self._fail(run, self._failure(run.job, settled.exc), duration)
+                return
+            # One row the database refuses must not fail the others: settle each alone.
+            for run, result, duration in batch:
+                self._complete_one(run, result, duration)
+        else:
+            for index, (run, _, duration) in enumerate(batch):
+                if index in settled:
+                    self._succeeded(run.job, duration)
+                else:
+                    self._note_fenced(run.job)
+
+    def _complete_one(self, run: _Run, result: str | None, duration: float) -> None:
+        job = run.job
+        settled = self._db(
+            lambda: self._jobs().complete([(job.id, job.token, result)]), settle=True
+        )
+        if settled is None:
+            self._unsettled.append((run, _Succeeded(result), duration))
+        elif isinstance(settled, _Refused):
+            # The done write itself fails (a trigger, a constraint, a value the database
+            # refuses): a failed attempt with the database's error, bounded by max_attempts.
+            self._fail(run, self._failure(job, settled.exc), duration)
+        elif settled:
+            self._succeeded(job, duration)
+        else:
+            self._note_fenced(job)
+
+    def _succeeded(self, job: ClaimedJob, duration: float) -> None:
+        self.stats.succeeded += 1
+        self._send_finished(job, "succeeded", None, duration)
 
     def _retry_unsettled(self) -> None:
         pending, self._unsettled = self._unsettled, []
         for run, outcome, duration in pending:
             if isinstance(outcome, _Succeeded):
-                settled = self._db(
-                    lambda run=run, outcome=outcome: self._jobs().complete(
-                        [(run.job.id, run.job.token, outcome.result)]
-                    )
-                )
-                if settled is None:
-                    self._unsettled.append((run, outcome, duration))
-                elif settled:
-                    self.stats.succeeded += 1
-                    self._send_finished(run.job, "succeeded", None, duration)
-                else:
-                    self._note_fenced(run.job)
+                self._complete_one(run, outcome.result, duration)
             else:
                 self._settle(run, outcome, duration)
 
@@ -747,10 +845,21 @@ class Worker:
     ) -> None:
         self._ops.finished(outcome, duration)
         if signals.job_finished.receivers:
-            signals.job_finished.send(
+            self._signal(
+                signals.job_finished,
                 sender=job.name, job_id=job.id, name=job.name, queue=job.queue,
                 attempt=job.attempts, outcome=outcome, error=error, duration=duration,
             )  # fmt: skip
+
+    def _signal(self, signal: Any, **kwargs: Any) -> None:
+        """Send signal from the dispatcher: a failing receiver is logged, not fatal."""
+        for receiver, response in signal.send_robust(**kwargs):
+            if isinstance(response, Exception):
+                logger.error(
+                    "worker %s: a receiver of a django_jobs signal (%s) raised %s: %s",
+                    self.id, safe_str(receiver), _type_name(response),
+                    storable_text(safe_str(response), MAX_MESSAGE),
+                )  # fmt: skip
 
     # ---- leases, timeouts and shutdown --------------------------------------
 
@@ -818,6 +927,12 @@ class Worker:
         return time.monotonic() + self.grace
 
     def _finish_shutdown(self) -> None:
+        # Settle what threads reported since the last look: only a job a thread is
+        # still running (or never started) may be released with its attempt given back.
+        self._drain_inbox(0)
+        if self._to_release:
+            self._release(self._to_release)
+            self._to_release = []
         unfinished = [run for run in self._inflight if not run.abandoned]
         for run in unfinished:
             run.abandoned = True
@@ -868,56 +983,72 @@ class Worker:
                 if self._draining:
                     self._inbox.put(_Finished(run, _Unstarted(), 0.0))
                     continue
-                if run.cancel_requested:  # cancelled while it waited for this thread
-                    exc = JobCancelled("cancelled before it started")
-                    self._inbox.put(
-                        _Finished(
-                            run, _Failed(error_entry(exc, run.job.attempts, self.id), exc=exc), 0.0
-                        )
-                    )
-                    continue
                 if time.monotonic() - last_job > IDLE_CHECK:
                     _check_connections(own)
-                self._execute(run, own)
+                # Every run taken from the queue is reported, whatever happens in it:
+                # a run stays in flight (and its lease extended) only until then.
+                self._inbox.put(self._execute(run, own))
                 last_job = time.monotonic()
                 if run.timed_out:
                     return  # a replacement thread took this one's place
         finally:
             connections.close_all()
 
-    def _execute(self, run: _Run, own: list[Any]) -> None:
-        job, handler, ctx = run.job, run.handler, run.ctx
+    def _execute(self, run: _Run, own: list[Any]) -> _Finished:
+        """Run one job on this thread and return its report; it never raises."""
         run.started = time.monotonic()
-        outcome: Outcome
+        try:
+            outcome = self.outcome_of(run)
+        except BaseException as exc:  # noqa: BLE001 - outcome_of catches all; this is the net
+            outcome = self._failure(run.job, exc)
+        try:
+            _tidy_connections(own)
+        except BaseException:  # noqa: BLE001 - a handler can leave a connection in any state
+            for conn in own:
+                _close_quietly(conn)
+        return _Finished(run, outcome, time.monotonic() - run.started)
+
+    def outcome_of(self, run: _Run) -> Outcome:
+        """Run a claimed job's handler on this thread and return what happened.
+
+        It never raises. Whatever the handler or its validator raises, any
+        BaseException included (KeyboardInterrupt, SystemExit, CancelledError,
+        GeneratorExit), is a failed attempt: executors are not the main thread,
+        so the worker's own SIGINT/SIGTERM handling never meets it.
+        """
+        job, handler, ctx = run.job, run.handler, run.ctx
+        if run.cancel_requested:  # cancelled while it waited for this thread
+            return self._failure(job, JobCancelled("cancelled before it started"))
         try:
             payload = payloads.decode(job.payload)
             if handler.validate is not None:
                 validated = handler.validate(payload)
                 payload = payload if validated is None else validated
         except (ValueError, TypeError, ValidationError) as exc:
-            error = error_entry(exc, job.attempts, self.id)
-            self._inbox.put(_Finished(run, _Dead(DeadReason.INVALID_PAYLOAD, error), 0.0))
-            return
-        if signals.job_started.receivers:
-            signals.job_started.send(
-                sender=job.name, job_id=job.id, name=job.name, queue=job.queue, attempt=job.attempts
-            )
+            return _Dead(DeadReason.INVALID_PAYLOAD, error_entry(exc, job.attempts, self.id))
+        except BaseException as exc:  # noqa: BLE001 - a validator that breaks fails the attempt
+            return self._failure(job, exc)
         try:
+            if signals.job_started.receivers:
+                signals.job_started.send(
+                    sender=job.name, job_id=job.id, name=job.name, queue=job.queue,
+                    attempt=job.attempts,
+                )  # fmt: skip
             if handler.atomic:
-                outcome = self._run_atomic(run, payload)
-            else:
-                outcome = _Succeeded(payloads.encode_result(_call(handler, payload, ctx)))
-        except LeaseLost:
-            outcome = _Lost()
+                return self._run_atomic(run, payload)
+            return _Succeeded(payloads.encode_result(_call(handler, payload, ctx)))
         except Snooze as exc:
-            outcome = _Snoozed(exc.seconds)
+            seconds = getattr(exc, "seconds", None)
+            if type(seconds) is float and 0.0 <= seconds <= Snooze.MAX_SECONDS:
+                return _Snoozed(seconds)
+            return self._failure(job, exc)  # a Snooze tampered with after it was made
         except FatalError as exc:
-            outcome = _Failed(error_entry(exc, job.attempts, self.id), fatal=True, exc=exc)
-        except (Exception, SystemExit) as exc:  # noqa: BLE001 - a handler may raise anything
-            outcome = _Failed(error_entry(exc, job.attempts, self.id), exc=exc)
-        finally:
-            _tidy_connections(own)
-        self._inbox.put(_Finished(run, outcome, time.monotonic() - run.started))
+            return self._failure(job, exc, fatal=True)
+        except BaseException as exc:  # noqa: BLE001 - a handler may raise anything
+            return self._failure(job, exc)
+
+    def _failure(self, job: ClaimedJob, exc: BaseException, fatal: bool = False) -> _Failed:
+        return _Failed(error_entry(exc, job.attempts, self.id), fatal=fatal, exc=exc)
 
     def _run_atomic(self, run: _Run, payload: Any) -> Outcome:
         job = run.job
@@ -930,6 +1061,8 @@ class Worker:
                     raise _MarkerExists
         except _MarkerExists:
             return _AlreadyDone()
+        except LeaseLost:
+            return _Lost()
         return _SettledAtomically()
 
     def _listen(self) -> None:
@@ -964,23 +1097,41 @@ class Worker:
     def _jobs(self) -> JobQuerySet:
         return self._queryset
 
-    def _db(self, operation: Callable[[], Any]) -> Any:
-        """Run operation; on a connection error, reconnect later and return None."""
+    def _db(self, operation: Callable[[], Any], *, settle: bool = False) -> Any:
+        """Run operation; on a connection error, reconnect later and return None.
+
+        With `settle`, any other error (the database refused this row's write:
+        a value, a trigger, a constraint) comes back as a _Refused, for the
+        caller to record against that one job instead of retrying it forever.
+        """
         conn = connections[self.database]
         try:
             result = operation()
         except _DB_ERRORS as exc:
             self._db_failures += 1
             pause = min(RETRY_MAX, RETRY_MIN * 2 ** min(self._db_failures - 1, 10))
-            logger.warning("worker %s: database error (%s); retrying in %.1fs", self.id, exc, pause)
+            logger.warning(
+                "worker %s: database error (%s); retrying in %.1fs",
+                self.id, storable_text(safe_str(exc), MAX_MESSAGE), pause,
+            )  # fmt: skip
             _close_quietly(conn)
             self._pause(pause)
             return None
-        except DatabaseError:
-            # A statement failed (a constraint, a trigger): the connection is fine.
-            logger.exception("worker %s: database operation failed", self.id)
-            self._pause(RETRY_MIN)
-            return None
+        except Exception as exc:
+            if not settle:
+                if not isinstance(exc, DatabaseError):
+                    raise
+                # A statement failed (a constraint, a trigger): the connection is fine.
+                logger.exception("worker %s: database operation failed", self.id)
+                self._pause(RETRY_MIN)
+                return None
+            # Capped: PostgreSQL's error context can quote megabytes of the value.
+            logger.error(
+                "worker %s: the database refused a settle (%s: %s)",
+                self.id, _type_name(exc), storable_text(safe_str(exc), MAX_MESSAGE),
+                exc_info=not isinstance(exc, DatabaseError),
+            )  # fmt: skip
+            return _Refused(exc)
         self._db_failures = 0
         return result
 

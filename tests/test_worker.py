@@ -153,7 +153,9 @@ def test_bad_return_value_fails_the_attempt(run_worker):
     enqueue(jobs.bad_return, max_attempts=1)
     run_worker()
     letter = DeadLetter.objects.get()
-    assert "not JSON-serialisable" in letter.error
+    assert letter.error.startswith(
+        "django_jobs.exceptions.UnstorableResult: the handler returned a value that is not JSON"
+    )
 
 
 def test_async_handler(run_worker):

@@ -122,6 +122,7 @@ class Migration(migrations.Migration):
                             ("attempts_exhausted", "attempts exhausted"),
                             ("fatal", "fatal error"),
                             ("cancelled", "cancelled"),
+                            ("malformed", "malformed row"),
                         ],
                         max_length=32,
                     ),
