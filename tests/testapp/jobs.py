@@ -208,3 +208,7 @@ def until_cancelled(payload, ctx):
     Audit.objects.create(
         label=f"end-{payload.get('label', '')}", job_id=ctx.id, attempt=ctx.attempt
     )
+
+
+# Hostile handlers (issue 10): what they raise, return or print comes from the payload.
+from tests.testapp import hostile  # noqa: E402, F401
