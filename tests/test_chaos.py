@@ -10,6 +10,7 @@ with pg_terminate_backend, which leaves other users of the server alone).
 from __future__ import annotations
 
 import glob
+import json
 import os
 import random
 import signal
@@ -260,7 +261,13 @@ def test_failing_done_write_neither_loses_nor_sticks_jobs(worker_process):
     try:
         enqueue_many(jobs.record, [{"label": f"plain-{i}"} for i in range(10)], max_attempts=30)
         enqueue_many(jobs.chaos_atomic, [{"label": f"atomic-{i}"} for i in range(10)])
-        worker = worker_process("--concurrency", "2", "--lease", "1")
+        # Each refused done write is a failed attempt of its job (issue 10): retry every
+        # 0.5 s, so that 30 attempts outlast the few seconds of failure.
+        backoff = {"BACKOFF": {"kind": "fixed", "base": 0.5, "ceiling": 0.5, "jitter": 0.0}}
+        worker = worker_process(
+            "--concurrency", "2", "--lease", "1",
+            extra_env={"JOBS_TEST_SETTINGS": json.dumps(backoff)},
+        )  # fmt: skip
         wait_for(lambda: Audit.objects.exists(), message="the first attempts")
         started = time.monotonic()
         longest_lease, retaken = 0.0, 0
@@ -276,6 +283,7 @@ def test_failing_done_write_neither_loses_nor_sticks_jobs(worker_process):
             retaken = Job.objects.filter(name="tests.record", attempts__gt=1).count()
             time.sleep(0.2)
         during = (Job.objects.count(), CompletionMarker.objects.count())
+        causes = {e["message"] for r in Job.objects.filter(name="tests.record") for e in r.errors}
         with connection.cursor() as cursor:
             cursor.execute("DELETE FROM chaos_fail")
         wait_for(
@@ -295,6 +303,7 @@ def test_failing_done_write_neither_loses_nor_sticks_jobs(worker_process):
            retaken=retaken, longest_lease_s=f"{longest_lease:.1f}", atomic_effects=atomic_effects,
            plain_effects=Audit.objects.filter(label__startswith="plain-").count())  # fmt: skip
     assert during == (20, 0)  # nothing lost, nothing marked while the write failed
+    assert any("chaos: the marker write fails" in c for c in causes)  # the true cause
     assert longest_lease <= 1.5  # no lease was extended past the lease length
     assert atomic_effects == 10  # the marker kept the atomic effects single
     assert Job.objects.count() == 0 and DeadLetter.objects.count() == 0
