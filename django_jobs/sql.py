@@ -3,7 +3,11 @@
 Kept here, named and commented, so that the SQL the worker runs thousands of
 times a second can be read in one place. ``models.JobQuerySet`` runs them on
 PostgreSQL (through ``run``) and falls back to the ORM elsewhere. Times come
-from the database clock (``now()``), never the worker's.
+from the database clock, never the worker's: ``statement_timestamp()``, as in
+enqueue and Django's ``Now()``. In the worker's single-statement transactions it
+equals ``now()``; inside a longer transaction (a ``TestCase``'s, under
+``django_jobs.testing.drain``) ``now()`` would stay at that transaction's start,
+before every job enqueued in it.
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ def run(alias: str, statement: str, params: Any = None) -> list[tuple]:
 CLAIM = """
 WITH beat AS (
     UPDATE django_jobs_worker
-    SET last_seen_at = now(), running = %(running)s, stats = COALESCE(%(stats)s::jsonb, stats)
+    SET last_seen_at = statement_timestamp(), running = %(running)s, stats = COALESCE(%(stats)s::jsonb, stats)
     WHERE %(beat)s AND id = %(worker)s
 ),
 active AS MATERIALIZED (
@@ -77,7 +81,7 @@ claimable AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT id FROM (
             SELECT id FROM django_jobs_job
-            WHERE locked_by IS NOT NULL AND queue = q.name AND lease_expires_at < now()
+            WHERE locked_by IS NOT NULL AND queue = q.name AND lease_expires_at < statement_timestamp()
             ORDER BY lease_expires_at
             LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED
@@ -87,7 +91,7 @@ claimable AS MATERIALIZED (
             SELECT id FROM django_jobs_job
             WHERE locked_by IS NULL
               AND queue = q.name
-              AND run_at <= now()
+              AND run_at <= statement_timestamp()
               AND name <> ALL(%(exclude)s::text[])
             ORDER BY priority DESC, run_at, id
             LIMIT %(limit)s
@@ -100,13 +104,13 @@ claimed AS (
     UPDATE django_jobs_job AS j
     SET attempts = j.attempts + 1,
         locked_by = %(token)s,
-        lease_expires_at = now() + %(lease)s * interval '1 second',
-        attempted_at = now(),
-        started_at = COALESCE(j.started_at, now()),
+        lease_expires_at = statement_timestamp() + %(lease)s * interval '1 second',
+        attempted_at = statement_timestamp(),
+        started_at = COALESCE(j.started_at, statement_timestamp()),
         errors = CASE WHEN j.locked_by IS NULL THEN j.errors ELSE j.errors || jsonb_build_array(
             jsonb_build_object(
                 'attempt', j.attempts,
-                'at', now(),
+                'at', statement_timestamp(),
                 'type', 'django_jobs.LeaseExpired',
                 'message',
                 'the lease expired before the attempt settled (worker killed, hung or cut off)',
@@ -114,7 +118,7 @@ claimed AS (
                 'worker', split_part(j.locked_by, '#', 1))) END
     FROM claimable
     WHERE j.id = claimable.id
-      AND (j.locked_by IS NULL OR j.lease_expires_at < now())
+      AND (j.locked_by IS NULL OR j.lease_expires_at < statement_timestamp())
     RETURNING j.id, j.name, j.queue, j.payload, j.priority, j.run_at, j.attempts,
               j.max_attempts, j.key, j.fingerprint, j.enqueued_at, j.started_at, j.errors
 )
@@ -171,7 +175,7 @@ marked AS (
     INSERT INTO django_jobs_marker
         (job_id, key, name, queue, attempts, enqueued_at, started_at, completed_at,
          worker_id, result, fingerprint)
-    SELECT id, COALESCE(key, id::text), name, queue, attempts, enqueued_at, started_at, now(),
+    SELECT id, COALESCE(key, id::text), name, queue, attempts, enqueued_at, started_at, statement_timestamp(),
            split_part(locked_by, '#', 1), result, fingerprint
     FROM deleted
     ON CONFLICT DO NOTHING
@@ -193,7 +197,7 @@ marked AS (
     INSERT INTO django_jobs_marker
         (job_id, key, name, queue, attempts, enqueued_at, started_at, completed_at,
          worker_id, result, fingerprint)
-    SELECT id, COALESCE(key, id::text), name, queue, attempts, enqueued_at, started_at, now(),
+    SELECT id, COALESCE(key, id::text), name, queue, attempts, enqueued_at, started_at, statement_timestamp(),
            split_part(locked_by, '#', 1), %(result)s::jsonb, fingerprint
     FROM deleted
     ON CONFLICT DO NOTHING
@@ -207,7 +211,7 @@ SELECT (SELECT count(*) FROM deleted), (SELECT count(*) FROM marked)
 # asked to cancel.
 EXTEND_LEASES = """
 UPDATE django_jobs_job
-SET lease_expires_at = GREATEST(lease_expires_at, now() + %s * interval '1 second')
+SET lease_expires_at = GREATEST(lease_expires_at, statement_timestamp() + %s * interval '1 second')
 WHERE id = ANY(%s::uuid[]) AND locked_by = ANY(%s::text[])
 RETURNING id, cancel_requested_at IS NOT NULL
 """
