@@ -67,7 +67,8 @@ def run(alias: str, statement: str, params: Any = None) -> list[tuple]:
 CLAIM = """
 WITH beat AS (
     UPDATE django_jobs_worker
-    SET last_seen_at = statement_timestamp(), running = %(running)s, stats = COALESCE(%(stats)s::jsonb, stats)
+    SET last_seen_at = statement_timestamp(), running = %(running)s,
+        stats = COALESCE(%(stats)s::jsonb, stats)
     WHERE %(beat)s AND id = %(worker)s
 ),
 active AS MATERIALIZED (
@@ -81,7 +82,8 @@ claimable AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT id FROM (
             SELECT id FROM django_jobs_job
-            WHERE locked_by IS NOT NULL AND queue = q.name AND lease_expires_at < statement_timestamp()
+            WHERE locked_by IS NOT NULL AND queue = q.name
+              AND lease_expires_at < statement_timestamp()
             ORDER BY lease_expires_at
             LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED
@@ -175,7 +177,8 @@ marked AS (
     INSERT INTO django_jobs_marker
         (job_id, key, name, queue, attempts, enqueued_at, started_at, completed_at,
          worker_id, result, fingerprint)
-    SELECT id, COALESCE(key, id::text), name, queue, attempts, enqueued_at, started_at, statement_timestamp(),
+    SELECT id, COALESCE(key, id::text), name, queue, attempts, enqueued_at, started_at,
+           statement_timestamp(),
            split_part(locked_by, '#', 1), result, fingerprint
     FROM deleted
     ON CONFLICT DO NOTHING
@@ -197,7 +200,8 @@ marked AS (
     INSERT INTO django_jobs_marker
         (job_id, key, name, queue, attempts, enqueued_at, started_at, completed_at,
          worker_id, result, fingerprint)
-    SELECT id, COALESCE(key, id::text), name, queue, attempts, enqueued_at, started_at, statement_timestamp(),
+    SELECT id, COALESCE(key, id::text), name, queue, attempts, enqueued_at, started_at,
+           statement_timestamp(),
            split_part(locked_by, '#', 1), %(result)s::jsonb, fingerprint
     FROM deleted
     ON CONFLICT DO NOTHING
