@@ -30,3 +30,33 @@ def test_demo_shows_jobs_done_and_a_dead_letter(tmp_path):
     assert "dead letters: 1" in out.stdout
     assert "reason=fatal" in out.stdout
     assert out.stdout.count("SUCCESSFUL Thank you for ordering a") == 3
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    find_spec("django.tasks") is None,
+    reason="the example project uses django.tasks (Django >= 6.0)",
+)
+@pytest.mark.parametrize(
+    ("command", "passed"),
+    [
+        (["manage.py", "test", "--noinput"], "Ran 7 tests"),
+        (["-m", "pytest", "-q", "-p", "no:cacheprovider"], "9 passed"),
+    ],
+    ids=["manage.py-test", "pytest"],
+)
+def test_the_example_projects_own_tests_pass(command, passed, tmp_path):
+    """example_project/tests use django_jobs.testing: with Django's runner and with pytest."""
+    env = {**os.environ, "EXAMPLE_SQLITE": str(tmp_path / "example.sqlite3")}
+    for name in ("DJANGO_SETTINGS_MODULE", "PYTHONPATH", "EXAMPLE_DB"):
+        env.pop(name, None)
+    if os.environ.get("TEST_DB", "postgres") != "sqlite":
+        # Its own database, next to this run's: the runners make test_<name> and drop it.
+        env["EXAMPLE_DB"] = "postgres"
+        env["PGDATABASE"] = os.environ.get("JOBS_TEST_DB", "django_jobs") + "_example"
+    out = subprocess.run(
+        [sys.executable, *command], cwd=ROOT / "example_project", env=env,
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-5000:]
+    assert passed in out.stdout + out.stderr
