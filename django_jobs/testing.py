@@ -268,8 +268,10 @@ class _InlineWorker(Worker):
                 self._release([event.run])
                 raise event.outcome.exc
             self._handle(event)
-        if run.timed_out:  # as the dispatcher would: fail the attempt with TimeoutError
-            self._expire_timeouts(time.monotonic())
+        if run.timed_out:
+            # As the dispatcher does at the deadline: fail the attempt with TimeoutError.
+            # (The timer started a moment before the handler did: pass the deadline itself.)
+            self._expire_timeouts(max(time.monotonic(), run.deadline or 0.0))
         if self._done:
             self._flush_done()
 

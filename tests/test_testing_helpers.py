@@ -74,6 +74,12 @@ def duplicate_row(payload, ctx):
             )
 
 
+@job(name="tests.helpers.slow_atomic", atomic=True, timeout=0.2, max_attempts=1)
+def slow_atomic(payload, ctx):
+    Audit.objects.create(label="slow-atomic", job_id=ctx.id)
+    ctx.cancelled.wait(2)
+
+
 @job(name="tests.helpers.context", queue="emails")
 def context(payload, ctx):
     return {"attempt": ctx.attempt, "max": ctx.max_attempts, "key": ctx.key, "q": ctx.queue}
@@ -376,6 +382,14 @@ def test_timeouts_fail_the_attempt_as_in_the_worker():
     assert all(isinstance(a.error, TimeoutError) for a in summary.attempts)
     labels = list(Audit.objects.values_list("label", flat=True))
     assert labels == ["slow-start", "slow-late-end"] * 2  # it returned when cancelled
+
+
+def test_an_atomic_handler_past_its_timeout_is_rolled_back_as_in_the_worker():
+    enqueue(slow_atomic, {})
+    [dead] = drain().dead
+    assert (dead.reason, type(dead.error)) == (DeadReason.ATTEMPTS_EXHAUSTED, TimeoutError)
+    assert not Audit.objects.exists()
+    assert not CompletionMarker.objects.exists()
 
 
 def test_async_handlers_run_in_the_test_thread():
