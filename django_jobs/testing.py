@@ -43,7 +43,14 @@ from django_jobs import conf, payloads, registry
 from django_jobs.api import _prepare
 from django_jobs.context import JobContext
 from django_jobs.exceptions import InvalidJob, InvalidPayload
-from django_jobs.models import ClaimedJob, CompletionMarker, DeadLetter, Job, uuid7
+from django_jobs.models import (
+    ClaimedJob,
+    CompletionMarker,
+    DeadLetter,
+    Job,
+    QueueState,
+    uuid7,
+)
 from django_jobs.registry import Handler
 from django_jobs.worker import Worker, _call, _Failed, _Finished
 
@@ -169,8 +176,10 @@ def drain(
         if until_empty:
             limit = ROUND_SIZE
             if drained.rounds >= max_rounds:
-                if mine.filter(claimable).exists():
-                    raise _too_many_rounds(mine.filter(claimable), drained, max_rounds)
+                paused = QueueState.objects.using(conf.database()).filter(paused=True)
+                due = mine.filter(claimable).exclude(queue__in=paused.values("name"))
+                if due.exists():
+                    raise _too_many_rounds(due, drained, max_rounds)
                 return drained
         else:
             limit = mine.filter(claimable).count()
@@ -189,7 +198,10 @@ def drain(
 def _queues(queue: str | Iterable[str] | None) -> list[str] | None:
     if queue is None:
         return None
-    names = [queue] if isinstance(queue, str) else list(queue)
+    try:
+        names = [queue] if isinstance(queue, str) else list(queue)
+    except TypeError:
+        names = []
     if not names:
         raise InvalidJob("drain() needs a queue name, a list of them, or None for all queues")
     return [registry.check_queue(name, allowlist=False) for name in names]
@@ -228,7 +240,6 @@ class _InlineWorker(Worker):
         """Claim up to limit due jobs, run them one by one in claim order, settle each."""
         self._report = []
         self.batch = self._target = limit
-        self._more = True
         try:
             self.claimed_last, _ = self._claim()
             while not self._work.empty():

@@ -250,6 +250,8 @@ def test_drain_one_queue_leaves_the_others():
         drain("no spaces allowed")
     with pytest.raises(InvalidJob):
         drain([])
+    with pytest.raises(InvalidJob, match="needs a queue name"):
+        drain(42)
 
 
 def test_a_paused_queue_is_left_alone_as_by_the_worker():
@@ -341,6 +343,10 @@ def test_a_self_enqueueing_handler_cannot_hang_the_test():
 
     with pytest.raises(DrainError, match="stopped after 3 rounds"):
         drain(max_rounds=3)
+    # Jobs that cannot run (a paused queue) do not count as work left.
+    QueueState.objects.create(name="default", paused=True)
+    enqueue(handlers.other_queue, {})
+    assert len(drain(max_rounds=1).succeeded) == 1
     with pytest.raises(ValueError, match="max_rounds"):
         drain(max_rounds=0)
 
