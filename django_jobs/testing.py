@@ -24,7 +24,6 @@ pytest users get the same through the ``jobs`` and ``jobs_drain`` fixtures
 from __future__ import annotations
 
 import json
-import queue as queue_module
 import threading
 import time
 import uuid
@@ -52,7 +51,7 @@ from django_jobs.models import (
     uuid7,
 )
 from django_jobs.registry import Handler
-from django_jobs.worker import Worker, _call, _Failed, _Finished
+from django_jobs.worker import Worker, _call, _Failed
 
 __all__ = [
     "MAX_ROUNDS",
@@ -259,26 +258,20 @@ class _InlineWorker(Worker):
         timer = _Deadline(run) if run.timeout else None
         try:
             with _shielded():
-                self._execute(run, [] if _in_transaction() else _own_connections())
+                finished = self._execute(run, [] if _in_transaction() else _own_connections())
         finally:
             if timer is not None:
                 timer.cancel()
-        while True:
-            try:
-                event = self._inbox.get_nowait()
-            except queue_module.Empty:
-                break
-            if (
-                raise_errors
-                and isinstance(event, _Finished)
-                and isinstance(event.outcome, _Failed)
-                and event.outcome.exc is not None
-                and not event.run.abandoned
-            ):
-                self._forget(event.run)
-                self._release([event.run])
-                raise event.outcome.exc
-            self._handle(event)
+        self._drain_inbox(0)  # what the handler asked for meanwhile (ctx.extend_lease)
+        outcome = finished.outcome
+        if isinstance(outcome, _Failed) and not run.abandoned:
+            # The worker records any BaseException as a failed attempt; a test stops on
+            # Ctrl-C, and with raise_errors on the handler's exception.
+            if raise_errors or isinstance(outcome.exc, KeyboardInterrupt):
+                self._forget(run)
+                self._release([run])
+                raise outcome.exc
+        self._on_finished(finished)
         if run.timed_out:
             # As the dispatcher does at the deadline: fail the attempt with TimeoutError.
             # (The timer started a moment before the handler did: pass the deadline itself.)
@@ -297,6 +290,12 @@ class _InlineWorker(Worker):
         self._by_name.clear()
         if left:
             self._release(left)
+
+    def _db(self, operation: Any, *, settle: bool = False) -> Any:
+        # Each settle statement in a savepoint: one the database refuses (a trigger, a
+        # constraint) is recorded by the worker, and the test's transaction goes on.
+        with _shielded():
+            return super()._db(operation, settle=settle)
 
     def _start_executor(self) -> None:
         """No threads here: a timed-out handler has already returned."""

@@ -20,7 +20,7 @@ from django.db import IntegrityError, connection, transaction
 from django.test import TestCase, TransactionTestCase, override_settings
 
 from django_jobs import FatalError, enqueue, enqueue_on_commit, job
-from django_jobs.exceptions import InvalidJob, InvalidPayload, UnknownJob
+from django_jobs.exceptions import InvalidJob, InvalidPayload, UnknownJob, UnstorableResult
 from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job, QueueState
 from django_jobs.testing import (
     MAX_ROUNDS,
@@ -78,6 +78,11 @@ def duplicate_row(payload, ctx):
 def slow_atomic(payload, ctx):
     Audit.objects.create(label="slow-atomic", job_id=ctx.id)
     ctx.cancelled.wait(2)
+
+
+@job(name="tests.helpers.returns", max_attempts=2)
+def returns(payload, ctx):
+    return payload
 
 
 @job(name="tests.helpers.context", queue="emails")
@@ -295,6 +300,36 @@ def test_a_handler_that_breaks_the_transaction_fails_only_its_attempt():
     assert DeadLetter.objects.get().reason == DeadReason.ATTEMPTS_EXHAUSTED
 
 
+def test_a_settle_the_database_refuses_fails_only_its_job():
+    # A trigger refuses the done write of one result: the worker records that attempt
+    # as failed; in the test's transaction, the refused statement is rolled back alone.
+    with connection.cursor() as cursor:
+        if POSTGRES:
+            cursor.execute(
+                "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                "IF NEW.result = '\"poison\"'::jsonb THEN RAISE EXCEPTION 'poisoned result'; "
+                "END IF; RETURN NEW; END $$"
+            )
+            cursor.execute(
+                "CREATE TRIGGER refuse_poison BEFORE INSERT ON django_jobs_marker "
+                "FOR EACH ROW EXECUTE FUNCTION refuse_poison()"
+            )
+        else:
+            cursor.execute(
+                "CREATE TRIGGER refuse_poison BEFORE INSERT ON django_jobs_marker "
+                "WHEN json_extract(NEW.result, '$') = 'poison' "
+                "BEGIN SELECT RAISE(ABORT, 'poisoned result'); END"
+            )
+    poisoned = enqueue(returns, "poison")
+    fine = enqueue(returns, "fine")
+    summary = drain()
+    assert [(a.id, a.outcome) for a in summary.attempts] == [
+        (poisoned.id, "retried"), (fine.id, "succeeded"), (poisoned.id, "dead")
+    ]  # fmt: skip
+    assert "poisoned result" in DeadLetter.objects.get(id=poisoned.id).error
+    assert CompletionMarker.objects.get().result == "fine"
+
+
 def test_raise_errors_raises_in_the_test_and_records_no_attempt():
     ok = enqueue(handlers.record, {"label": "first"}, priority=10)
     failing = enqueue(handlers.flaky, {"succeed_on": 2})
@@ -314,6 +349,19 @@ def test_raise_errors_raises_in_the_test_and_records_no_attempt():
     assert not DeadLetter.objects.exists()
     summary = drain()  # without raise_errors: the attempts are recorded
     assert len(summary.succeeded) == 2 and len(summary.dead) == 1
+
+
+def test_ctrl_c_in_a_handler_stops_the_test():
+    # The worker records any BaseException as a failed attempt; a test must stop on Ctrl-C.
+    @job(name="tests.helpers.interrupted")
+    def interrupted(payload, ctx):
+        raise KeyboardInterrupt
+
+    result = enqueue(interrupted, {})
+    with pytest.raises(KeyboardInterrupt):
+        drain()
+    row = Job.objects.get(id=result.id)
+    assert (row.attempts, row.locked_by, row.errors) == (0, None, [])
 
 
 def test_jobs_a_handler_enqueues_run_too_unless_until_empty_is_false():
@@ -433,7 +481,7 @@ def test_perform_validates_and_encodes_as_enqueue_and_the_worker_do():
         perform(handlers.record, {"label": {1, 2}})
     with pytest.raises(InvalidPayload, match="lone surrogate"):
         perform(handlers.record, {"label": "\ud800"})
-    with pytest.raises(TypeError, match="not JSON-serialisable"):
+    with pytest.raises(UnstorableResult, match="not JSON"):
         perform(handlers.bad_return, {})
     with pytest.raises(InvalidJob, match="attempt"):
         perform(handlers.noop, {}, attempt=0)
