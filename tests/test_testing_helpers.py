@@ -171,6 +171,16 @@ def test_enqueue_on_commit_in_the_test_transaction_is_visible_at_once(
     assert Audit.objects.get().label == "on-commit"
 
 
+@pytest.mark.django_db(databases=["default", "other"])
+def test_only_commit_of_another_alias_waits_for_a_commit(django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(using="other", execute=True) as callbacks:
+        enqueue_on_commit(handlers.record, {"label": "other"}, commit_of="other")
+        assert_not_enqueued()  # written when "other" commits, which a test never does
+    assert len(callbacks) == 1
+    assert_enqueued(handlers.record, {"label": "other"})
+    assert len(drain().succeeded) == 1
+
+
 # ---- drain: the worker's outcomes ---------------------------------------------------
 
 
