@@ -9,7 +9,6 @@ callback would lose the job.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -22,12 +21,12 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
-from django_jobs import conf, payloads, registry, signals, sql
+from django_jobs import conf, limits, payloads, registry, signals, sql
 from django_jobs.exceptions import IdempotencyConflict, InvalidJob, InvalidPayload
+from django_jobs.limits import MAX_KEY_LENGTH
 from django_jobs.models import CompletionMarker, Job, uuid7
 from django_jobs.registry import Handler
 
-MAX_KEY_LENGTH = 255
 # A job whose key is live or done: a few rounds cover a job finishing mid-enqueue.
 _DEDUPE_ROUNDS = 5
 
@@ -37,13 +36,16 @@ class EnqueueResult:
     """What enqueue did: the job's id, and whether an existing job already had its key.
 
     ``duplicate`` is None only for ``enqueue_on_commit(..., commit_of=other_alias)``,
-    whose row is written after that other database commits.
+    whose row is written after that other database commits. ``enqueued_at`` is the
+    time written in the new row (the database's on PostgreSQL); None when no row
+    was written yet, or for a duplicate.
     """
 
     id: UUID
     duplicate: bool | None
     name: str
     queue: str
+    enqueued_at: datetime | None = None
 
 
 @dataclass(slots=True)  # not frozen: frozen dataclasses cost a setattr call per field
@@ -275,16 +277,17 @@ def _schedule(
     if delay is None:
         return None, 0.0
     if isinstance(delay, timedelta):
-        seconds = delay.total_seconds()
+        seconds: Any = delay.total_seconds()
     elif isinstance(delay, int | float) and not isinstance(delay, bool):
-        seconds = float(delay)
+        seconds = delay
     else:
         raise InvalidJob(f"delay must be a timedelta or a number of seconds, not {delay!r}")
-    if not math.isfinite(seconds) or seconds < 0:
-        raise InvalidJob(f"delay must be zero or more seconds, not {delay!r}")
-    if seconds > 10 * 365 * 24 * 3600:
-        raise InvalidJob("delay is more than ten years; pass run_at for far-off dates")
-    return None, seconds
+    if isinstance(seconds, int | float) and seconds > limits.MAX_SECONDS:
+        raise InvalidJob(
+            f"delay must be at most {limits.MAX_SECONDS} seconds (ten years), not "
+            f"{limits.shown(delay)}; pass run_at for far-off dates"
+        )
+    return None, limits.seconds("delay", seconds, zero=True, error=InvalidJob)
 
 
 def _write(job: _Prepared, alias: str) -> EnqueueResult:
@@ -327,14 +330,14 @@ def _params(job: _Prepared) -> dict[str, Any]:
 def _write_postgres(job: _Prepared, alias: str) -> EnqueueResult:
     params = _params(job)
     if job.key is None:
-        sql.run(alias, sql.INSERT, params)
-        return EnqueueResult(job.id, False, job.name, job.queue)
+        rows = sql.run(alias, sql.INSERT, params)
+        return EnqueueResult(job.id, False, job.name, job.queue, rows[0][1])
     for _ in range(_DEDUPE_ROUNDS):
         rows = sql.run(alias, sql.INSERT_KEYED, params)
         if rows:
-            kind, job_id, fingerprint = rows[0][:3]
+            kind, job_id, fingerprint, _notified, enqueued_at = rows[0]
             if kind == "inserted":
-                return EnqueueResult(job_id, False, job.name, job.queue)
+                return EnqueueResult(job_id, False, job.name, job.queue, enqueued_at)
             return _duplicate(job, job_id, fingerprint)
         existing = (
             Job.objects.using(alias).filter(key=job.key).values_list("id", "fingerprint").first()
@@ -362,7 +365,7 @@ def _write_many_postgres(jobs: list[_Prepared], alias: str) -> list[EnqueueResul
             with cursor.cursor.copy(sql.COPY_JOBS) as copy:
                 copy.write(_copy_rows(plain, now))
             for job in plain:
-                results[job.id] = EnqueueResult(job.id, False, job.name, job.queue)
+                results[job.id] = EnqueueResult(job.id, False, job.name, job.queue, now)
         if keyed:
             for job in keyed.values():
                 results[job.id] = _write_postgres(job, alias)
@@ -414,7 +417,7 @@ def _write_portable(job: _Prepared, alias: str) -> EnqueueResult:
     )
     if job.key is None:
         row.save(using=alias, force_insert=True)
-        return EnqueueResult(job.id, False, job.name, job.queue)
+        return EnqueueResult(job.id, False, job.name, job.queue, now)
     for _ in range(_DEDUPE_ROUNDS):
         done = (
             CompletionMarker.objects.using(alias)
@@ -427,7 +430,7 @@ def _write_portable(job: _Prepared, alias: str) -> EnqueueResult:
         try:
             with transaction.atomic(using=alias):
                 row.save(using=alias, force_insert=True)
-            return EnqueueResult(job.id, False, job.name, job.queue)
+            return EnqueueResult(job.id, False, job.name, job.queue, now)
         except IntegrityError:
             existing = (
                 Job.objects.using(alias)

@@ -142,7 +142,7 @@ class JobsBackend(BaseTaskBackend):
             return Policy(
                 max_attempts=_max_attempts(pick("max_attempts")),
                 backoff=Backoff.coerce(pick("backoff")) if pick("backoff") is not None else None,
-                timeout=_timeout(pick("timeout")),
+                timeout=registry.check_timeout(pick("timeout")),
                 atomic=bool(pick("atomic")),
             )
         except (TypeError, ValueError) as exc:
@@ -179,7 +179,8 @@ class JobsBackend(BaseTaskBackend):
             task=task,
             id=str(job.id),
             status=TaskResultStatus.READY,
-            enqueued_at=timezone.now(),
+            # The time in the row, so that the result equals get_result()'s.
+            enqueued_at=job.enqueued_at or timezone.now(),
             started_at=None,
             finished_at=None,
             last_attempted_at=None,
@@ -255,8 +256,8 @@ class JobsBackend(BaseTaskBackend):
             )
         for key, check in (
             ("MAX_ATTEMPTS", _max_attempts),
-            ("BACKOFF", _backoff),
-            ("TIMEOUT", _timeout),
+            ("BACKOFF", registry.check_backoff),
+            ("TIMEOUT", registry.check_timeout),
         ):
             try:
                 check(options.get(key))
@@ -304,23 +305,7 @@ class JobsBackend(BaseTaskBackend):
 
 
 def _max_attempts(value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"max_attempts must be a positive integer, not {value!r}")
-    return value
-
-
-def _backoff(value: Any) -> Backoff | None:
-    return None if value is None else Backoff.coerce(value)
-
-
-def _timeout(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"timeout must be a positive number of seconds, not {value!r}")
-    return float(value)
+    return None if value is None else registry.check_max_attempts(value)
 
 
 def _policy_problem(policy: Any) -> str | None:
@@ -331,8 +316,8 @@ def _policy_problem(policy: Any) -> str | None:
         return f"has unknown keys: {', '.join(map(str, unknown))}."
     try:
         _max_attempts(policy.get("max_attempts"))
-        _backoff(policy.get("backoff"))
-        _timeout(policy.get("timeout"))
+        registry.check_backoff(policy.get("backoff"))
+        registry.check_timeout(policy.get("timeout"))
     except (TypeError, ValueError) as exc:
         return f"is invalid: {exc}"
     if not isinstance(policy.get("atomic", False), bool):

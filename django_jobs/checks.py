@@ -8,7 +8,7 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import connections
 
-from django_jobs import conf
+from django_jobs import conf, limits
 from django_jobs.registry import QUEUE_RE, Backoff
 
 
@@ -29,48 +29,49 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         )
     s = conf.get_settings()
     alias = s["DATABASE"]
-    if alias not in settings.DATABASES:
+    if not isinstance(alias, str) or alias not in settings.DATABASES:
         errors.append(
             Error(
-                f"DJANGO_JOBS['DATABASE'] is {alias!r}, which is not in DATABASES.",
+                f"DJANGO_JOBS['DATABASE'] is {limits.shown(alias)}, which is not in DATABASES.",
                 id="django_jobs.E003",
             )
         )
         return errors
-    for name in ("CONCURRENCY", "BATCH", "MAX_ATTEMPTS"):
-        value = s[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            errors.append(
-                Error(f"DJANGO_JOBS['{name}'] must be a positive integer.", id="django_jobs.E004")
-            )
-    for name in ("LEASE", "GRACE", "POLL_INTERVAL"):
-        value = s[name]
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+    # Every number is checked against its limit here, so that a worker never meets
+    # one the database cannot add to now() or store (LEASE = 1e13, say).
+    for name, high in (
+        ("CONCURRENCY", limits.MAX_CONCURRENCY),
+        ("BATCH", limits.MAX_INT),
+        ("MAX_ATTEMPTS", limits.MAX_INT),
+    ):
+        try:
+            limits.integer(f"DJANGO_JOBS['{name}']", s[name], 1, high)
+        except ValueError as exc:
+            errors.append(Error(f"{exc}.", id="django_jobs.E004"))
+    for name, zero in (("LEASE", False), ("GRACE", True), ("POLL_INTERVAL", False)):
+        try:
+            limits.seconds(f"DJANGO_JOBS['{name}']", s[name], zero=zero)
+        except ValueError as exc:
+            errors.append(Error(f"{exc}.", id="django_jobs.E005"))
+    timeout, heartbeat, lease = s["TIMEOUT"], s["HEARTBEAT"], s["LEASE"]
+    if timeout is not None:
+        try:
+            limits.seconds("DJANGO_JOBS['TIMEOUT']", timeout)
+        except ValueError as exc:
+            errors.append(Error(f"{exc}.", hint="None means no limit.", id="django_jobs.E006"))
+    if heartbeat is not None:
+        try:
+            limits.seconds("DJANGO_JOBS['HEARTBEAT']", heartbeat, zero=True)
+        except ValueError as exc:
             errors.append(
                 Error(
-                    f"DJANGO_JOBS['{name}'] must be a positive number of seconds.",
-                    id="django_jobs.E005",
+                    f"{exc}.",
+                    hint="None means a third of LEASE; 0 turns heartbeats off.",
+                    id="django_jobs.E007",
                 )
             )
-    timeout, heartbeat, lease = s["TIMEOUT"], s["HEARTBEAT"], s["LEASE"]
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
-    ):
-        errors.append(
-            Error(
-                "DJANGO_JOBS['TIMEOUT'] must be None or a positive number.", id="django_jobs.E006"
-            )
-        )
-    if heartbeat is not None and (
-        isinstance(heartbeat, bool) or not isinstance(heartbeat, int | float) or heartbeat < 0
-    ):
-        errors.append(
-            Error(
-                "DJANGO_JOBS['HEARTBEAT'] must be None, 0 or a positive number.",
-                id="django_jobs.E007",
-            )
-        )
-    elif isinstance(lease, int | float) and heartbeat and heartbeat >= lease:
+            heartbeat = None
+    if isinstance(lease, int | float) and heartbeat and heartbeat >= lease:
         errors.append(
             Error(
                 "DJANGO_JOBS['HEARTBEAT'] must be shorter than LEASE, "
@@ -99,20 +100,38 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     queues = s["QUEUES"]
     if queues is not None and (
         not isinstance(queues, list | tuple | set | frozenset)
-        or not all(isinstance(q, str) and QUEUE_RE.fullmatch(q) for q in queues)
+        or not all(_queue_name(q) for q in queues)
     ):
         errors.append(
             Error(
                 "DJANGO_JOBS['QUEUES'] must be None or a list of queue names.",
+                hint=f"Letters, digits and _ . : -, at most {limits.MAX_QUEUE_LENGTH} characters.",
+                id="django_jobs.E010",
+            )
+        )
+    if not _queue_name(s["DEFAULT_QUEUE"]):
+        errors.append(
+            Error(
+                f"DJANGO_JOBS['DEFAULT_QUEUE'] must be a queue name, not "
+                f"{limits.shown(s['DEFAULT_QUEUE'])}.",
+                hint=f"Letters, digits and _ . : -, at most {limits.MAX_QUEUE_LENGTH} characters.",
                 id="django_jobs.E010",
             )
         )
     limit = s["MAX_PAYLOAD_BYTES"]
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 2):
+    if limit is not None:
+        try:
+            limits.integer("DJANGO_JOBS['MAX_PAYLOAD_BYTES']", limit, 2, limits.MAX_PAYLOAD_BYTES)
+        except ValueError as exc:
+            errors.append(Error(f"{exc}.", hint="None means no limit.", id="django_jobs.E011"))
+    channel = s["CHANNEL"]
+    if not (isinstance(channel, str) and len(channel) < 64 and QUEUE_RE.fullmatch(channel)):
         errors.append(
             Error(
-                "DJANGO_JOBS['MAX_PAYLOAD_BYTES'] must be None or an integer >= 2.",
-                id="django_jobs.E011",
+                f"DJANGO_JOBS['CHANNEL'] must be a name of 1 to 63 letters, digits and _ . : -, "
+                f"not {limits.shown(channel)}.",
+                hint="It names the LISTEN/NOTIFY channel; PostgreSQL refuses longer names.",
+                id="django_jobs.E014",
             )
         )
 
@@ -155,3 +174,11 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
             )
         )
     return errors
+
+
+def _queue_name(value: Any) -> bool:
+    return (
+        isinstance(value, str)
+        and len(value) <= limits.MAX_QUEUE_LENGTH
+        and QUEUE_RE.fullmatch(value) is not None
+    )

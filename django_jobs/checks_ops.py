@@ -8,12 +8,8 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 
-from django_jobs import conf, registry, retention, schedules
+from django_jobs import conf, limits, registry, retention, schedules
 from django_jobs.exceptions import InvalidJob
-
-
-def _positive(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int | float) and value > 0
 
 
 @register(Tags.compatibility)
@@ -49,27 +45,25 @@ def check_operations(app_configs: Any = None, **kwargs: Any) -> list[Any]:
             retention.as_timedelta(s[name], what=name)
         except ValueError as exc:
             errors.append(Error(f"DJANGO_JOBS['{name}'] is invalid: {exc}", id="django_jobs.E203"))
-    batch = s["PRUNE_BATCH"]
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        errors.append(
-            Error("DJANGO_JOBS['PRUNE_BATCH'] must be a positive integer.", id="django_jobs.E204")
-        )
+    try:
+        limits.integer("DJANGO_JOBS['PRUNE_BATCH']", s["PRUNE_BATCH"], 1, limits.MAX_INT)
+    except ValueError as exc:
+        errors.append(Error(f"{exc}.", id="django_jobs.E204"))
     interval, expiry = s["MAINTENANCE_INTERVAL"], s["WORKER_EXPIRY"]
-    if not _positive(interval):
-        errors.append(
-            Error(
-                "DJANGO_JOBS['MAINTENANCE_INTERVAL'] must be a positive number of seconds.",
-                id="django_jobs.E205",
+    try:
+        limits.seconds("DJANGO_JOBS['MAINTENANCE_INTERVAL']", interval)
+        limits.seconds("DJANGO_JOBS['WORKER_EXPIRY']", expiry)
+    except ValueError as exc:
+        errors.append(Error(f"{exc}.", id="django_jobs.E205"))
+    else:
+        if expiry <= 2 * interval:
+            errors.append(
+                Error(
+                    "DJANGO_JOBS['WORKER_EXPIRY'] must be more than twice MAINTENANCE_INTERVAL.",
+                    hint="Otherwise a live worker shows as gone between two heartbeat rows.",
+                    id="django_jobs.E206",
+                )
             )
-        )
-    elif not _positive(expiry) or expiry <= 2 * interval:
-        errors.append(
-            Error(
-                "DJANGO_JOBS['WORKER_EXPIRY'] must be more than twice MAINTENANCE_INTERVAL.",
-                hint="Otherwise a live worker shows as gone between two heartbeat rows.",
-                id="django_jobs.E206",
-            )
-        )
     if s["METRICS"] and importlib.util.find_spec("prometheus_client") is None:
         errors.append(
             Error(

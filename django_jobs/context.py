@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any, NoReturn
 from uuid import UUID
 
+from django_jobs import limits
 from django_jobs.exceptions import Snooze
 
 
@@ -77,7 +78,6 @@ class JobContext:
 
     def extend_lease(self, seconds: float) -> None:
         """Ask the worker to keep this job leased for at least `seconds` more."""
-        if not seconds > 0:
-            raise ValueError("extend_lease needs a positive number of seconds")
+        seconds = limits.seconds("extend_lease", seconds)
         if self._extend is not None:
-            self._extend(float(seconds))
+            self._extend(seconds)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from datetime import timedelta
+
+from django_jobs import limits
 
 
 class JobsError(Exception):
@@ -82,16 +83,13 @@ class Snooze(Exception):  # noqa: N818 - it is an instruction, not an error
     back. An atomic handler's effects are rolled back, as for any exception.
     """
 
-    MAX_SECONDS = 10 * 365 * 24 * 3600.0
+    MAX_SECONDS = float(limits.MAX_SECONDS)
 
     def __init__(self, seconds: float | timedelta = 0.0) -> None:
         if isinstance(seconds, timedelta):
-            value = seconds.total_seconds()
-        elif isinstance(seconds, int | float) and not isinstance(seconds, bool):
-            value = float(seconds)
-        else:
+            seconds = seconds.total_seconds()
+        elif not isinstance(seconds, int | float) or isinstance(seconds, bool):
             raise TypeError(f"Snooze takes seconds or a timedelta, not {seconds!r}")
-        if not math.isfinite(value) or value < 0 or value > self.MAX_SECONDS:
-            raise ValueError(f"Snooze needs 0 to ten years of seconds, not {seconds!r}")
+        value = limits.seconds("Snooze", seconds, zero=True)
         super().__init__(f"snoozed for {value:g}s")
         self.seconds = value

@@ -18,6 +18,8 @@ user; anything else gets 403.
 from __future__ import annotations
 
 import hmac
+import logging
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +28,8 @@ from django.http import HttpRequest, HttpResponse
 
 from django_jobs import conf, signals, status
 from django_jobs.maintenance import DURATION_BUCKETS
+
+logger = logging.getLogger(__name__)
 
 try:
     import prometheus_client
@@ -107,31 +111,87 @@ class JobsCollector:
             "django_jobs_job_duration_seconds", "Handler run time.", labels=labels, unit=""
         )
         for w in report.workers:
-            s, key = w.stats, [w.id, w.host]
-            claimed.add_metric(key, s.get("claimed", 0))
-            started.add_metric(key, s.get("started", 0))
-            outcomes = {
-                "succeeded": 0,
-                "retried": 0,
-                "dead": 0,
-                "snoozed": 0,
-                **s.get("outcomes", {}),
-            }
-            for outcome, n in sorted(outcomes.items()):
-                finished.add_metric([*key, outcome], n)
-            reruns.add_metric([*key, "lease_lost"], s.get("lost", 0))
-            reruns.add_metric([*key, "already_done"], s.get("skipped", 0))
-            reruns.add_metric([*key, "rescued"], s.get("rescued", 0))
-            ticks.add_metric(key, s.get("scheduled", 0))
-            counts = s.get("duration_buckets") or [0] * (len(DURATION_BUCKETS) + 1)
-            cumulative, buckets = 0, []
-            for bound, n in zip([*map(str, DURATION_BUCKETS), "+Inf"], counts, strict=False):
-                cumulative += n
-                buckets.append((bound, cumulative))
-            duration.add_metric(key, buckets, s.get("duration_sum", 0.0))
+            stats, key = _WorkerStats(w.stats), [w.id, w.host]
+            stats.add(claimed, key, "claimed")
+            stats.add(started, key, "started")
+            outcomes = stats.get("outcomes", {})
+            if not isinstance(outcomes, dict):
+                stats.bad.append("outcomes")
+                outcomes = {}
+            outcomes = {"succeeded": 0, "retried": 0, "dead": 0, "snoozed": 0, **outcomes}
+            for outcome, n in sorted(outcomes.items(), key=lambda item: str(item[0])):
+                stats.add(finished, [*key, str(outcome)], f"outcomes.{outcome}", n)
+            stats.add(reruns, [*key, "lease_lost"], "lost")
+            stats.add(reruns, [*key, "already_done"], "skipped")
+            stats.add(reruns, [*key, "rescued"], "rescued")
+            stats.add(ticks, key, "scheduled")
+            counts = stats.get("duration_buckets") or [0] * (len(DURATION_BUCKETS) + 1)
+            total = _counter(stats.get("duration_sum", 0.0))
+            if (
+                not isinstance(counts, list)
+                or None in map(_counter, counts)
+                or total is None
+            ):
+                stats.bad.append("duration_buckets")
+            else:
+                cumulative, buckets = 0, []
+                for bound, n in zip([*map(str, DURATION_BUCKETS), "+Inf"], counts, strict=False):
+                    cumulative += n
+                    buckets.append((bound, cumulative))
+                duration.add_metric(key, buckets, total)
+            if stats.bad:
+                _warn_once(w.id, stats.bad)
         yield from (claimed, started, finished, reruns, ticks, duration)
         if _process_registry is not None:
             yield from _process_registry.collect()
+
+
+def _counter(value: Any) -> float | None:
+    """Return value as a float if it can be a counter (a finite number >= 0), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if 0 <= number < math.inf else None
+
+
+_MISSING: Any = object()
+
+
+class _WorkerStats:
+    """A worker's stats as its heartbeat row holds them, which anyone may have edited."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw if isinstance(raw, dict) else {}
+        self.bad: list[str] = [] if isinstance(raw, dict) else ["stats"]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.raw.get(name, default)
+
+    def add(self, family: Any, labels: list[str], name: str, value: Any = _MISSING) -> None:
+        """Add the counter `name` (or value) to family; note it as malformed if it is not one."""
+        number = _counter(self.raw.get(name, 0) if value is _MISSING else value)
+        if number is None:
+            self.bad.append(name)
+        else:
+            family.add_metric(labels, number)
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(worker_id: str, names: list[str]) -> None:
+    if worker_id in _warned:
+        return
+    if len(_warned) > 10_000:  # workers come and go: keep the set bounded
+        _warned.clear()
+    _warned.add(worker_id)
+    logger.warning(
+        "worker %s: malformed stats in its heartbeat row (%s); left out of the metrics",
+        worker_id, ", ".join(names[:10]),
+    )  # fmt: skip
 
 
 def _allowed(request: HttpRequest) -> bool:

@@ -28,8 +28,9 @@ from django.db.models.functions import Coalesce, Greatest, Now
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from django_jobs import conf, sql
+from django_jobs import conf, limits, sql
 from django_jobs.exceptions import LeaseLost
+from django_jobs.limits import MAX_KEY_LENGTH, MAX_NAME_LENGTH, MAX_QUEUE_LENGTH
 from django_jobs.payloads import safe_str, storable_text
 
 # Longest message and traceback kept per attempt's error (characters): a handler
@@ -697,10 +698,8 @@ class DeadLetterQuerySet(models.QuerySet):
         if run_at is not None:
             due = run_at
         elif delay is not None:
-            seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
-            if seconds < 0:
-                raise ValueError("delay must not be negative")
-            due = Now() + timedelta(seconds=seconds)
+            seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
+            due = Now() + timedelta(seconds=limits.seconds("delay", seconds, zero=True))
         report = ReplayReport()
         ids = list(self.values_list("id", flat=True))
         done = 0
@@ -721,15 +720,17 @@ class Job(models.Model):
     """A job that has not finished: waiting, scheduled for later, or leased to a worker."""
 
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
-    name = models.CharField(max_length=200)
-    queue = models.CharField(max_length=100, default="default")
+    name = models.CharField(max_length=MAX_NAME_LENGTH)
+    queue = models.CharField(max_length=MAX_QUEUE_LENGTH, default="default")
     payload = models.TextField(help_text=_("JSON text, exactly as enqueued."))
     priority = models.SmallIntegerField(default=0, help_text=_("-100..100; higher runs first."))
     run_at = models.DateTimeField(help_text=_("Not claimed before this time."))
     enqueued_at = models.DateTimeField()
     attempts = models.IntegerField(default=0, help_text=_("Attempts started, counted at claim."))
     max_attempts = models.IntegerField()
-    key = models.CharField(max_length=255, null=True, blank=True, help_text=_("Dedupe key."))
+    key = models.CharField(
+        max_length=MAX_KEY_LENGTH, null=True, blank=True, help_text=_("Dedupe key.")
+    )
     fingerprint = models.CharField(max_length=64, null=True, blank=True)
     locked_by = models.CharField(
         max_length=160, null=True, blank=True, help_text=_("Lease token: worker id and claim.")
@@ -800,9 +801,9 @@ class CompletionMarker(models.Model):
     """Proof that the work of an idempotency key is done: it will not run again."""
 
     job_id = models.UUIDField(primary_key=True, help_text=_("Id of the job that finished."))
-    key = models.CharField(max_length=255, help_text=_("Dedupe key, or the job id."))
-    name = models.CharField(max_length=200)
-    queue = models.CharField(max_length=100)
+    key = models.CharField(max_length=MAX_KEY_LENGTH, help_text=_("Dedupe key, or the job id."))
+    name = models.CharField(max_length=MAX_NAME_LENGTH)
+    queue = models.CharField(max_length=MAX_QUEUE_LENGTH)
     attempts = models.IntegerField(default=1)
     enqueued_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True, blank=True)
@@ -829,11 +830,11 @@ class DeadLetter(models.Model):
     """A job that will not run again unless replayed, with why and every attempt's error."""
 
     id = models.UUIDField(primary_key=True, help_text=_("Id of the job that died."))
-    name = models.CharField(max_length=200)
-    queue = models.CharField(max_length=100)
+    name = models.CharField(max_length=MAX_NAME_LENGTH)
+    queue = models.CharField(max_length=MAX_QUEUE_LENGTH)
     payload = models.TextField()
     priority = models.SmallIntegerField(default=0)
-    key = models.CharField(max_length=255, null=True, blank=True)
+    key = models.CharField(max_length=MAX_KEY_LENGTH, null=True, blank=True)
     fingerprint = models.CharField(max_length=64, null=True, blank=True)
     attempts = models.IntegerField()
     max_attempts = models.IntegerField()

@@ -17,6 +17,7 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
+from django_jobs.limits import MAX_NAME_LENGTH, MAX_QUEUE_LENGTH
 from django_jobs.models import Job, JobsDatabaseManager
 
 
@@ -64,9 +65,9 @@ class Schedule(models.Model):
         null=True, blank=True, help_text=_("Or: seconds between ticks (aligned on the epoch).")
     )
     timezone = models.CharField(max_length=64, default="UTC")
-    job_name = models.CharField(max_length=200)
+    job_name = models.CharField(max_length=MAX_NAME_LENGTH)
     payload = models.TextField(default="null", help_text=_("JSON text."))
-    queue = models.CharField(max_length=100, null=True, blank=True)  # noqa: DJ001 - None: the job's own queue
+    queue = models.CharField(max_length=MAX_QUEUE_LENGTH, null=True, blank=True)  # noqa: DJ001 - None: the job's own queue
     priority = models.SmallIntegerField(null=True, blank=True)
     enabled = models.BooleanField(default=True)
     declared = models.BooleanField(
@@ -118,7 +119,7 @@ class QueueStateQuerySet(models.QuerySet):
 class QueueState(models.Model):
     """A queue, and whether workers may claim its jobs. Running jobs always finish."""
 
-    name = models.CharField(max_length=100, primary_key=True)
+    name = models.CharField(max_length=MAX_QUEUE_LENGTH, primary_key=True)
     paused = models.BooleanField(default=False)
     paused_at = models.DateTimeField(null=True, blank=True)
     paused_by = models.CharField(max_length=150, blank=True, default="")

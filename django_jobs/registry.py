@@ -13,15 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
-from django_jobs import conf
+from django_jobs import conf, limits
 from django_jobs.exceptions import HandlerConflict, InvalidJob, UnknownJob
+from django_jobs.limits import MAX_NAME_LENGTH, MAX_PRIORITY, MAX_QUEUE_LENGTH, MIN_PRIORITY
 
 # Default names are dotted paths; "<locals>" appears in those of nested functions.
 NAME_RE = re.compile(r"[A-Za-z_<][A-Za-z0-9_.:<>\-]*")
 QUEUE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]*")
-MAX_NAME_LENGTH = 200
-MAX_QUEUE_LENGTH = 100
-MIN_PRIORITY, MAX_PRIORITY = -100, 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,20 +39,29 @@ class Backoff:
     def __post_init__(self) -> None:
         if self.kind not in ("fixed", "exponential"):
             raise ValueError(f"backoff kind must be 'fixed' or 'exponential', not {self.kind!r}")
-        if not (0 <= self.base <= self.ceiling):
+        # The retry's run time is now() + delay: both ends must be storable dates.
+        object.__setattr__(self, "base", limits.seconds("backoff base", self.base, zero=True))
+        ceiling = limits.seconds("backoff ceiling", self.ceiling, zero=True)
+        object.__setattr__(self, "ceiling", ceiling)
+        if not self.base <= self.ceiling:
             raise ValueError("backoff needs 0 <= base <= ceiling")
-        if not (0 <= self.jitter < 1):
-            raise ValueError("backoff jitter must be in [0, 1)")
+        if (
+            isinstance(self.jitter, bool)
+            or not isinstance(self.jitter, int | float)
+            or not 0 <= self.jitter < 1
+        ):
+            raise ValueError(f"backoff jitter must be a number in [0, 1), not {self.jitter!r}")
+        object.__setattr__(self, "jitter", float(self.jitter))
 
     @classmethod
     def fixed(cls, seconds: float, *, jitter: float = 0.25) -> Backoff:
-        return cls("fixed", float(seconds), float(seconds), jitter)
+        return cls("fixed", seconds, seconds, jitter)
 
     @classmethod
     def exponential(
         cls, base: float = 2.0, ceiling: float = 600.0, *, jitter: float = 0.25
     ) -> Backoff:
-        return cls("exponential", float(base), float(ceiling), jitter)
+        return cls("exponential", base, ceiling, jitter)
 
     @classmethod
     def coerce(cls, value: Backoff | dict[str, Any] | float | int) -> Backoff:
@@ -147,19 +154,28 @@ def check_queue(queue: object, *, allowlist: bool = True) -> str:
 
 
 def check_priority(priority: object) -> int:
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise InvalidJob(f"priority must be an integer, not {priority!r}")
-    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-        raise InvalidJob(
-            f"priority must be between {MIN_PRIORITY} and {MAX_PRIORITY}, not {priority}"
-        )
-    return priority
+    """Return priority if it is an int in -100..100, else raise InvalidJob."""
+    return limits.integer("priority", priority, MIN_PRIORITY, MAX_PRIORITY, error=InvalidJob)
 
 
 def check_max_attempts(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidJob(f"max_attempts must be a positive integer, not {value!r}")
-    return value
+    """Return value if it is an int that fits the max_attempts column, else raise InvalidJob."""
+    return limits.integer("max_attempts", value, 1, limits.MAX_INT, error=InvalidJob)
+
+
+def check_timeout(value: object) -> float | None:
+    """Return value as seconds (None: no timeout), else raise InvalidJob."""
+    return None if value is None else limits.seconds("timeout", value, error=InvalidJob)
+
+
+def check_backoff(value: object) -> Backoff | None:
+    """Return value as a Backoff (None stays None), else raise InvalidJob."""
+    if value is None:
+        return None
+    try:
+        return Backoff.coerce(value)
+    except (TypeError, ValueError) as exc:
+        raise InvalidJob(f"invalid backoff: {exc}") from None
 
 
 def _check_identifier(what: str, value: object, pattern: re.Pattern[str], limit: int) -> str:
@@ -265,31 +281,21 @@ def job(
             queue=check_queue(queue, allowlist=False) if queue is not None else None,
             priority=check_priority(priority),
             max_attempts=check_max_attempts(max_attempts) if max_attempts is not None else None,
-            backoff=Backoff.coerce(backoff) if backoff is not None else None,
-            timeout=_positive("timeout", timeout),
-            concurrency=_positive_int("concurrency", concurrency),
+            backoff=check_backoff(backoff),
+            timeout=check_timeout(timeout),
+            concurrency=(
+                limits.integer(
+                    "concurrency", concurrency, 1, limits.MAX_CONCURRENCY, error=InvalidJob
+                )
+                if concurrency is not None
+                else None
+            ),
             atomic=bool(atomic),
             validate=validate,
         )
         return register(handler)
 
     return decorate(func) if func is not None else decorate
-
-
-def _positive(what: str, value: float | None) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"{what} must be a positive number of seconds, not {value!r}")
-    return float(value)
-
-
-def _positive_int(what: str, value: int | None) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{what} must be a positive integer, not {value!r}")
-    return value
 
 
 def autodiscover() -> None:

@@ -20,7 +20,7 @@ from typing import Any
 from django.db.models import Exists, OuterRef, Q
 from django.db.models.functions import Now
 
-from django_jobs import conf
+from django_jobs import conf, limits
 
 # Default of the keep_* arguments: read the setting.
 SETTINGS: Any = type("FromSettings", (), {"__repr__": lambda self: "SETTINGS"})()
@@ -36,7 +36,7 @@ def as_timedelta(value: Any, *, what: str = "retention") -> timedelta | None:
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
     elif isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
+        seconds = value
     elif isinstance(value, str):
         if value.strip().lower() in ("none", "forever", "keep"):
             return None
@@ -48,8 +48,11 @@ def as_timedelta(value: Any, *, what: str = "retention") -> timedelta | None:
         seconds = float(match[1]) * _UNIT[match[2]]
     else:
         raise ValueError(f"{what} must be None, seconds or a timedelta, not {value!r}")
-    if not seconds >= 0 or seconds == float("inf"):
-        raise ValueError(f"{what} must be zero or more seconds, not {value!r}")
+    if not 0 <= seconds <= limits.MAX_SECONDS:
+        raise ValueError(
+            f"{what} must be 0 to {limits.MAX_SECONDS} seconds (ten years; 'none' keeps "
+            f"everything), not {limits.shown(value)}"
+        )
     return timedelta(seconds=seconds)
 
 

@@ -41,7 +41,7 @@ from cronsim import CronSim, CronSimError
 from django.db import DatabaseError, connections, transaction
 from django.utils import timezone as dj_timezone
 
-from django_jobs import conf, payloads
+from django_jobs import conf, limits, payloads
 from django_jobs.exceptions import InvalidJob, JobsError
 from django_jobs.registry import MAX_QUEUE_LENGTH, QUEUE_RE, Handler, check_priority
 
@@ -139,12 +139,12 @@ def make_spec(
         if (
             isinstance(value, bool)
             or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or value < 1
+            or not 1 <= value <= limits.MAX_SECONDS
             or value != int(value)
         ):
             raise InvalidSchedule(
-                f"schedule {name!r}: every must be a whole number of seconds >= 1, not {every!r}"
+                f"schedule {name!r}: every must be a whole number of seconds from 1 to "
+                f"{limits.MAX_SECONDS} (ten years), not {limits.shown(every)}"
             )
         seconds = int(value)
     if queue is not None and (

@@ -230,14 +230,14 @@ VALUES (%(id)s, %(name)s, %(queue)s, %(payload)s, %(priority)s,
         COALESCE(%(run_at)s, statement_timestamp() + %(delay)s * interval '1 second'),
         statement_timestamp(), 0, %(max_attempts)s, '[]')
 RETURNING CASE WHEN %(notify)s AND run_at <= statement_timestamp()
-    THEN pg_notify(%(channel)s, queue) END
+    THEN pg_notify(%(channel)s, queue) END, enqueued_at
 """
 
 # Enqueue one job with a dedupe key, unless the key has a live job or a
 # completion marker. The ON CONFLICT target is the partial unique index on key,
 # so two concurrent enqueues of one key make one row. Returns what happened:
-# ("inserted", id, NULL) or ("completed", marker's job id, fingerprint); no row
-# means a live job holds the key (look it up).
+# ("inserted", id, NULL, _, enqueued_at) or ("completed", marker's job id,
+# fingerprint, NULL, NULL); no row means a live job holds the key (look it up).
 INSERT_KEYED = """
 WITH completed AS (
     SELECT job_id, fingerprint FROM django_jobs_marker WHERE key = %(key)s
@@ -251,12 +251,13 @@ inserted AS (
            statement_timestamp(), 0, %(max_attempts)s, %(key)s, %(fingerprint)s, '[]'
     WHERE NOT EXISTS (SELECT 1 FROM completed)
     ON CONFLICT (key) WHERE key IS NOT NULL DO NOTHING
-    RETURNING id, queue, run_at <= statement_timestamp() AS due
+    RETURNING id, queue, run_at <= statement_timestamp() AS due, enqueued_at
 )
-SELECT 'inserted', id, NULL, CASE WHEN due AND %(notify)s THEN pg_notify(%(channel)s, queue) END
+SELECT 'inserted', id, NULL, CASE WHEN due AND %(notify)s THEN pg_notify(%(channel)s, queue) END,
+       enqueued_at
 FROM inserted
 UNION ALL
-SELECT 'completed', job_id, fingerprint, NULL FROM completed
+SELECT 'completed', job_id, fingerprint, NULL, NULL FROM completed
 """
 
 # Bulk enqueue of jobs without keys: COPY is the fast path (rows come ready-made,

@@ -41,7 +41,8 @@ class WorkerStatus:
     running: int
     started_at: datetime
     last_seen_at: datetime
-    stats: dict[str, Any] = field(default_factory=dict)
+    # A dict of counters as workers write it; anything at all in a hand-edited row.
+    stats: Any = field(default_factory=dict)
 
 
 @dataclass
@@ -121,12 +122,13 @@ def live_workers(alias: str | None = None) -> list[WorkerStatus]:
             id=w.id,
             host=w.host,
             pid=w.pid,
-            queues=list(w.queues),
+            # JSON columns: a hand-edited row must not break the status pages.
+            queues=[str(q) for q in w.queues] if isinstance(w.queues, list) else [],
             concurrency=w.concurrency,
             running=w.running,
             started_at=w.started_at,
             last_seen_at=w.last_seen_at,
-            stats=dict(w.stats),
+            stats=w.stats,
         )  # fmt: skip
         for w in rows
     ]

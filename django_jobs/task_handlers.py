@@ -225,7 +225,7 @@ def _returned(result: TaskResult, value: Any, ctx: JobContext) -> dict[str, Any]
 
 
 def _on_job_finished(
-    sender: Any, *, job_id: uuid.UUID, name: str, outcome: str, **kwargs: Any
+    sender: Any, *, job_id: uuid.UUID, name: str, outcome: str, error: Any = None, **kwargs: Any
 ) -> None:
     """Send task_finished once a task's outcome is settled (in the worker's dispatcher thread)."""
     with _running_lock:
@@ -244,10 +244,28 @@ def _on_job_finished(
             logger.warning("task_finished not sent for job %s: its result could not be read",
                            job_id, exc_info=True)  # fmt: skip
             return
-    _send(task_finished, task, result)
+    if result.status == TaskResultStatus.FAILED and isinstance(error, BaseException):
+        _send_in_handler(error, task, result)
+    else:
+        _send(task_finished, task, result)
 
 
 signals.job_finished.connect(_on_job_finished, dispatch_uid="django_jobs.task_handlers")
+
+
+def _send_in_handler(error: BaseException, task: Task, result: TaskResult) -> None:
+    """Send task_finished while handling error, as Django's own backends do.
+
+    Django's receiver logs the FAILED line with sys.exc_info(), which only an
+    except block sets; the exception's traceback and context are restored after.
+    """
+    traceback, context = error.__traceback__, error.__context__
+    try:
+        raise error
+    except BaseException:
+        _send(task_finished, task, result)
+    finally:
+        error.__traceback__, error.__context__ = traceback, context
 
 
 def _send(signal: Signal, task: Task, result: TaskResult) -> None:

@@ -40,10 +40,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asgiref.sync import async_to_sync
-from django.core.exceptions import ValidationError
+from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 
-from django_jobs import conf, payloads, registry, signals
+from django_jobs import conf, limits, payloads, registry, signals
 from django_jobs.context import JobContext
 from django_jobs.exceptions import FatalError, JobCancelled, LeaseLost, Snooze
 from django_jobs.maintenance import WorkerOps
@@ -270,15 +270,10 @@ class Worker:
     def __post_init__(self) -> None:
         settings = conf.get_settings()
         self.database = self.database or settings["DATABASE"]
-        self.concurrency = self.concurrency or settings["CONCURRENCY"]
-        self.batch = self.batch or settings["BATCH"]
-        self.lease = float(self.lease or settings["LEASE"])
-        if self.heartbeat is None:
-            self.heartbeat = settings["HEARTBEAT"]
-        if self.heartbeat is None:
-            self.heartbeat = self.lease / 3
-        self.grace = float(self.grace if self.grace is not None else settings["GRACE"])
-        self.poll_interval = float(self.poll_interval or settings["POLL_INTERVAL"])
+        try:  # before any SQL: a lease of 1e13 s would fail every claim
+            self._check_options(settings)
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"Worker: {exc}") from None
         if self.listen is None:
             self.listen = bool(settings["LISTEN"])
         self.listen = self.listen and connections[self.database].vendor == "postgresql"
@@ -314,6 +309,29 @@ class Worker:
         self._timeouts: dict[str, float | None] = {}
         self._excluded: set[str] = set()  # capped handlers the last claim left out
         self._ops = WorkerOps(self)  # heartbeat row, schedules, pruning, counters
+
+    def _check_options(self, settings: dict[str, Any]) -> None:
+        """Fill unset options from settings; raise ValueError for any outside django_jobs.limits."""
+        self.concurrency = limits.integer(
+            "concurrency", self.concurrency or settings["CONCURRENCY"], 1, limits.MAX_CONCURRENCY
+        )
+        self.batch = limits.integer("batch", self.batch or settings["BATCH"], 1, limits.MAX_INT)
+        if self.max_jobs is not None:
+            limits.integer("max_jobs", self.max_jobs, 1, limits.MAX_INT)
+        self.lease = limits.seconds("lease", self.lease or settings["LEASE"])
+        if self.heartbeat is None:
+            self.heartbeat = settings["HEARTBEAT"]
+        if self.heartbeat is None:
+            self.heartbeat = self.lease / 3
+        self.heartbeat = limits.seconds("heartbeat", self.heartbeat, zero=True)
+        if self.heartbeat >= self.lease:
+            raise ValueError(f"heartbeat ({self.heartbeat:g}s) must be shorter than the lease")
+        grace = self.grace if self.grace is not None else settings["GRACE"]
+        self.grace = limits.seconds("grace", grace, zero=True)
+        poll = self.poll_interval or settings["POLL_INTERVAL"]
+        self.poll_interval = limits.seconds("poll_interval", poll)
+        for name in self.queues or ():
+            registry.check_queue(name, allowlist=False)
 
     # ---- public -----------------------------------------------------------
 

@@ -1,46 +1,61 @@
-"""argparse types shared by the management commands: bad values fail with a clear message."""
+"""argparse types shared by the management commands: bad values fail with a clear message.
+
+Each either returns a value within django_jobs.limits or raises ArgumentTypeError,
+which argparse turns into a one-line error and exit code 2, before any SQL runs.
+"""
 
 from __future__ import annotations
 
 import argparse
 import uuid
 
-from django_jobs.registry import MAX_NAME_LENGTH, MAX_QUEUE_LENGTH, NAME_RE, QUEUE_RE
+from django_jobs import limits
+from django_jobs.registry import NAME_RE, QUEUE_RE
+
+
+def _number(text: str, kind: type, what: str) -> float:
+    try:
+        return kind(text)
+    except (ValueError, OverflowError):  # also ints of more than 4,300 digits
+        raise argparse.ArgumentTypeError(f"{limits.shown(text)} is not {what}") from None
+
+
+def _within(check, *args, **kwargs):
+    try:
+        return check("the value", *args, **kwargs)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
-    return value
+    """A count from 1 to MAX_INT (batch sizes, --max-jobs, --limit)."""
+    return _within(limits.integer, _number(text, int, "a whole number"), 1, limits.MAX_INT)
+
+
+def threads(text: str) -> int:
+    """A number of executor threads, 1 to MAX_CONCURRENCY."""
+    return _within(limits.integer, _number(text, int, "a whole number"), 1, limits.MAX_CONCURRENCY)
 
 
 def seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
-    return value
+    """A duration of more than 0 and at most ten years."""
+    return _within(limits.seconds, _number(text, float, "a number of seconds"))
 
 
 def seconds_or_zero(text: str) -> float:
-    return 0.0 if text.strip() in ("0", "0.0") else seconds(text)
+    """A duration of 0 to ten years."""
+    return _within(limits.seconds, _number(text, float, "a number of seconds"), zero=True)
 
 
 def queue_name(text: str) -> str:
-    if not QUEUE_RE.fullmatch(text) or len(text) > MAX_QUEUE_LENGTH:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a valid queue name")
+    if not QUEUE_RE.fullmatch(text) or len(text) > limits.MAX_QUEUE_LENGTH:
+        raise argparse.ArgumentTypeError(f"{limits.shown(text)} is not a valid queue name")
     return text
 
 
 def job_name(text: str) -> str:
-    if not NAME_RE.fullmatch(text) or len(text) > MAX_NAME_LENGTH:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a valid job name")
+    if not NAME_RE.fullmatch(text) or len(text) > limits.MAX_NAME_LENGTH:
+        raise argparse.ArgumentTypeError(f"{limits.shown(text)} is not a valid job name")
     return text
 
 
@@ -48,4 +63,22 @@ def job_id(text: str) -> uuid.UUID:
     try:
         return uuid.UUID(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a job id (a UUID)") from None
+        raise argparse.ArgumentTypeError(f"{limits.shown(text)} is not a job id (a UUID)") from None
+
+
+def free_text(max_length: int):
+    """Return the type of free text stored in a column of max_length characters."""
+
+    def parse(value: str) -> str:
+        if len(value) > max_length:
+            raise argparse.ArgumentTypeError(
+                f"is {len(value)} characters; the limit is {max_length}"
+            )
+        if not value.isprintable():
+            # Also lone surrogates: bytes of argv that are not UTF-8.
+            raise argparse.ArgumentTypeError(
+                f"{limits.shown(value)} holds control or undecodable characters"
+            )
+        return value
+
+    return parse

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from django_jobs import conf, control, schedules, status
 from django_jobs.exceptions import InvalidJob
-from django_jobs.management.arguments import job_id, queue_name
+from django_jobs.management.arguments import free_text, job_id, queue_name
 
 
 def _seconds(value: float | None) -> str:
@@ -60,16 +60,25 @@ class Command(BaseCommand):
             "pause", help="Stop workers claiming from queues (running jobs finish)."
         )
         pause.add_argument("queues", nargs="+", type=queue_name, metavar="QUEUE")
-        pause.add_argument("--reason", default="", help="Shown in the admin and `jobs status`.")
+        pause.add_argument(
+            "--reason",
+            type=free_text(200),
+            default="",
+            help="Shown in the admin and `jobs status`.",
+        )
         resume = sub.add_parser("resume", help="Let workers claim from paused queues again.")
         resume.add_argument("queues", nargs="+", type=queue_name, metavar="QUEUE")
         sub.add_parser(
             "schedules", help="List the periodic schedules: next run, last run, last job."
         )
         enable = sub.add_parser("enable", help="Enable schedules (missed ticks are not run).")
-        enable.add_argument("names", nargs="+", metavar="SCHEDULE")
+        enable.add_argument(
+            "names", nargs="+", type=free_text(schedules.MAX_SCHEDULE_NAME), metavar="SCHEDULE"
+        )
         disable = sub.add_parser("disable", help="Disable schedules without a deploy.")
-        disable.add_argument("names", nargs="+", metavar="SCHEDULE")
+        disable.add_argument(
+            "names", nargs="+", type=free_text(schedules.MAX_SCHEDULE_NAME), metavar="SCHEDULE"
+        )
         cancel = sub.add_parser(
             "cancel", help="Cancel jobs: waiting ones now, running ones at their next heartbeat."
         )

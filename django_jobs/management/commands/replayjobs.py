@@ -7,14 +7,22 @@ import getpass
 import re
 import sys
 import uuid
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
-from django_jobs.management.arguments import job_id, job_name, positive_int, queue_name
+from django_jobs import limits
+from django_jobs.management.arguments import (
+    free_text,
+    job_id,
+    job_name,
+    positive_int,
+    queue_name,
+    seconds_or_zero,
+)
 from django_jobs.models import DeadLetter, DeadReason
 
 # Selections longer than this get a progress bar (or, when not on a terminal, progress lines).
@@ -28,39 +36,36 @@ def when(text: str) -> datetime:
     """Parse an ISO date or datetime (local time unless it says otherwise), or an age ('2h')."""
     text = text.strip()
     if match := _RELATIVE.fullmatch(text):
-        return timezone.now() - timedelta(seconds=float(match[1]) * _UNITS[match[2]])
+        age = float(match[1]) * _UNITS[match[2]]
+        if not age <= limits.MAX_SECONDS:
+            raise argparse.ArgumentTypeError(
+                f"{limits.shown(text)} is more than ten years ago; give a date instead"
+            )
+        return timezone.now() - timedelta(seconds=age)
     try:
         value = parse_datetime(text)
         if value is None and (day := parse_date(text)) is not None:
             value = datetime.combine(day, datetime.min.time())
-    except ValueError:
+        if value is not None:
+            if timezone.is_naive(value):
+                value = timezone.make_aware(value)
+            value.astimezone(UTC)  # every database stores it in UTC: it must have one
+    except (ValueError, OverflowError):
         value = None
     if value is None:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a date (2026-11-30), a date and time (2026-11-30T14:00), "
-            "or an age (90m, 2h, 7d)"
+            f"{limits.shown(text)} is not a date (2026-11-30), a date and time "
+            "(2026-11-30T14:00), or an age (90m, 2h, 7d)"
         )
-    if timezone.is_naive(value):
-        value = timezone.make_aware(value)
     return value
 
 
 def reason(text: str) -> str:
     if text not in DeadReason.values:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a reason; one of: {', '.join(DeadReason.values)}"
+            f"{limits.shown(text)} is not a reason; one of: {', '.join(DeadReason.values)}"
         )
     return text
-
-
-def delay_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 <= value < 10 * 365 * 86400:
-        raise argparse.ArgumentTypeError(f"{text!r} must be zero or more seconds (under ten years)")
-    return value
 
 
 def _default_by() -> str:
@@ -130,14 +135,16 @@ class Command(BaseCommand):
         when_group = parser.add_mutually_exclusive_group()
         when_group.add_argument(
             "--delay",
-            type=delay_seconds,
+            type=seconds_or_zero,
             metavar="SECONDS",
             help="Make the new jobs due this many seconds from now.",
         )
         when_group.add_argument(
             "--run-at", type=when, metavar="WHEN", help="Make the new jobs due at WHEN."
         )
-        parser.add_argument("--by", default=None, help="Who replays, as recorded on each letter.")
+        parser.add_argument(
+            "--by", type=free_text(150), help="Who replays, as recorded on each letter."
+        )
         parser.add_argument(
             "--dry-run", action="store_true", help="Show what would be replayed; change nothing."
         )
@@ -163,10 +170,11 @@ class Command(BaseCommand):
         if not (reasons or names or queues or dead_after or dead_before or ids or everything):
             raise CommandError(
                 "say which letters: --reason, --name, --queue, --dead-after, --dead-before "
-                "or --id, or --all for every letter not replayed yet"
+                "or --id, or --all for every letter not replayed yet",
+                returncode=2,
             )
         if dead_after and dead_before and dead_after >= dead_before:
-            raise CommandError("--dead-after must be earlier than --dead-before")
+            raise CommandError("--dead-after must be earlier than --dead-before", returncode=2)
         letters = DeadLetter.objects.all()
         if not ids:
             letters = letters.pending()

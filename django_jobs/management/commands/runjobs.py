@@ -11,10 +11,17 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from django_jobs import conf
-from django_jobs.management.arguments import positive_int, queue_name, seconds, seconds_or_zero
+from django_jobs.management.arguments import (
+    positive_int,
+    queue_name,
+    seconds,
+    seconds_or_zero,
+    threads,
+)
 from django_jobs.worker import Worker
 
 LOG_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
@@ -55,7 +62,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--concurrency",
             "-c",
-            type=positive_int,
+            type=threads,
             help="Handler threads (default CONCURRENCY, 4).",
         )
         parser.add_argument(
@@ -106,20 +113,24 @@ class Command(BaseCommand):
         lease = lease or conf.get("LEASE")
         if heartbeat and heartbeat >= lease:
             raise CommandError(
-                f"--heartbeat ({heartbeat:g}s) must be shorter than the lease ({lease:g}s)"
+                f"--heartbeat ({heartbeat:g}s) must be shorter than the lease ({lease:g}s)",
+                returncode=2,
             )
-        worker = Worker(
-            queues=queues,
-            concurrency=concurrency,
-            batch=batch,
-            burst=burst,
-            max_jobs=max_jobs,
-            lease=lease,
-            heartbeat=heartbeat,
-            grace=grace,
-            poll_interval=poll_interval,
-            listen=False if no_listen else None,
-        )
+        try:
+            worker = Worker(
+                queues=queues,
+                concurrency=concurrency,
+                batch=batch,
+                burst=burst,
+                max_jobs=max_jobs,
+                lease=lease,
+                heartbeat=heartbeat,
+                grace=grace,
+                poll_interval=poll_interval,
+                listen=False if no_listen else None,
+            )
+        except ImproperlyConfigured as exc:  # DJANGO_JOBS values, with checks skipped
+            raise CommandError(str(exc), returncode=2) from None
         with on_stop(worker.stop):
             code = worker.run()
         if code:
