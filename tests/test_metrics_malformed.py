@@ -1,4 +1,4 @@
-"""The metrics view and `jobs status` over hand-edited worker heartbeat rows: no 500, one warning."""
+"""The metrics view and `jobs status` over hand-edited heartbeat rows: no 500, one warning."""
 
 from __future__ import annotations
 

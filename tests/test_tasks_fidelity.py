@@ -1,4 +1,4 @@
-"""Django's Tasks API on JobsBackend: what enqueue returns and what the worker logs match Django's."""
+"""Django's Tasks API on JobsBackend: enqueue's result and the worker's logs match Django's."""
 
 from __future__ import annotations
 
