@@ -9,8 +9,11 @@ import pytest
 
 pytest.importorskip("django.tasks", reason="django.tasks needs Django >= 6.0")
 
+from django.core.checks import run_checks
 from django.db import transaction
 from django.tasks import TaskResultStatus, default_task_backend
+from django.tasks.exceptions import InvalidTask
+from django.test import override_settings
 
 from tests.testapp import tasks
 
@@ -62,3 +65,28 @@ def test_a_successful_task_finished_line_has_no_exception(run_worker, caplog):
     (line,) = [r for r in caplog.records if "state=SUCCESSFUL" in r.getMessage()]
     assert result.id in line.getMessage()
     assert line.exc_info is None
+
+
+@pytest.mark.parametrize(
+    ("options", "check_id"),
+    [
+        ({"MAX_ATTEMPTS": 2**40}, "django_jobs.E103"),
+        ({"TIMEOUT": 1e13}, "django_jobs.E103"),
+        ({"TIMEOUT": float("nan")}, "django_jobs.E103"),
+        ({"BACKOFF": 1e13}, "django_jobs.E103"),
+        ({"TASKS": {"shop.tasks.x": {"max_attempts": 2**31}}}, "django_jobs.E104"),
+        ({"TASKS": {"shop.tasks.x": {"timeout": 10**400}}}, "django_jobs.E104"),
+        (
+            {"TASKS": {"shop.tasks.x": {"backoff": {"kind": "fixed", "base": 1, "ceiling": 1e13}}}},
+            "django_jobs.E104",
+        ),
+    ],
+)
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_task_policies_out_of_range_are_reported_and_refused(options, check_id):
+    setting = {"default": {"BACKEND": "django_jobs.backend.JobsBackend", "OPTIONS": options}}
+    with override_settings(TASKS=setting):
+        assert check_id in {m.id for m in run_checks() if m.id.startswith("django_jobs")}
+        if "TASKS" not in options:
+            with pytest.raises(InvalidTask):
+                tasks.add.enqueue(1, 2)
