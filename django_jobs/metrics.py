@@ -127,11 +127,7 @@ class JobsCollector:
             stats.add(ticks, key, "scheduled")
             counts = stats.get("duration_buckets") or [0] * (len(DURATION_BUCKETS) + 1)
             total = _counter(stats.get("duration_sum", 0.0))
-            if (
-                not isinstance(counts, list)
-                or None in map(_counter, counts)
-                or total is None
-            ):
+            if not isinstance(counts, list) or None in map(_counter, counts) or total is None:
                 stats.bad.append("duration_buckets")
             else:
                 cumulative, buckets = 0, []

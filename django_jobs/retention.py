@@ -107,7 +107,7 @@ def prune_batch(
 ) -> PruneResult:
     """Delete at most one batch of old markers and one of old dead letters."""
     alias = alias or conf.database()
-    batch = batch or conf.get("PRUNE_BATCH")
+    batch = limits.integer("batch", batch or conf.get("PRUNE_BATCH"), 1, limits.MAX_INT)
     keep_markers, keep_dead_letters = _keeps(keep_markers, keep_dead_letters)
     result = PruneResult()
     if keep_markers is not None:
@@ -133,7 +133,7 @@ def prune(
 ) -> PruneResult:
     """Prune in batches until nothing is left (or `budget` seconds have passed)."""
     alias = alias or conf.database()
-    batch = batch or conf.get("PRUNE_BATCH")
+    batch = limits.integer("batch", batch or conf.get("PRUNE_BATCH"), 1, limits.MAX_INT)
     keep_markers, keep_dead_letters = _keeps(keep_markers, keep_dead_letters)
     total = PruneResult()
     deadline = None if budget is None else time.monotonic() + budget

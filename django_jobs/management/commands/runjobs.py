@@ -14,7 +14,6 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from django_jobs import conf
 from django_jobs.management.arguments import (
     positive_int,
     queue_name,
@@ -110,12 +109,6 @@ class Command(BaseCommand):
         **options: Any,
     ) -> None:
         self._configure_logging(verbosity)
-        lease = lease or conf.get("LEASE")
-        if heartbeat and heartbeat >= lease:
-            raise CommandError(
-                f"--heartbeat ({heartbeat:g}s) must be shorter than the lease ({lease:g}s)",
-                returncode=2,
-            )
         try:
             worker = Worker(
                 queues=queues,
@@ -129,7 +122,7 @@ class Command(BaseCommand):
                 poll_interval=poll_interval,
                 listen=False if no_listen else None,
             )
-        except ImproperlyConfigured as exc:  # DJANGO_JOBS values, with checks skipped
+        except ImproperlyConfigured as exc:  # --heartbeat >= --lease, or bad DJANGO_JOBS values
             raise CommandError(str(exc), returncode=2) from None
         with on_stop(worker.stop):
             code = worker.run()
