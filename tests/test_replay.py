@@ -116,7 +116,7 @@ def test_replay_later_schedules_the_job():
     assert Job.objects.scheduled().count() == 2
     with pytest.raises(ValueError, match="run_at or delay"):
         DeadLetter.objects.all().replay(run_at=at, delay=1)
-    with pytest.raises(ValueError, match="negative"):
+    with pytest.raises(ValueError, match="delay must be a number of seconds from 0"):
         DeadLetter.objects.all().replay(delay=-1)
 
 
