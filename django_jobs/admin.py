@@ -9,32 +9,41 @@ recorded as a ``LogEntry``. Payloads are shown with the ``MASK_KEYS`` masked.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import unquote
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db import connections
-from django.db.models import Model, Q, QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.db import DataError, connections
+from django.db.models import Count, Model, Q, QuerySet
+from django.db.models.functions import Substr
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import NoReverseMatch, path, reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
-from rangefilter.filters import DateTimeRangeFilter
+from rangefilter.filters import DateRangeFilter
 
-from django_jobs import dashboard, payloads
+from django_jobs import dashboard, payloads, registry
 from django_jobs.models import (
     CompletionMarker,
     DeadLetter,
@@ -79,61 +88,150 @@ class EstimatedCountPaginator(Paginator):
         return max(exact, estimate)
 
 
-def pretty_payload(text: str) -> SafeString:
+# A detail page shows at most this much of any one text (payload, error, traceback, result):
+# a 10 MB error makes a 64 KB page section, not a 21 MB page.
+DETAIL_LIMIT = 64 * 1024
+# Per attempt in the attempt table, and how many attempts (the latest) it lists.
+ATTEMPT_TEXT_LIMIT = 4 * 1024
+ATTEMPTS_SHOWN = 50
+# A list cell shows one line of at most this many characters; the line (up to a limit) is
+# its title.
+CELL_LIMIT = 60
+TITLE_LIMIT = 1000
+
+# NUL and lone surrogates: storable in JSON text, not in an HTML page encoded as UTF-8.
+_UNSHOWABLE = re.compile(r"[\x00\ud800-\udfff]")
+
+
+def showable(value: Any) -> str:
+    """Return str(value) with NUL and lone surrogates as their JSON escapes (\\u0000)."""
+    return _UNSHOWABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", str(value))
+
+
+def bounded_pre(value: Any, limit: int = DETAIL_LIMIT, css: str = "") -> SafeString:
+    """Return text in a <pre>, at most limit characters of it, saying so when cut."""
+    text = value if isinstance(value, str) else str(value)
+    attrs = format_html(' class="{}"', css) if css else ""
+    shown = format_html("<pre{}>{}</pre>", attrs, showable(text[:limit]))
+    if len(text) <= limit:
+        return shown
+    note = _("Cut: the first %(shown)s of %(total)s characters are shown.") % {
+        "shown": f"{limit:,}",
+        "total": f"{len(text):,}",
+    }
+    return format_html('{}<p class="help django-jobs-cut">{}</p>', shown, note)
+
+
+def cell(value: Any, limit: int = CELL_LIMIT) -> SafeString | str:
+    """Return a list cell: the first line, cut to limit characters, the line as its title."""
+    if value is None or value == "":
+        return EMPTY
+    text = value if isinstance(value, str) else str(value)
+    line = text[:TITLE_LIMIT].split("\n", 1)[0].strip()
+    if len(line) <= limit and len(line) == len(text):
+        return showable(line)
+    title = showable(line if len(line) < TITLE_LIMIT else line + "…")
+    short = line if len(line) <= limit else line[: limit - 1] + "…"
+    return format_html('<span title="{}">{}</span>', title, showable(short))
+
+
+def json_text(value: Any) -> str:
+    """Return a decoded JSON value as indented text with the MASK_KEYS masked."""
+    return json.dumps(payloads.mask(value), indent=2, ensure_ascii=False, default=str)
+
+
+def pretty_payload(text: Any) -> SafeString:
     """Return a payload as indented JSON with the MASK_KEYS masked, in a <pre>."""
     try:
-        value = payloads.decode(text)
-    except ValueError:
+        shown = json_text(payloads.decode(text))
+    except (ValueError, TypeError, RecursionError):
         return format_html(
-            '<p class="errornote">{}</p><pre class="django-jobs-json">{}</pre>',
+            '<p class="errornote">{}</p>{}',
             _("Not valid JSON (shown as stored):"),
-            text,
+            bounded_pre(text, css="django-jobs-json"),
         )
-    shown = json.dumps(payloads.mask(value), indent=2, ensure_ascii=False, sort_keys=False)
-    return format_html('<pre class="django-jobs-json">{}</pre>', shown)
+    return bounded_pre(shown, css="django-jobs-json")
 
 
-def attempt_history(errors: list[dict[str, Any]] | None) -> SafeString | str:
+def pretty_json(value: Any) -> SafeString | str:
+    """Return a decoded JSON field (a result, worker stats) like a payload."""
+    if value is None:
+        return EMPTY
+    try:
+        shown = json_text(value)
+    except (ValueError, TypeError, RecursionError):
+        shown = str(value)
+    return bounded_pre(shown, css="django-jobs-json")
+
+
+def attempt_history(errors: Any) -> SafeString | str:
     """Return every attempt's error as a table, tracebacks folded (no script needed)."""
     if not errors:
         return EMPTY
+    if not isinstance(errors, list):  # a hand-edited row: show what is there
+        return format_html(
+            '<p class="errornote">{}</p>{}',
+            _("Not a list of attempts (shown as stored):"),
+            pretty_json(errors),
+        )
+    hidden = max(0, len(errors) - ATTEMPTS_SHOWN)
     rows = format_html_join(
-        "",
-        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-        (
-            (
-                error.get("attempt", ""),
-                _format_when(error.get("at")),
-                error.get("worker", "") or EMPTY,
-                error_summary(error) or EMPTY,
-                format_html(
-                    "<details><summary>{}</summary><pre>{}</pre></details>",
-                    _("traceback"),
-                    error["traceback"],
-                )
-                if error.get("traceback")
-                else EMPTY,
-            )
-            for error in errors
-            if isinstance(error, dict)
-        ),
-    )
-    return format_html(
+        "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+        (_attempt_row(error) for error in errors[hidden:]),
+    )  # fmt: skip
+    table = format_html(
         '<table class="django-jobs-attempts"><thead><tr><th>{}</th><th>{}</th><th>{}</th>'
         "<th>{}</th><th>{}</th></tr></thead><tbody>{}</tbody></table>",
         _("attempt"), _("at"), _("worker"), _("error"), _("traceback"), rows,
     )  # fmt: skip
+    if not hidden:
+        return table
+    note = _("The first %(hidden)s attempts are not shown; the latest %(shown)s are.") % {
+        "hidden": hidden,
+        "shown": ATTEMPTS_SHOWN,
+    }
+    return format_html('<p class="help">{}</p>{}', note, table)
+
+
+def _attempt_row(error: Any) -> tuple[Any, ...]:
+    limit = ATTEMPT_TEXT_LIMIT
+    if not isinstance(error, dict):
+        return ("?", EMPTY, EMPTY, bounded_pre(error, limit), EMPTY)
+    traceback = error.get("traceback")
+    return (
+        showable(error.get("attempt", ""))[:40],
+        _format_when(error.get("at")),
+        showable(error.get("worker", "") or EMPTY)[:200],
+        bounded_pre(error_summary(error) or EMPTY, limit),
+        format_html(
+            "<details><summary>{}</summary>{}</details>",
+            _("traceback"),
+            bounded_pre(traceback, 4 * limit),
+        )
+        if traceback
+        else EMPTY,
+    )
 
 
 def _format_when(value: Any) -> str:
     if not isinstance(value, str):
         return EMPTY
-    parsed = parse_datetime(value)
+    try:
+        parsed = parse_datetime(value[:64])
+    except ValueError:  # well-formed but impossible, such as 2024-02-30
+        parsed = None
     if parsed is None:
-        return value
-    if timezone.is_aware(parsed):
-        parsed = timezone.localtime(parsed)
-    return parsed.strftime("%Y-%m-%d %H:%M:%S")
+        return showable(value[:64])
+    return when(parsed)
+
+
+def when(value: datetime | None) -> str:
+    """Return a time in the current time zone, short enough for a list column."""
+    if value is None:
+        return EMPTY
+    if timezone.is_aware(value):
+        value = timezone.localtime(value)
+    return value.strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _username(request: HttpRequest) -> str:
@@ -167,7 +265,44 @@ def _uuid(text: str) -> uuid.UUID | None:
         return None
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+class GuardedAdmin(admin.ModelAdmin):
+    """Answer hostile query strings and object ids with a 400 or Django's "?e=1", never a 500."""
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict | None = None
+    ) -> HttpResponse:
+        if any("\x00" in text for key, values in request.GET.lists() for text in (key, *values)):
+            # PostgreSQL refuses NUL in any text it is sent: no row can match it anyway.
+            return HttpResponseBadRequest(
+                _("A NUL character is not allowed in a filter or a search.")
+            )
+        # Dashboard link on every change list of ours (the template shows it).
+        extra = {"django_jobs_dashboard_url": _dashboard_url(self), **(extra_context or {})}
+        return super().changelist_view(request, extra_context=extra)
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        try:
+            return super().get_changelist_instance(request)
+        except (ValueError, OverflowError, DataError) as exc:
+            # Django's own filters raise these on values past the limits of their types
+            # (?dead_at__year=9999 asks for the year 10000): answer as Django does for an
+            # unknown filter, by a redirect to the unfiltered list with ?e=1.
+            raise IncorrectLookupParameters(exc) from exc
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        if "\x00" in object_id:
+            return None  # no row has it, and PostgreSQL refuses it in a query
+        return super().get_object(request, object_id, from_field)
+
+
+def _dashboard_url(model_admin: admin.ModelAdmin) -> str | None:
+    try:
+        return reverse(f"{model_admin.admin_site.name}:django_jobs_dashboard")
+    except NoReverseMatch:  # a site without the jobs admin (and so without its dashboard)
+        return None
+
+
+class ReadOnlyAdmin(GuardedAdmin):
     """No add, no edit: rows change only through the explicit actions."""
 
     paginator = EstimatedCountPaginator
@@ -192,9 +327,6 @@ class ReadOnlyAdmin(admin.ModelAdmin):
             queryset = queryset.defer(*self.list_deferred)
         return queryset
 
-    def dashboard_link(self) -> str:
-        return reverse(f"{self.admin_site.name}:django_jobs_dashboard")
-
     def changelist_view(
         self, request: HttpRequest, extra_context: dict | None = None
     ) -> HttpResponse:
@@ -204,8 +336,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         nonce = getattr(request, "_csp_nonce", None)
         if nonce is not None and not hasattr(request, "csp_nonce"):
             request.csp_nonce = nonce
-        extra = {"django_jobs_dashboard_url": self.dashboard_link(), **(extra_context or {})}
-        return super().changelist_view(request, extra_context=extra)
+        return super().changelist_view(request, extra_context=extra_context)
 
 
 # ---- filters ------------------------------------------------------------------
@@ -249,16 +380,16 @@ class StateFilter(admin.SimpleListFilter):
 
 @admin.register(DeadLetter)
 class DeadLetterAdmin(ReadOnlyAdmin):
-    list_display = [
-        "short_id", "name", "queue", "reason", "attempts", "dead_at", "enqueued_at",
-        "error_line", "replayed",
-    ]  # fmt: skip
+    # Fits 1280 px with the sidebar open: short id, short times, one cut line of error.
+    # Queue, enqueued-at and attempts are filters or on the detail page.
+    list_display = ["short_id", "name_cell", "reason", "dead_at_cell", "error_line", "replayed"]
     list_display_links = ["short_id"]
     list_filter = [
         "reason",
         ReplayedFilter,
-        ("dead_at", DateTimeRangeFilter),
-        ("enqueued_at", DateTimeRangeFilter),
+        # Dates only: a range of days needs no times (the date-time filter refused empty ones).
+        ("dead_at", DateRangeFilter),
+        ("enqueued_at", DateRangeFilter),
         "name",
         "queue",
     ]
@@ -268,16 +399,17 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     date_hierarchy = "dead_at"
     ordering = ["-dead_at", "-id"]
     actions = ["replay_selected"]
-    # The list needs none of these, and each can be many kilobytes per row.
-    list_deferred = ["payload", "traceback", "errors"]
+    # The list needs none of these, and each can be megabytes per row (the error column
+    # reads only its head, see get_queryset).
+    list_deferred = ["payload", "traceback", "errors", "error"]
+    # The summary at the top of the page (see change_view) says why and what next; these follow.
     fieldsets = [
-        (None, {"fields": [
-            "id", "name", "queue", "priority", "key", "reason", "attempts_of",
-            "enqueued_at", "started_at", "dead_at",
+        (_("Job"), {"fields": [
+            ("name", "queue"), ("id", "key"), ("priority", "attempts_of"),
+            ("enqueued_at", "started_at", "dead_at"),
         ]}),
         (_("Payload"), {"fields": ["payload_json"]}),
-        (_("Error"), {"fields": ["error", "traceback_pre", "attempt_table"]}),
-        (_("Replay"), {"fields": ["replay_status"]}),
+        (_("Error"), {"fields": ["error_pre", "traceback_pre", "attempt_table"]}),
     ]  # fmt: skip
 
     # -- columns and fields
@@ -286,14 +418,28 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     def short_id(self, obj: DeadLetter) -> str:
         return str(obj.id)[-12:]
 
-    @admin.display(description=_("error"))
-    def error_line(self, obj: DeadLetter) -> str:
-        line = (obj.error or "").splitlines()[0] if obj.error else ""
-        return line if len(line) <= 90 else line[:89] + "…"
+    @admin.display(description=_("name"), ordering="name")
+    def name_cell(self, obj: DeadLetter) -> SafeString | str:
+        return cell(obj.name, 48)
 
-    @admin.display(description=_("replayed"), boolean=True, ordering="replayed_at")
-    def replayed(self, obj: DeadLetter) -> bool:
-        return obj.replayed_at is not None
+    @admin.display(description=_("dead at"), ordering="dead_at")
+    def dead_at_cell(self, obj: DeadLetter) -> str:
+        return when(obj.dead_at)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).annotate(error_head=Substr("error", 1, TITLE_LIMIT))
+
+    @admin.display(description=_("error"))
+    def error_line(self, obj: DeadLetter) -> SafeString | str:
+        return cell(obj.error_head)
+
+    @admin.display(description=_("replayed"), ordering="replayed_at")
+    def replayed(self, obj: DeadLetter) -> SafeString | str:
+        # Neutral marks: not replayed yet is the normal state of a letter, not an error.
+        if obj.replayed_at is None:
+            return format_html('<span class="django-jobs-quiet" title="{}">–</span>', _("no"))
+        title = f"{when(obj.replayed_at)} {_('by')} {obj.replayed_by or EMPTY}"
+        return format_html('<span title="{}">✓ {}</span>', showable(title), _("yes"))
 
     @admin.display(description=_("attempts"))
     def attempts_of(self, obj: DeadLetter) -> str:
@@ -303,26 +449,17 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     def payload_json(self, obj: DeadLetter) -> SafeString:
         return pretty_payload(obj.payload)
 
+    @admin.display(description=_("last error"))
+    def error_pre(self, obj: DeadLetter) -> SafeString | str:
+        return bounded_pre(obj.error) if obj.error else EMPTY
+
     @admin.display(description=_("traceback"))
     def traceback_pre(self, obj: DeadLetter) -> SafeString | str:
-        return format_html("<pre>{}</pre>", obj.traceback) if obj.traceback else EMPTY
+        return bounded_pre(obj.traceback) if obj.traceback else EMPTY
 
     @admin.display(description=_("every attempt"))
     def attempt_table(self, obj: DeadLetter) -> SafeString | str:
         return attempt_history(obj.errors)
-
-    @admin.display(description=_("replay"))
-    def replay_status(self, obj: DeadLetter) -> SafeString | str:
-        if obj.replayed_at is None:
-            return _("Not replayed.")
-        return format_html(
-            "{} {} {} {}. {}",
-            _("Replayed at"),
-            timezone.localtime(obj.replayed_at).strftime("%Y-%m-%d %H:%M:%S"),
-            _("by"),
-            obj.replayed_by or EMPTY,
-            self._replay_target(obj),
-        )
 
     def _replay_target(self, obj: DeadLetter) -> SafeString:
         """Link the job the replay made: live, finished (its marker) or dead again."""
@@ -348,6 +485,20 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             )  # fmt: skip
         return format_html("{} {} {}", _("New job"), job_id, _("is gone (its marker was pruned)."))
 
+    def _why_not_replayable(self, obj: DeadLetter) -> str | None:
+        """Say why a replay of this (unreplayed) letter would make no job, or None."""
+        if registry.lookup(obj.name) is None:
+            return _(
+                "No handler is registered under this name in the code this site runs, so a "
+                "replay would make no job. Deploy code that registers it, then replay."
+            )
+        if obj.key is not None:
+            if CompletionMarker.objects.filter(key=obj.key).exists():
+                return _("The work of its key has completed since: a replay would make no job.")
+            if Job.objects.filter(key=obj.key).exists():
+                return _("A live job holds its key: replay it once that job has finished.")
+        return None
+
     # -- search
 
     def get_search_results(
@@ -370,10 +521,62 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         return request.user.has_perm(f"{self.opts.app_label}.replay_deadletter")
 
     @admin.action(permissions=["replay"], description=_("Replay selected dead letters"))
-    def replay_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def replay_selected(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
         # The change list's own queryset (filters, search, "select all"): no id list to build.
+        if request.POST.get("post") != "yes":
+            return self._replay_confirmation(request, queryset)
         report = queryset.replay(by=_username(request))
         self._after_replay(request, report)
+        return None
+
+    def _replay_confirmation(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
+        """Say how many letters of which handlers a replay would make jobs of, as delete does."""
+        by_name = list(
+            queryset.order_by()
+            .values("name")
+            .annotate(
+                pending=Count("pk", filter=Q(replayed_at__isnull=True)),
+                replayed=Count("pk", filter=Q(replayed_at__isnull=False)),
+            )
+            .order_by("-pending", "name")[:101]
+        )
+        totals = queryset.aggregate(
+            pending=Count("pk", filter=Q(replayed_at__isnull=True)),
+            already=Count("pk", filter=Q(replayed_at__isnull=False)),
+        )
+        unknown = (
+            queryset.filter(replayed_at__isnull=True)
+            .exclude(name__in=list(registry.all_handlers()))
+            .count()
+        )
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Replay dead letters?"),
+            "subtitle": None,
+            "opts": self.opts,
+            "app_label": self.opts.app_label,
+            "names": [
+                (
+                    cell(row["name"], 120),
+                    row["pending"],
+                    row["replayed"],
+                    registry.lookup(row["name"]) is not None,
+                )
+                for row in by_name[:100]
+            ],  # fmt: skip
+            "more_names": len(by_name) > 100,
+            "pending": totals["pending"],
+            "already": totals["already"],
+            "unknown": unknown,
+            "replayable": totals["pending"] - unknown,
+            "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
+            "select_across": request.POST.get("select_across", "0"),
+            "index": request.POST.get("index", "0"),
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(
+            request, "admin/django_jobs/deadletter/replay_confirmation.html", context
+        )
 
     def _after_replay(self, request: HttpRequest, report: ReplayReport) -> None:
         replayed = list(report.replayed)
@@ -397,13 +600,14 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         """The detail page's Replay button (POST, with an optional run-at)."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
-        if not self.has_replay_permission(request):
+        # Replaying needs both: the button is on a page that only viewers see.
+        if not (self.has_replay_permission(request) and self.has_view_permission(request)):
             raise PermissionDenied
         letter = self.get_object(request, unquote(object_id))
         if letter is None:
             self.message_user(
                 request,
-                _("Not replayed: there is no dead letter %s.") % object_id,
+                _("Not replayed: there is no dead letter %s.") % showable(object_id)[:100],
                 messages.WARNING,
             )
             return HttpResponseRedirect(
@@ -412,17 +616,17 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         change_url = reverse(
             f"{self.admin_site.name}:django_jobs_deadletter_change", args=[letter.pk]
         )
-        run_at: datetime | None = None
+        run_at = None
         if request.POST.get("run_at"):
-            run_at = parse_datetime(request.POST["run_at"])
+            run_at = _run_at(request.POST["run_at"])
             if run_at is None:
                 self.message_user(
-                    request, _("Not replayed: the run-at time is not a date and time."),
+                    request,
+                    _("Not replayed: the run-at time %(value)s is not a date and time.")
+                    % {"value": repr(showable(request.POST["run_at"][:40]))},
                     messages.ERROR,
-                )  # fmt: skip
+                )
                 return HttpResponseRedirect(change_url)
-            if timezone.is_naive(run_at):
-                run_at = timezone.make_aware(run_at)
         report = DeadLetter.objects.filter(pk=letter.pk).replay(
             by=_username(request), run_at=run_at
         )
@@ -437,13 +641,49 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         extra_context: dict | None = None,
     ) -> HttpResponse:
         extra = dict(extra_context or {})
-        if self.has_replay_permission(request):
-            letter = self.get_object(request, unquote(object_id))
-            if letter is not None and letter.replayed_at is None:
-                extra["replay_url"] = reverse(
-                    f"{self.admin_site.name}:django_jobs_deadletter_replay", args=[letter.pk]
-                )
+        letter = self.get_object(request, unquote(object_id))
+        if letter is not None and self.has_view_permission(request, letter):
+            reason = letter.get_reason_display()
+            # The title says why in words: "attempts exhausted", not "(attempts_exhausted)".
+            extra["subtitle"] = f"{cell(letter.name, 120)} · {reason}"
+            extra["summary"] = {
+                "reason": reason,
+                "attempts": self.attempts_of(letter),
+                "dead_at": when(letter.dead_at),
+                "error": cell(letter.error, 300),
+                "replayed_at": when(letter.replayed_at) if letter.replayed_at else None,
+                "replayed_by": letter.replayed_by,
+                "target": self._replay_target(letter) if letter.replayed_at else None,
+            }
+            if letter.replayed_at is None and self.has_replay_permission(request):
+                blocked = self._why_not_replayable(letter)
+                if blocked:
+                    extra["replay_blocked"] = blocked
+                else:
+                    extra["replay_url"] = reverse(
+                        f"{self.admin_site.name}:django_jobs_deadletter_replay", args=[letter.pk]
+                    )
         return super().change_view(request, object_id, form_url, extra_context=extra)
+
+
+_RUN_AT = re.compile(r"[0-9T:.+\- Z]{10,40}")
+
+
+def _run_at(text: str) -> datetime | None:
+    """Parse the Replay form's run-at (local time unless it says otherwise); None if invalid."""
+    text = text.strip()
+    if not _RUN_AT.fullmatch(text):  # Python's parser takes "2024-01-01T10:00\x00", we don't
+        return None
+    try:
+        value = parse_datetime(text)
+        if value is None:
+            return None
+        if timezone.is_naive(value):
+            value = timezone.make_aware(value)
+        value.astimezone(UTC)  # a time the database can store (not past year 9999 in UTC)
+    except (ValueError, OverflowError):  # 2024-02-30T10:00, 2024-01-01T25:00, ...
+        return None
+    return value
 
 
 # ---- live jobs -----------------------------------------------------------------
@@ -451,9 +691,10 @@ class DeadLetterAdmin(ReadOnlyAdmin):
 
 @admin.register(Job)
 class JobAdmin(ReadOnlyAdmin):
+    # Fits 1280 px with the sidebar open: the lease (holder and time left) is one column.
     list_display = [
-        "short_id", "name", "queue", "state_label", "priority", "attempts_of", "run_at",
-        "lease_holder", "lease_expires_at",
+        "short_id", "name_cell", "queue_cell", "state_label", "attempts_of", "run_at_cell",
+        "lease",
     ]  # fmt: skip
     list_display_links = ["short_id"]
     list_filter = [StateFilter, "queue", "name"]
@@ -463,10 +704,10 @@ class JobAdmin(ReadOnlyAdmin):
     list_deferred = ["payload", "errors"]
     fieldsets = [
         (None, {"fields": [
-            "id", "name", "queue", "state_label", "priority", "key", "attempts_of",
-            "run_at", "enqueued_at", "started_at", "attempted_at",
+            ("name", "queue"), ("id", "key"), ("state_label", "priority", "attempts_of"),
+            ("run_at", "enqueued_at"), ("started_at", "attempted_at"),
         ]}),
-        (_("Lease"), {"fields": ["lease_holder", "locked_by", "lease_expires_at"]}),
+        (_("Lease"), {"fields": [("lease_holder", "locked_by", "lease_expires_at")]}),
         (_("Payload"), {"fields": ["payload_json"]}),
         (_("Earlier attempts"), {"fields": ["attempt_table"]}),
     ]  # fmt: skip
@@ -499,9 +740,37 @@ class JobAdmin(ReadOnlyAdmin):
     def attempts_of(self, obj: Job) -> str:
         return f"{obj.attempts} / {obj.max_attempts}"
 
+    @admin.display(description=_("name"), ordering="name")
+    def name_cell(self, obj: Job) -> SafeString | str:
+        return cell(obj.name, 48)
+
+    @admin.display(description=_("queue"), ordering="queue")
+    def queue_cell(self, obj: Job) -> SafeString | str:
+        return cell(obj.queue, 24)
+
+    @admin.display(description=_("run at"), ordering="run_at")
+    def run_at_cell(self, obj: Job) -> str:
+        return when(obj.run_at)
+
     @admin.display(description=_("lease holder"))
     def lease_holder(self, obj: Job) -> str:
-        return obj.locked_by.rpartition("#")[0] if obj.locked_by else EMPTY
+        return showable(obj.locked_by.rpartition("#")[0]) if obj.locked_by else EMPTY
+
+    @admin.display(description=_("lease"), ordering="lease_expires_at")
+    def lease(self, obj: Job) -> SafeString | str:
+        """The worker holding the job, and how long its lease has left (or since it expired)."""
+        if not obj.locked_by or obj.lease_expires_at is None:
+            return EMPTY
+        left = (obj.lease_expires_at - timezone.now()).total_seconds()
+        if left >= 0:
+            until = _("%(left)s left") % {"left": dashboard.duration(timedelta(seconds=left))}
+        else:
+            until = _("expired %(ago)s ago") % {"ago": dashboard.duration(timedelta(seconds=-left))}
+        holder = obj.locked_by.rpartition("#")[0]
+        return format_html(
+            '{}<br><span class="django-jobs-quiet" title="{}">{}</span>',
+            cell(holder, 28), when(obj.lease_expires_at), until,
+        )  # fmt: skip
 
     @admin.display(description=_("payload"))
     def payload_json(self, obj: Job) -> SafeString:
@@ -616,7 +885,7 @@ class JobAdmin(ReadOnlyAdmin):
 @admin.register(CompletionMarker)
 class CompletionMarkerAdmin(ReadOnlyAdmin):
     list_display = ["key", "name", "queue", "attempts", "completed_at", "worker_id"]
-    list_filter = [("completed_at", DateTimeRangeFilter)]
+    list_filter = [("completed_at", DateRangeFilter)]
     search_fields = ["key", "job_id"]
     search_help_text = _("A key or a job id (exact).")
     ordering = ["-completed_at", "-job_id"]
@@ -646,10 +915,7 @@ class CompletionMarkerAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("result"))
     def result_json(self, obj: CompletionMarker) -> SafeString | str:
-        if obj.result is None:
-            return EMPTY
-        shown = json.dumps(payloads.mask(obj.result), indent=2, ensure_ascii=False)
-        return format_html('<pre class="django-jobs-json">{}</pre>', shown)
+        return pretty_json(obj.result)
 
     @admin.display(description=_("replayed from"))
     def replayed_from(self, obj: CompletionMarker) -> SafeString | str:

@@ -16,9 +16,11 @@ from django.db.models.functions import Coalesce, Now
 from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.html import format_html
+from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
 from django_jobs import conf, control, schedules
+from django_jobs.admin import GuardedAdmin, cell, pretty_json, pretty_payload
 from django_jobs.models import (
     CompletionMarker,
     DeadLetter,
@@ -30,7 +32,7 @@ from django_jobs.models import (
 )
 
 
-class _ReadOnly(admin.ModelAdmin):
+class _ReadOnly(GuardedAdmin):
     """No adding, no deleting, no editing: the actions are the only writes."""
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -42,6 +44,10 @@ class _ReadOnly(admin.ModelAdmin):
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # Actions need the change permission on the list; detail pages stay read-only.
         return obj is None and super().has_change_permission(request, obj)
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        # Only the listed fields: the model's own JSON fields would bypass the bounded displays.
+        return list(self.get_readonly_fields(request, obj))
 
 
 # ---- schedules ------------------------------------------------------------------------
@@ -62,9 +68,14 @@ class ScheduleAdmin(_ReadOnly):
     search_fields = ["name", "job_name"]
     actions = ["enable_schedules", "disable_schedules"]
     readonly_fields = [
-        "name", "cron", "every", "timezone", "job_name", "payload", "queue", "priority", "enabled",
-        "declared", "created_at", "updated_at", "last_tick_at", "last_enqueued_at", "last_job_id",
+        "name", "cron", "every", "timezone", "job_name", "payload_json", "queue", "priority",
+        "enabled", "declared", "created_at", "updated_at", "last_tick_at", "last_enqueued_at",
+        "last_job_id",
     ]  # fmt: skip
+
+    @admin.display(description=_("payload"))
+    def payload_json(self, obj: Schedule) -> SafeString:
+        return pretty_payload(obj.payload)
 
     @admin.display(description=_("when"))
     def when(self, obj: Schedule) -> str:
@@ -118,14 +129,14 @@ def _count(**filters: Any) -> Coalesce:
 class QueueStateAdmin(_ReadOnly):
     list_display = [
         "name",
-        "paused",
+        "paused_mark",
         "waiting",
         "scheduled",
         "running",
         "oldest_wait",
         "paused_at",
         "paused_by",
-        "reason",
+        "reason_cell",
     ]
     list_filter = ["paused"]
     actions = ["pause_queues", "resume_queues"]
@@ -149,6 +160,17 @@ class QueueStateAdmin(_ReadOnly):
                 oldest_run_at=Subquery(oldest.values("m")[:1]),
             )
         )
+
+    @admin.display(description=_("paused"), ordering="paused")
+    def paused_mark(self, obj: QueueState) -> SafeString | str:
+        # Neutral: a queue that is not paused is the normal case, not an error.
+        if obj.paused:
+            return format_html('<strong class="django-jobs-paused">{}</strong>', _("paused"))
+        return format_html('<span class="django-jobs-quiet" title="{}">–</span>', _("no"))
+
+    @admin.display(description=_("reason"))
+    def reason_cell(self, obj: QueueState) -> SafeString | str:
+        return cell(obj.reason)
 
     @admin.display(description=_("waiting"), ordering="n_waiting")
     def waiting(self, obj: Any) -> int:
@@ -194,7 +216,7 @@ class WorkerBeatAdmin(_ReadOnly):
     list_display = [
         "host",
         "pid",
-        "queues",
+        "queues_cell",
         "concurrency",
         "running",
         "started_at",
@@ -205,13 +227,23 @@ class WorkerBeatAdmin(_ReadOnly):
         "id",
         "host",
         "pid",
-        "queues",
+        "queues_cell",
         "concurrency",
         "running",
         "started_at",
         "last_seen_at",
-        "stats",
+        "stats_json",
     ]
+
+    @admin.display(description=_("queues"))
+    def queues_cell(self, obj: WorkerBeat) -> SafeString | str:
+        queues = obj.queues
+        text = ", ".join(map(str, queues)) if isinstance(queues, list) else str(queues)
+        return cell(text)
+
+    @admin.display(description=_("stats"))
+    def stats_json(self, obj: WorkerBeat) -> SafeString | str:
+        return pretty_json(obj.stats)
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -282,3 +314,7 @@ for _model, _admin in (
 ):
     if not admin.site.is_registered(_model):
         admin.site.register(_model, _admin)
+
+# The site's index links the jobs dashboard (unless the project has an index template of its own).
+if admin.site.index_template is None:
+    admin.site.index_template = "admin/django_jobs/index.html"

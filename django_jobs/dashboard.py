@@ -186,13 +186,16 @@ def bar_chart(
                 unit,
             )  # fmt: skip
         )
-    for i, label in ((0, f"-{len(values)} min"), (len(values) // 2, f"-{len(values) // 2} min"),
-                     (len(values), "now")):  # fmt: skip
+    # The end labels are anchored inwards, or "now" would hang off the right edge.
+    for i, label, anchor in ((0, f"-{len(values)} min", "start"),
+                             (len(values) // 2, f"-{len(values) // 2} min", "middle"),
+                             (len(values), "now", "end")):  # fmt: skip
         parts.append(
             format_html(
-                '<text x="{}" y="{}" font-size="10" text-anchor="middle" fill="#666">{}</text>',
+                '<text x="{}" y="{}" font-size="10" text-anchor="{}" fill="#666">{}</text>',
                 _n(left + i * step),
                 height - 4,
+                anchor,
                 label,
             )  # fmt: skip
         )

@@ -32,13 +32,19 @@ def test_change_list_columns_newest_first(admin_client_):
     assert shown(response) == [new.id, mid.id, old.id]
     text = response.content.decode()
     assert response.context["cl"].list_display == [
-        "action_checkbox", "short_id", "name", "queue", "reason", "attempts", "dead_at",
-        "enqueued_at", "error_line", "replayed",
+        "action_checkbox", "short_id", "name_cell", "reason", "dead_at_cell", "error_line",
+        "replayed",
     ]  # fmt: skip
-    for header in ("Name", "Queue", "Reason", "Attempts", "Dead at", "Enqueued at", "Error"):
+    for header in ("Name", "Reason", "Dead at", "Error", "Replayed"):
         assert f">{header}</" in text, header
-    assert 'alt="True"' in text and 'alt="False"' in text  # replayed, as the admin's icons
-    assert "builtins.RuntimeError: long long" in text and "…" in text  # one line, cut short
+    # Neutral marks: "not replayed" is no error (no red icon), "replayed" says by whom in a title.
+    assert 'alt="False"' not in text and "icon-no" not in text
+    assert text.count('<span class="django-jobs-quiet" title="no">–</span>') == 2
+    assert "✓ yes" in text
+    # One line, cut short, the whole line in the title.
+    long_line = "builtins.RuntimeError: " + "long " * 40
+    assert f'title="{long_line.strip()}"' in text
+    assert "builtins.RuntimeError: long long" in text and "…" in text
     assert response.context["cl"].date_hierarchy == "dead_at"
     assert f"dead_at__year={now.year}" in text  # the date hierarchy's links
 
@@ -77,10 +83,8 @@ def test_date_range_filters_on_dead_at_and_enqueued_at(admin_client_):
 
     def range_of(field, start, end):
         return {
-            f"{field}__range__gte_0": local(start).strftime("%Y-%m-%d"),
-            f"{field}__range__gte_1": local(start).strftime("%H:%M:%S"),
-            f"{field}__range__lte_0": local(end).strftime("%Y-%m-%d"),
-            f"{field}__range__lte_1": local(end).strftime("%H:%M:%S"),
+            f"{field}__range__gte": local(start).strftime("%Y-%m-%d"),
+            f"{field}__range__lte": local(end).strftime("%Y-%m-%d"),
         }
 
     response = admin_client_.get(
@@ -175,9 +179,8 @@ def test_replay_action_reports_counts_and_logs_each_replay(admin_client_):
     fresh = DeadLetterFactory.create_batch(3)
     done = DeadLetterFactory(replayed_at=timezone.now(), replay_job_id=fresh[0].id)
 
-    response = action(
-        admin_client_, "deadletter", "replay_selected", [*[f.id for f in fresh], done.id]
-    )
+    ids = [*[f.id for f in fresh], done.id]
+    response = action(admin_client_, "deadletter", "replay_selected", ids, post="yes")
 
     assert messages_of(response) == ["3 replayed, 1 already replayed."]
     assert Job.objects.count() == 3
@@ -193,8 +196,8 @@ def test_replay_action_reports_counts_and_logs_each_replay(admin_client_):
 
 def test_replaying_twice_makes_no_second_job(admin_client_):
     letter = DeadLetterFactory()
-    action(admin_client_, "deadletter", "replay_selected", [letter.id])
-    response = action(admin_client_, "deadletter", "replay_selected", [letter.id])
+    action(admin_client_, "deadletter", "replay_selected", [letter.id], post="yes")
+    response = action(admin_client_, "deadletter", "replay_selected", [letter.id], post="yes")
 
     assert messages_of(response) == ["0 replayed, 1 already replayed."]
     assert Job.objects.count() == 1
@@ -203,7 +206,7 @@ def test_replaying_twice_makes_no_second_job(admin_client_):
 def test_replay_action_explains_what_it_left_alone(admin_client_):
     live = JobFactory(key="busy")
     held = DeadLetterFactory(key="busy")
-    response = action(admin_client_, "deadletter", "replay_selected", [held.id])
+    response = action(admin_client_, "deadletter", "replay_selected", [held.id], post="yes")
     assert messages_of(response) == ["0 replayed, 1 whose key a live job holds."]
     assert list(Job.objects.values_list("id", flat=True)) == [live.id]
 
@@ -237,8 +240,30 @@ def test_replay_button_refuses_a_bad_time_and_a_get(admin_client_):
     response = admin_client_.post(
         url("deadletter_replay", letter.pk), {"run_at": "next tuesday"}, follow=True
     )
-    assert messages_of(response) == ["Not replayed: the run-at time is not a date and time."]
+    assert messages_of(response) == [
+        "Not replayed: the run-at time 'next tuesday' is not a date and time."
+    ]
     assert admin_client_.get(url("deadletter_replay", letter.pk)).status_code == 405
+    assert not Job.objects.exists()
+    assert DeadLetter.objects.get().replayed_at is None
+
+
+@pytest.mark.parametrize(
+    "run_at",
+    [
+        "2024-02-30T10:00", "2024-13-01T00:00", "2024-01-01T25:00", "2024-01-01T10:61",
+        "0001-01-01T00:00+05:00", "9999-12-31T23:59-05:00", "2024-01-01T10:00\x00",
+        "99999-01-01T00:00", "2024-01-01T10:00" + "0" * 10_000,
+    ],
+)  # fmt: skip
+def test_replay_button_answers_an_impossible_time_with_an_error(admin_client_, run_at):
+    letter = DeadLetterFactory()
+    response = admin_client_.post(
+        url("deadletter_replay", letter.pk), {"run_at": run_at}, follow=True
+    )
+    assert response.status_code == 200
+    [message] = messages_of(response)
+    assert message.startswith("Not replayed: the run-at time ") and len(message) < 200
     assert not Job.objects.exists()
     assert DeadLetter.objects.get().replayed_at is None
 
@@ -276,6 +301,7 @@ def test_replay_all_matching_a_filter_with_select_across(admin_client_):
         "action": "replay_selected",
         "_selected_action": [str(fatal[0].id)],
         "select_across": "1",
+        "post": "yes",
     }
     response = admin_client_.post(url("deadletter_changelist") + "?reason=fatal", data, follow=True)
 

@@ -32,7 +32,7 @@ def test_view_only_staff_cannot_replay_or_delete_by_a_forged_post(login):
     client = login(*VIEW_ONLY)
     letter = DeadLetterFactory()
 
-    response = action(client, "deadletter", "replay_selected", [letter.id])
+    response = action(client, "deadletter", "replay_selected", [letter.id], post="yes")
     assert response.status_code == 200 and not messages_of(response)
     assert client.post(url("deadletter_replay", letter.pk)).status_code == 403
     response = action(client, "deadletter", "delete_selected", [letter.id], post="yes")
@@ -53,7 +53,7 @@ def test_replay_permission_without_delete(login):
         "django-jobs-replay-form"
         in client.get(url("deadletter_change", letters[0].pk)).content.decode()
     )
-    response = action(client, "deadletter", "replay_selected", [letters[0].id])
+    response = action(client, "deadletter", "replay_selected", [letters[0].id], post="yes")
     assert messages_of(response) == ["1 replayed."]
     response = action(client, "deadletter", "delete_selected", [letters[1].id], post="yes")
     assert messages_of(response) == ["No action selected."]
