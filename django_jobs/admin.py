@@ -38,8 +38,8 @@ from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, path, reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
-from django.utils.html import format_html, format_html_join
-from django.utils.safestring import SafeString
+from django.utils.html import conditional_escape, format_html, format_html_join
+from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext_lazy as _
 from rangefilter.filters import DateRangeFilter
 
@@ -122,17 +122,26 @@ def bounded_pre(value: Any, limit: int = DETAIL_LIMIT, css: str = "") -> SafeStr
     return format_html('{}<p class="help django-jobs-cut">{}</p>', shown, note)
 
 
-def cell(value: Any, limit: int = CELL_LIMIT) -> SafeString | str:
-    """Return a list cell: the first line, cut to limit characters, the line as its title."""
+def cell(value: Any, limit: int = CELL_LIMIT, *, name: bool = False) -> SafeString | str:
+    """Return a list cell: the first line, cut to limit characters, the line as its title.
+
+    A name (dotted path, queue, worker id) may wrap after its dots, dashes and colons.
+    """
     if value is None or value == "":
         return EMPTY
     text = value if isinstance(value, str) else str(value)
     line = text[:TITLE_LIMIT].split("\n", 1)[0].strip()
-    if len(line) <= limit and len(line) == len(text):
-        return showable(line)
-    title = showable(line if len(line) < TITLE_LIMIT else line + "…")
     short = line if len(line) <= limit else line[: limit - 1] + "…"
-    return format_html('<span title="{}">{}</span>', title, showable(short))
+    shown = conditional_escape(showable(short))
+    if name:  # escaping leaves . _ - : / alone, so a <wbr> never lands inside an entity
+        shown = mark_safe(_BREAK_AFTER.sub(r"\1<wbr>", shown))  # noqa: S308 - escaped above
+    if len(line) == len(text) and short == line:
+        return shown
+    title = showable(line if len(line) < TITLE_LIMIT else line + "…")
+    return format_html('<span title="{}">{}</span>', title, shown)
+
+
+_BREAK_AFTER = re.compile(r"([._\-:/])")
 
 
 def json_text(value: Any) -> str:
@@ -223,6 +232,14 @@ def _format_when(value: Any) -> str:
     if parsed is None:
         return showable(value[:64])
     return when(parsed)
+
+
+def list_when(value: datetime | None) -> SafeString | str:
+    """Return a time to the minute for a list column, with the seconds in its title."""
+    if value is None:
+        return EMPTY
+    full = when(value)
+    return format_html('<span title="{}">{}</span>', full, full[:16])
 
 
 def when(value: datetime | None) -> str:
@@ -380,10 +397,10 @@ class StateFilter(admin.SimpleListFilter):
 
 @admin.register(DeadLetter)
 class DeadLetterAdmin(ReadOnlyAdmin):
-    # Fits 1280 px with the sidebar open: short id, short times, one cut line of error.
-    # Queue, enqueued-at and attempts are filters or on the detail page.
-    list_display = ["short_id", "name_cell", "reason", "dead_at_cell", "error_line", "replayed"]
-    list_display_links = ["short_id"]
+    # Fits 1280 px with the sidebar open: the name links the letter, short times, a cut
+    # error. The id (searchable), queue, enqueued-at and attempts are on the detail page.
+    list_display = ["name_cell", "reason", "dead_at_cell", "error_line", "replayed"]
+    list_display_links = ["name_cell"]
     list_filter = [
         "reason",
         ReplayedFilter,
@@ -405,8 +422,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     # The summary at the top of the page (see change_view) says why and what next; these follow.
     fieldsets = [
         (_("Job"), {"fields": [
-            ("name", "queue"), ("id", "key"), ("priority", "attempts_of"),
-            ("enqueued_at", "started_at", "dead_at"),
+            ("name", "queue", "priority"), ("id", "key"), ("enqueued_at", "started_at", "dead_at"),
         ]}),
         (_("Payload"), {"fields": ["payload_json"]}),
         (_("Error"), {"fields": ["error_pre", "traceback_pre", "attempt_table"]}),
@@ -414,24 +430,20 @@ class DeadLetterAdmin(ReadOnlyAdmin):
 
     # -- columns and fields
 
-    @admin.display(description=_("id"), ordering="id")
-    def short_id(self, obj: DeadLetter) -> str:
-        return str(obj.id)[-12:]
-
     @admin.display(description=_("name"), ordering="name")
     def name_cell(self, obj: DeadLetter) -> SafeString | str:
-        return cell(obj.name, 48)
+        return cell(obj.name, 64, name=True)
 
     @admin.display(description=_("dead at"), ordering="dead_at")
-    def dead_at_cell(self, obj: DeadLetter) -> str:
-        return when(obj.dead_at)
+    def dead_at_cell(self, obj: DeadLetter) -> SafeString | str:
+        return list_when(obj.dead_at)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return super().get_queryset(request).annotate(error_head=Substr("error", 1, TITLE_LIMIT))
 
     @admin.display(description=_("error"))
     def error_line(self, obj: DeadLetter) -> SafeString | str:
-        return cell(obj.error_head)
+        return cell(obj.error_head, 90)
 
     @admin.display(description=_("replayed"), ordering="replayed_at")
     def replayed(self, obj: DeadLetter) -> SafeString | str:
@@ -691,12 +703,10 @@ def _run_at(text: str) -> datetime | None:
 
 @admin.register(Job)
 class JobAdmin(ReadOnlyAdmin):
-    # Fits 1280 px with the sidebar open: the lease (holder and time left) is one column.
-    list_display = [
-        "short_id", "name_cell", "queue_cell", "state_label", "attempts_of", "run_at_cell",
-        "lease",
-    ]  # fmt: skip
-    list_display_links = ["short_id"]
+    # Fits 1280 px with the sidebar open: the name links the job, the state says the attempt,
+    # the lease (holder and time left) is one column.
+    list_display = ["name_cell", "queue_cell", "state_label", "run_at_cell", "lease"]
+    list_display_links = ["name_cell"]
     list_filter = [StateFilter, "queue", "name"]
     search_fields = ["id", "key", "name"]
     search_help_text = _("A job id or key (exact), or words of the name.")
@@ -720,12 +730,8 @@ class JobAdmin(ReadOnlyAdmin):
 
     # -- columns and fields
 
-    @admin.display(description=_("id"), ordering="id")
-    def short_id(self, obj: Job) -> str:
-        return str(obj.id)[-12:]
-
     @admin.display(description=_("state"), ordering="state")
-    def state_label(self, obj: Job) -> str:
+    def state_label(self, obj: Job) -> SafeString | str:
         state = getattr(obj, "state", None)
         label = str(JobState(state).label) if state else EMPTY
         if (
@@ -733,8 +739,11 @@ class JobAdmin(ReadOnlyAdmin):
             and obj.lease_expires_at
             and obj.lease_expires_at < timezone.now()
         ):
-            return f"{label} ({_('lease expired: rescue is due')})"
-        return label
+            label = f"{label} ({_('lease expired: rescue is due')})"
+        if not obj.attempts:
+            return label
+        attempt = _("attempt %(n)s of %(of)s") % {"n": obj.attempts, "of": obj.max_attempts}
+        return format_html('{}<br><span class="django-jobs-quiet">{}</span>', label, attempt)
 
     @admin.display(description=_("attempts"))
     def attempts_of(self, obj: Job) -> str:
@@ -742,15 +751,15 @@ class JobAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("name"), ordering="name")
     def name_cell(self, obj: Job) -> SafeString | str:
-        return cell(obj.name, 48)
+        return cell(obj.name, 64, name=True)
 
     @admin.display(description=_("queue"), ordering="queue")
     def queue_cell(self, obj: Job) -> SafeString | str:
-        return cell(obj.queue, 24)
+        return cell(obj.queue, 32, name=True)
 
     @admin.display(description=_("run at"), ordering="run_at")
-    def run_at_cell(self, obj: Job) -> str:
-        return when(obj.run_at)
+    def run_at_cell(self, obj: Job) -> SafeString | str:
+        return list_when(obj.run_at)
 
     @admin.display(description=_("lease holder"))
     def lease_holder(self, obj: Job) -> str:
@@ -769,7 +778,7 @@ class JobAdmin(ReadOnlyAdmin):
         holder = obj.locked_by.rpartition("#")[0]
         return format_html(
             '{}<br><span class="django-jobs-quiet" title="{}">{}</span>',
-            cell(holder, 28), when(obj.lease_expires_at), until,
+            cell(holder, 48, name=True), when(obj.lease_expires_at), until,
         )  # fmt: skip
 
     @admin.display(description=_("payload"))
@@ -884,7 +893,9 @@ class JobAdmin(ReadOnlyAdmin):
 
 @admin.register(CompletionMarker)
 class CompletionMarkerAdmin(ReadOnlyAdmin):
-    list_display = ["key", "name", "queue", "attempts", "completed_at", "worker_id"]
+    list_display = [
+        "key_cell", "name_cell", "queue_cell", "attempts", "completed_at_cell", "worker_cell",
+    ]  # fmt: skip
     list_filter = [("completed_at", DateRangeFilter)]
     search_fields = ["key", "job_id"]
     search_help_text = _("A key or a job id (exact).")
@@ -912,6 +923,26 @@ class CompletionMarkerAdmin(ReadOnlyAdmin):
         if job_id is not None:
             return queryset.filter(Q(job_id=job_id) | Q(key=term)), False
         return queryset.filter(key=term), False
+
+    @admin.display(description=_("key"), ordering="key")
+    def key_cell(self, obj: CompletionMarker) -> SafeString | str:
+        return cell(obj.key, 64, name=True)
+
+    @admin.display(description=_("name"), ordering="name")
+    def name_cell(self, obj: CompletionMarker) -> SafeString | str:
+        return cell(obj.name, 64, name=True)
+
+    @admin.display(description=_("queue"), ordering="queue")
+    def queue_cell(self, obj: CompletionMarker) -> SafeString | str:
+        return cell(obj.queue, 32, name=True)
+
+    @admin.display(description=_("completed at"), ordering="completed_at")
+    def completed_at_cell(self, obj: CompletionMarker) -> SafeString | str:
+        return list_when(obj.completed_at)
+
+    @admin.display(description=_("worker"), ordering="worker_id")
+    def worker_cell(self, obj: CompletionMarker) -> SafeString | str:
+        return cell(obj.worker_id, 48, name=True)
 
     @admin.display(description=_("result"))
     def result_json(self, obj: CompletionMarker) -> SafeString | str:

@@ -20,7 +20,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
 from django_jobs import conf, control, schedules
-from django_jobs.admin import GuardedAdmin, cell, pretty_json, pretty_payload
+from django_jobs.admin import GuardedAdmin, cell, list_when, pretty_json, pretty_payload, when
 from django_jobs.models import (
     CompletionMarker,
     DeadLetter,
@@ -54,16 +54,8 @@ class _ReadOnly(GuardedAdmin):
 
 
 class ScheduleAdmin(_ReadOnly):
-    list_display = [
-        "name",
-        "when",
-        "job_name",
-        "enabled",
-        "declared",
-        "next_run",
-        "last_tick_at",
-        "last_job",
-    ]
+    # Fits 1280 px with the sidebar open: the job under the schedule's name, one state column.
+    list_display = ["name_cell", "when", "state", "next_run", "last_run"]
     list_filter = ["enabled", "declared"]
     search_fields = ["name", "job_name"]
     actions = ["enable_schedules", "disable_schedules"]
@@ -81,12 +73,36 @@ class ScheduleAdmin(_ReadOnly):
     def when(self, obj: Schedule) -> str:
         return f"every {obj.every}s" if obj.every else f"{obj.cron} ({obj.timezone})"
 
+    @admin.display(description=_("name / job"), ordering="name")
+    def name_cell(self, obj: Schedule) -> SafeString:
+        return format_html(
+            '{}<br><span class="django-jobs-quiet">{}</span>',
+            cell(obj.name, 48, name=True), cell(obj.job_name, 64, name=True),
+        )  # fmt: skip
+
+    @admin.display(description=_("state"), ordering="enabled")
+    def state(self, obj: Schedule) -> SafeString | str:
+        if not obj.declared:
+            return format_html(
+                '<span title="{}">{}</span>', _("No worker's code declares it: it does not tick."),
+                _("not declared"),
+            )  # fmt: skip
+        if not obj.enabled:
+            return format_html('<strong class="django-jobs-paused">{}</strong>', _("disabled"))
+        return _("enabled")
+
     @admin.display(description=_("next run"))
     def next_run(self, obj: Schedule) -> Any:
         spec = schedules.declared().get(obj.name)
         if spec is None or not obj.enabled or not obj.declared:
             return "-"
-        return spec.next_tick(timezone.now())
+        return list_when(spec.next_tick(timezone.now()))
+
+    @admin.display(description=_("last tick / job"), ordering="last_tick_at")
+    def last_run(self, obj: Schedule) -> SafeString | str:
+        if obj.last_tick_at is None:
+            return "-"
+        return format_html("{}<br>{}", list_when(obj.last_tick_at), self.last_job(obj))
 
     @admin.display(description=_("last job"))
     def last_job(self, obj: Schedule) -> str:
@@ -100,7 +116,7 @@ class ScheduleAdmin(_ReadOnly):
             state = _("dead")
         else:
             state = _("pruned")
-        return format_html("{} ({})", obj.last_job_id, state)
+        return format_html('<span title="{}">{}</span>', obj.last_job_id, state)
 
     @admin.action(
         description=_("Enable selected schedules (missed ticks are not run)"),
@@ -127,17 +143,7 @@ def _count(**filters: Any) -> Coalesce:
 
 
 class QueueStateAdmin(_ReadOnly):
-    list_display = [
-        "name",
-        "paused_mark",
-        "waiting",
-        "scheduled",
-        "running",
-        "oldest_wait",
-        "paused_at",
-        "paused_by",
-        "reason_cell",
-    ]
+    list_display = ["name_cell", "paused_mark", "waiting", "scheduled", "running", "oldest_wait"]
     list_filter = ["paused"]
     actions = ["pause_queues", "resume_queues"]
     readonly_fields = ["name", "paused", "paused_at", "paused_by", "reason"]
@@ -161,16 +167,21 @@ class QueueStateAdmin(_ReadOnly):
             )
         )
 
+    @admin.display(description=_("name"), ordering="name")
+    def name_cell(self, obj: QueueState) -> SafeString | str:
+        return cell(obj.name, 48, name=True)
+
     @admin.display(description=_("paused"), ordering="paused")
     def paused_mark(self, obj: QueueState) -> SafeString | str:
-        # Neutral: a queue that is not paused is the normal case, not an error.
-        if obj.paused:
-            return format_html('<strong class="django-jobs-paused">{}</strong>', _("paused"))
-        return format_html('<span class="django-jobs-quiet" title="{}">–</span>', _("no"))
-
-    @admin.display(description=_("reason"))
-    def reason_cell(self, obj: QueueState) -> SafeString | str:
-        return cell(obj.reason)
+        """Neutral when running (the normal case); when paused, by whom, since when and why."""
+        if not obj.paused:
+            return format_html('<span class="django-jobs-quiet" title="{}">–</span>', _("no"))
+        who = obj.paused_by or "—"
+        since = list_when(obj.paused_at) if obj.paused_at else "—"
+        return format_html(
+            '<strong class="django-jobs-paused">{}</strong> {} {}, {}<br>{}',
+            _("paused"), _("by"), cell(who, 40), since, cell(obj.reason, 80),
+        )  # fmt: skip
 
     @admin.display(description=_("waiting"), ordering="n_waiting")
     def waiting(self, obj: Any) -> int:
@@ -213,16 +224,7 @@ class QueueStateAdmin(_ReadOnly):
 
 
 class WorkerBeatAdmin(_ReadOnly):
-    list_display = [
-        "host",
-        "pid",
-        "queues_cell",
-        "concurrency",
-        "running",
-        "started_at",
-        "last_seen_at",
-        "live",
-    ]
+    list_display = ["host_cell", "pid", "queues_cell", "busy", "started", "last_seen", "live"]
     readonly_fields = [
         "id",
         "host",
@@ -234,6 +236,22 @@ class WorkerBeatAdmin(_ReadOnly):
         "last_seen_at",
         "stats_json",
     ]
+
+    @admin.display(description=_("host"), ordering="host")
+    def host_cell(self, obj: WorkerBeat) -> SafeString | str:
+        return cell(obj.host, 48, name=True)
+
+    @admin.display(description=_("running / concurrency"))
+    def busy(self, obj: WorkerBeat) -> str:
+        return f"{obj.running} / {obj.concurrency}"
+
+    @admin.display(description=_("started at"), ordering="started_at")
+    def started(self, obj: WorkerBeat) -> SafeString | str:
+        return list_when(obj.started_at)
+
+    @admin.display(description=_("last seen"), ordering="last_seen_at")
+    def last_seen(self, obj: WorkerBeat) -> SafeString | str:
+        return list_when(obj.last_seen_at)
 
     @admin.display(description=_("queues"))
     def queues_cell(self, obj: WorkerBeat) -> SafeString | str:
@@ -274,16 +292,8 @@ def cancel_jobs(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: An
 
 
 class RunningJobAdmin(_ReadOnly):
-    list_display = [
-        "id",
-        "name",
-        "queue",
-        "attempts",
-        "worker",
-        "attempted_at",
-        "lease_expires_at",
-        "cancel_requested_at",
-    ]
+    # Fits 1280 px with the sidebar open: the attempt, its start and its lease in one column.
+    list_display = ["name_cell", "queue_cell", "worker", "attempt"]
     list_filter = ["queue", "name"]
     search_fields = ["id", "name", "key"]
     actions = [cancel_jobs]
@@ -302,8 +312,34 @@ class RunningJobAdmin(_ReadOnly):
         return request.user.has_perm("django_jobs.cancel_job")
 
     @admin.display(description=_("worker"))
-    def worker(self, obj: Job) -> str:
-        return (obj.locked_by or "").rpartition("#")[0]
+    def worker(self, obj: Job) -> SafeString | str:
+        return cell((obj.locked_by or "").rpartition("#")[0], 48, name=True)
+
+    @admin.display(description=_("name"), ordering="name")
+    def name_cell(self, obj: Job) -> SafeString | str:
+        return cell(obj.name, 64, name=True)
+
+    @admin.display(description=_("queue"), ordering="queue")
+    def queue_cell(self, obj: Job) -> SafeString | str:
+        return cell(obj.queue, 32, name=True)
+
+    @admin.display(description=_("attempt / lease"), ordering="attempted_at")
+    def attempt(self, obj: Job) -> SafeString:
+        cancel = (
+            format_html(
+                '<br><strong class="django-jobs-paused" title="{}">{}</strong>',
+                when(obj.cancel_requested_at),
+                _("cancel asked"),
+            )  # fmt: skip
+            if obj.cancel_requested_at
+            else ""
+        )
+        return format_html(
+            '{}<br><span class="django-jobs-quiet">{} {}<br>{} {}</span>{}',
+            _("attempt %(n)s of %(of)s") % {"n": obj.attempts, "of": obj.max_attempts},
+            _("since"), list_when(obj.attempted_at),
+            _("lease until"), list_when(obj.lease_expires_at), cancel,
+        )  # fmt: skip
 
 
 for _model, _admin in (

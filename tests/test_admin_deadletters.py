@@ -32,8 +32,7 @@ def test_change_list_columns_newest_first(admin_client_):
     assert shown(response) == [new.id, mid.id, old.id]
     text = response.content.decode()
     assert response.context["cl"].list_display == [
-        "action_checkbox", "short_id", "name_cell", "reason", "dead_at_cell", "error_line",
-        "replayed",
+        "action_checkbox", "name_cell", "reason", "dead_at_cell", "error_line", "replayed",
     ]  # fmt: skip
     for header in ("Name", "Reason", "Dead at", "Error", "Replayed"):
         assert f">{header}</" in text, header

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
 
 import pytest
@@ -53,11 +54,20 @@ def test_job_filters(admin_client_, three_states, params, expected):
 
 def test_job_list_shows_state_and_lease_holder(admin_client_, three_states):
     JobFactory(locked_by="web-2:1:dead#1", lease_expires_at=timezone.now() - timedelta(seconds=5))
-    text = admin_client_.get(url("job_changelist")).content.decode()
+    response = admin_client_.get(url("job_changelist"))
+    assert response.context["cl"].list_display == [
+        "action_checkbox", "name_cell", "queue_cell", "state_label", "run_at_cell", "lease",
+    ]  # fmt: skip
+    text = response.content.decode().replace("<wbr>", "")  # names may wrap after . - :
     for label in ("waiting", "scheduled", "running"):
         assert f">{label}<" in text.lower() or f"{label}</td>" in text.lower()
-    assert "web-1:4242:abc123" in text  # the worker, without the claim number
-    assert "lease expired: rescue is due" in text
+    assert "web-1:4242:abc123" in text and "#7" not in text  # the worker, not the claim number
+    assert "lease expired: rescue is due" in text and "expired 5s ago" in text
+    assert re.search(r"\d+s left", text)  # the running job's lease: how long it has left
+    assert "attempt 1 of 3" in text  # the state says which attempt runs
+    local = timezone.localtime(three_states["scheduled"].run_at)
+    # Run at, to the minute (the seconds in its title): it no longer clips.
+    assert f'title="{local:%Y-%m-%d %H:%M:%S}">{local:%Y-%m-%d %H:%M}</span>' in text
 
 
 def test_job_detail_masks_the_payload(admin_client_):

@@ -240,3 +240,20 @@ def test_the_chart_keeps_its_end_labels_inside(admin_client_):
     assert anchor == "end" and x <= width  # the text ends at x: inside the picture
     x, anchor = labels["-60 min"]
     assert anchor == "start" and x >= 0
+
+
+def test_schedules_say_their_state_in_words_with_the_job_under_the_name(admin_client_):
+    from django_jobs.models import Schedule
+
+    Schedule.objects.create(name="nightly", cron="0 3 * * *", job_name="tests.noop")
+    Schedule.objects.create(name="hourly", cron="0 * * * *", job_name="tests.noop", enabled=False)
+    Schedule.objects.create(name="gone", every=60, job_name="tests.gone", declared=False)
+    response = admin_client_.get(url("schedule_changelist"))
+    text = content_main(response).replace("<wbr>", "")
+    assert response.context["cl"].list_display == [
+        "action_checkbox", "name_cell", "when", "state", "next_run", "last_run",
+    ]  # fmt: skip
+    assert "icon-no" not in text and "icon-yes" not in text
+    assert '<strong class="django-jobs-paused">disabled</strong>' in text
+    assert ">not declared</span>" in text and ">enabled<" in text
+    assert 'nightly<br><span class="django-jobs-quiet">tests.noop</span>' in text

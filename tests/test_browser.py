@@ -164,15 +164,14 @@ def test_find_fix_replay_and_see_the_marker(
     def filter_dead_at(start, end):
         b.get(f"{base}/admin/django_jobs/deadletter/")
         form = b.find_element(By.ID, "dead-at-form")
-        for name, value in (
-            ("gte_0", start.strftime("%Y-%m-%d")), ("gte_1", "00:00:00"),
-            ("lte_0", end.strftime("%Y-%m-%d")), ("lte_1", "23:59:59"),
-        ):  # fmt: skip
+        # Days only: no time to type (an empty time once made "Enter a valid time.").
+        for name, value in (("gte", start.strftime("%Y-%m-%d")), ("lte", end.strftime("%Y-%m-%d"))):
             field = form.find_element(By.NAME, f"dead_at__range__{name}")
             field.clear()
             field.send_keys(value)
         form.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-        wait.until(ec.url_contains("dead_at__range__gte_0="))
+        wait.until(ec.url_contains("dead_at__range__gte="))
+        assert "Enter a valid" not in b.page_source
         return b.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
 
     today = timezone.localdate()
@@ -185,7 +184,8 @@ def test_find_fix_replay_and_see_the_marker(
     # Its detail page says why, and carries the order id in the (masked) payload.
     rows[0].find_element(By.CSS_SELECTOR, "th a").click()
     wait.until(ec.presence_of_element_located((By.ID, "django-jobs-replay-form")))
-    assert "is no longer made" in b.page_source
+    summary = b.find_element(By.ID, "django-jobs-summary")
+    assert "is no longer made" in summary.text and "fatal error" in summary.text
     order_id = json.loads(b.find_element(By.CSS_SELECTOR, "pre.django-jobs-json").text)["order_id"]
     letter_url = b.current_url
     b.save_screenshot(str(screenshots / "dead-letter.png"))
@@ -223,5 +223,159 @@ def test_find_fix_replay_and_see_the_marker(
         violations = csp_violations(b)
         assert violations == []
 
+    with capsys.disabled():
+        print(f"\n[browser] screenshots in {screenshots}")
+
+
+# Rows an operator meets on a bad day: long names and errors, leases, a paused queue, a worker.
+BAD_DAY = """
+from datetime import timedelta
+from django.utils import timezone
+from django_jobs.models import (
+    DeadLetter, DeadReason, Job, QueueState, Schedule, WorkerBeat, uuid7,
+)
+now = timezone.now()
+error = ("smtplib.SMTPServerDisconnected: Connection unexpectedly closed while sending the "
+         "message to mail-relay-03.eu-west-1.internal.example.com:587 after 30 s " + "x" * 400)
+for i in range(12):
+    DeadLetter.objects.create(
+        id=uuid7(), name="shop.jobs.send_confirmation_email_to_the_customer_after_checkout",
+        queue="transactional-emails", payload='{"order_id": %d}' % i, attempts=5, max_attempts=5,
+        reason=DeadReason.ATTEMPTS_EXHAUSTED, error=error, traceback="Traceback ...\\n" + error,
+        errors=[{"attempt": n, "type": "smtplib.SMTPServerDisconnected", "message": error[33:],
+                 "traceback": "Traceback ...", "worker": "web-7f9c:4242:ab12",
+                 "at": (now - timedelta(hours=i, minutes=5 - n)).isoformat()} for n in range(1, 6)],
+        enqueued_at=now - timedelta(hours=i + 1), dead_at=now - timedelta(hours=i),
+        key="order-confirmation-%d-ada.lovelace@example.com" % i,
+    )
+for i in range(6):
+    Job.objects.create(
+        name="shop.jobs.rebuild_the_search_index_for_every_product_category", queue="maintenance",
+        payload="{}", run_at=now + timedelta(minutes=i * 7 - 20), enqueued_at=now,
+        max_attempts=3, attempts=1 if i < 3 else 0,
+        locked_by="worker-production-7f9c8d6b5-x2x9z:12345:0a1b2c3d4e5f#%d" % i if i < 3 else None,
+        lease_expires_at=now + timedelta(seconds=30 - i * 20) if i < 3 else None,
+    )
+QueueState.objects.ensure(["default", "maintenance", "transactional-emails"])
+QueueState.objects.filter(name="maintenance").pause(by="ada", reason="search cluster upgrade")
+WorkerBeat.objects.create(
+    id="worker-production-7f9c8d6b5-x2x9z:12345:0a1b2c3d4e5f",
+    host="worker-production-7f9c8d6b5-x2x9z", pid=12345,
+    queues=["default", "maintenance", "transactional-emails"], concurrency=8,
+    started_at=now - timedelta(hours=3), last_seen_at=now, running=3, stats={"done": 1234},
+)
+Schedule.objects.create(
+    name="nightly-search-reindex-for-every-product-category", cron="0 3 * * *",
+    timezone="Europe/Amsterdam", job_name="shop.jobs.rebuild_the_search_index_for_every_product",
+    last_tick_at=now - timedelta(hours=15), last_job_id=uuid7(), declared=False,
+)
+"""
+
+FITS = """
+const doc = document.documentElement;
+const table = document.getElementById("result_list");
+const box = table ? table.closest(".results") : null;
+const sidebar = document.getElementById("nav-sidebar");
+return {
+  page: [doc.scrollWidth, doc.clientWidth],
+  table: table ? [table.scrollWidth, box.clientWidth, table.getBoundingClientRect().right,
+                  box.getBoundingClientRect().right] : null,
+  sidebar: sidebar ? sidebar.getBoundingClientRect().width : 0,
+  // The narrowest column but the checkboxes: "fits" must not mean "crushed".
+  narrowest: Math.min(...Array.from(
+    document.querySelectorAll("#result_list thead th:not(.action-checkbox-column)"),
+    (th) => th.getBoundingClientRect().width)),
+  tallest: Math.max(0, ...Array.from(
+    document.querySelectorAll("#result_list tbody tr"), (tr) => tr.getBoundingClientRect().height)),
+};
+"""
+
+
+def test_operator_pages_fit_1280_px_with_the_sidebar_open(
+    browser, live_server_url, example_env, screenshots, capsys
+):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    b, base = browser, live_server_url
+    wait = WebDriverWait(b, 15)
+    manage(example_env, "shell", "-c", BAD_DAY)
+    b.set_window_size(1280, 1000)
+    b.get(f"{base}/admin/login/?next=/admin/")
+    b.find_element(By.ID, "id_username").send_keys("admin")
+    b.find_element(By.ID, "id_password").send_keys("admin")
+    b.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    wait.until(ec.url_to_be(f"{base}/admin/"))
+    assert b.execute_script("return window.innerWidth") == 1280
+    # The admin index links the dashboard.
+    b.find_element(By.CSS_SELECTOR, "#django-jobs-index-dashboard a")
+
+    def check(path, shot):
+        b.get(f"{base}{path}")
+        fits = b.execute_script(FITS)
+        b.save_screenshot(str(screenshots / f"{shot}.png"))
+        assert fits["page"][0] <= fits["page"][1], (path, "scrolls sideways", fits)
+        if fits["table"]:
+            table_w, box_w, table_right, box_right = fits["table"]
+            assert table_w <= box_w and table_right <= box_right + 1, (path, fits)
+            # Not crushed either: no column narrower than an icon, no row a tower of letters.
+            assert fits["narrowest"] >= 40, (path, "a column is crushed", fits)
+            assert fits["tallest"] < 240, (path, "a row is too tall", fits)
+        return fits
+
+    lists = ["deadletter", "job", "completionmarker", "queuestate", "workerbeat", "schedule",
+             "runningjob"]  # fmt: skip
+    for model in lists:
+        fits = check(f"/admin/django_jobs/{model}/", f"list-{model}")
+        assert fits["sidebar"] > 200, "the navigation sidebar is open"
+        # Every list links the dashboard.
+        b.find_element(By.CSS_SELECTOR, ".object-tools a[href='/admin/django_jobs/job/dashboard/']")
+    page = b.page_source
+    check("/admin/django_jobs/job/", "list-job")
+    assert "worker-production-7f9c8d6b5-x2x9z" in b.page_source and "left" in b.page_source
+    assert "dashboard" in page.lower()
+
+    # The letter's page: the summary is at the top, in the first screenful.
+    check("/admin/django_jobs/deadletter/?q=smtplib", "list-deadletter-search")
+    b.find_element(By.CSS_SELECTOR, "#result_list tbody tr th a").click()
+    wait.until(ec.presence_of_element_located((By.ID, "django-jobs-summary")))
+    fits = b.execute_script(FITS)
+    assert fits["page"][0] <= fits["page"][1]
+    summary = b.find_element(By.ID, "django-jobs-summary")
+    first_fieldset = b.find_element(By.CSS_SELECTOR, "fieldset")
+    assert summary.location["y"] < first_fieldset.location["y"]
+    assert summary.location["y"] + summary.size["height"] < 1000 - 100  # seen without scrolling
+    assert "attempts exhausted" in summary.text and "5 / 5" in summary.text
+    assert "SMTPServerDisconnected" in summary.text
+    # Its handler is not in this code: the page says so instead of offering the form.
+    assert "No handler is registered" in summary.text
+    assert not b.find_elements(By.ID, "django-jobs-replay-form")
+    assert "(attempts_exhausted)" not in b.title
+    b.save_screenshot(str(screenshots / "dead-letter-summary.png"))
+
+    # Replaying many: a confirmation page first, counts per handler, then Yes.
+    b.get(f"{base}/admin/django_jobs/deadletter/")
+    b.find_element(By.ID, "action-toggle").click()
+    Select(b.find_element(By.NAME, "action")).select_by_value("replay_selected")
+    b.find_element(By.CSS_SELECTOR, "button[name=index]").click()
+    count = wait.until(ec.presence_of_element_located((By.ID, "django-jobs-replay-count")))
+    fits = b.execute_script(FITS)
+    assert fits["page"][0] <= fits["page"][1]
+    b.save_screenshot(str(screenshots / "replay-confirmation.png"))
+    assert "Replay 1 dead letter?" in count.text  # the other 12 have no handler here
+    names = b.find_element(By.ID, "django-jobs-replay-names").text
+    assert "shop.jobs.reserve_stock" in names
+    assert "shop.jobs.send_confirmation_email_to_the_customer_after_checkout" in names
+    assert "12 have no handler registered" in b.page_source
+    b.find_element(By.ID, "django-jobs-replay-confirm").click()
+    message = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".messagelist li")))
+    assert message.text.startswith("1 replayed")
+
+    fits = check("/admin/django_jobs/job/dashboard/", "dashboard-1280")
+    svg = b.find_element(By.CSS_SELECTOR, "svg.django-jobs-chart")
+    now_label = svg.find_element(By.XPATH, ".//*[local-name()='text'][.='now']")
+    svg_box, label_box = svg.rect, now_label.rect
+    assert label_box["x"] + label_box["width"] <= svg_box["x"] + svg_box["width"] + 0.5
     with capsys.disabled():
         print(f"\n[browser] screenshots in {screenshots}")
