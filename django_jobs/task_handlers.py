@@ -36,6 +36,7 @@ from django.utils.json import normalize_json
 from django_jobs import registry, signals, task_results
 from django_jobs.context import JobContext
 from django_jobs.exceptions import InvalidTaskArguments
+from django_jobs.models import MAX_MESSAGE
 from django_jobs.registry import Backoff, Handler
 
 logger = logging.getLogger(__name__)
@@ -244,13 +245,27 @@ def _on_job_finished(
             logger.warning("task_finished not sent for job %s: its result could not be read",
                            job_id, exc_info=True)  # fmt: skip
             return
-    if result.status == TaskResultStatus.FAILED and isinstance(error, BaseException):
+    if result.status == TaskResultStatus.FAILED and _loggable(error):
         _send_in_handler(error, task, result)
     else:
         _send(task_finished, task, result)
 
 
 signals.job_finished.connect(_on_job_finished, dispatch_uid="django_jobs.task_handlers")
+
+
+def _loggable(error: Any) -> bool:
+    """True when error can go whole into a log line: an exception whose text formats and is short.
+
+    The stored error is capped and made storable; a megabyte message or a __str__
+    that raises must not reach the log (or crash the dispatcher) through exc_info.
+    """
+    if not isinstance(error, BaseException):
+        return False
+    try:
+        return len(str(error)) <= MAX_MESSAGE
+    except BaseException:  # noqa: BLE001 - a hostile __str__ may raise anything
+        return False
 
 
 def _send_in_handler(error: BaseException, task: Task, result: TaskResult) -> None:

@@ -90,3 +90,15 @@ def test_task_policies_out_of_range_are_reported_and_refused(options, check_id):
         if "TASKS" not in options:
             with pytest.raises(InvalidTask):
                 tasks.add.enqueue(1, 2)
+
+
+def test_a_megabyte_error_is_not_logged_whole(run_worker, caplog):
+    # The stored error is capped; the log line must not carry the 10 MB message either.
+    result = tasks.explode_big.enqueue(10_000_000)
+    with caplog.at_level(logging.INFO, logger="django.tasks"):
+        run_worker()
+    assert tasks.explode_big.get_result(result.id).status == TaskResultStatus.FAILED
+    failed = [r for r in caplog.records if "state=FAILED" in r.getMessage()]
+    assert failed
+    assert all(r.exc_info is None for r in failed)
+    assert len(caplog.text) < 1_000_000

@@ -70,6 +70,12 @@ def explode(message):
 
 
 @task
+def explode_big(size):
+    """Fails with a message of size characters (bigger than a payload may be)."""
+    raise ValueError("x" * size)
+
+
+@task
 def sleepy(seconds, label):
     Audit.objects.create(label=f"start:{label}")
     time.sleep(seconds)
