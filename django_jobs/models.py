@@ -873,7 +873,7 @@ class DeadLetter(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.name} {self.id} ({self.reason})"
+        return f"{self.name} {self.id} ({self.get_reason_display()})"
 
     @classmethod
     def for_job(

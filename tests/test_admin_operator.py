@@ -47,6 +47,13 @@ def test_summary_comes_first_with_reason_attempts_and_last_error(admin_client_):
     assert re.search(r'aria-current="page">tests\.record · attempts exhausted<', page)
 
 
+def test_the_delete_confirmation_names_the_reason_in_words(admin_client_):
+    letter = DeadLetterFactory(reason=DeadReason.ATTEMPTS_EXHAUSTED)
+    page = admin_client_.get(url("deadletter_delete", letter.pk)).content.decode()
+    assert f"{letter.name} {letter.id} (attempts exhausted)" in page
+    assert "(attempts_exhausted)" not in page
+
+
 def test_summary_of_a_replayed_letter_says_by_whom_when_and_links_the_new_job(admin_client_):
     letter = DeadLetterFactory()
     DeadLetter.objects.filter(pk=letter.pk).replay(by="ada")
