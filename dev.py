@@ -2,7 +2,10 @@
 """Set up and run django-jobs' development tasks with any python3.
 
     python3 dev.py demo     # install, then watch the example project work (SQLite)
-    python3 dev.py test     # install, then run the test suite (PostgreSQL, then SQLite)
+    python3 dev.py test     # install, then run the test suite (PostgreSQL, then SQLite,
+                            # then Django 5.2 on PostgreSQL, then through PgBouncer)
+    python3 dev.py test-django52    # only the Django 5.2 run (.venv-django52)
+    python3 dev.py test-pgbouncer   # only the PgBouncer (transaction pooling) run
     python3 dev.py bench    # install, then run the benchmarks (PostgreSQL)
 
 It finds a Python >= 3.12 (Django 6 needs it) even when `python3` is older,
@@ -12,16 +15,23 @@ to choose the interpreter yourself.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import tempfile
+import time
 import xml.etree.ElementTree as ET  # noqa: N817, S405 - our own pytest report
+from collections.abc import Iterator
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 VENV = os.path.join(ROOT, ".venv")
+# The oldest Django that pyproject.toml allows, so that CI cannot break it unnoticed.
+VENV_DJANGO52 = os.path.join(ROOT, ".venv-django52")
 MINIMUM = (3, 12)
 
 
@@ -83,27 +93,28 @@ def find_python() -> str:
     )
 
 
-def venv_python() -> str:
-    return os.path.join(VENV, "bin", "python")
+def venv_python(venv: str = VENV) -> str:
+    return os.path.join(venv, "bin", "python")
 
 
-def ensure_venv(extras: str) -> str:
-    """Create .venv with a suitable Python; install the project (once per change of pyproject)."""
-    python = venv_python()
+def ensure_venv(extras: str, venv: str = VENV, pins: tuple[str, ...] = ()) -> str:
+    """Create venv with a suitable Python; install the project (once per change of pyproject)."""
+    python = venv_python(venv)
     if os.path.exists(python) and (version_of(python) or (0, 0)) < MINIMUM:
-        say(f"{VENV} was made with an older Python; rebuilding it")
-        shutil.rmtree(VENV)
+        say(f"{venv} was made with an older Python; rebuilding it")
+        shutil.rmtree(venv)
     if not os.path.exists(python):
         base = find_python()
-        say(f"creating {VENV} with {base}")
-        subprocess.run([base, "-m", "venv", VENV], check=True)
+        say(f"creating {venv} with {base}")
+        subprocess.run([base, "-m", "venv", venv], check=True)
         subprocess.run([python, "-m", "pip", "install", "--quiet", "--upgrade", "pip"], check=True)
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
-        stamp = hashlib.sha256(f.read() + extras.encode()).hexdigest()
-    stamp_file = os.path.join(VENV, f".installed-{extras or 'base'}")
+        stamp = hashlib.sha256(f.read() + extras.encode() + " ".join(pins).encode()).hexdigest()
+    stamp_file = os.path.join(venv, f".installed-{extras or 'base'}")
     if not os.path.exists(stamp_file) or open(stamp_file).read() != stamp:
-        say(f"installing django-jobs{' with ' + extras if extras else ''} into {VENV}")
-        command = [python, "-m", "pip", "install", "--quiet", "-e", ROOT]
+        extra = ", ".join(filter(None, [extras, *pins]))
+        say(f"installing django-jobs{' with ' + extra if extra else ''} into {venv}")
+        command = [python, "-m", "pip", "install", "--quiet", "-e", ROOT, *pins]
         if extras:
             command += ["--group", extras]
         subprocess.run(command, check=True)
@@ -181,21 +192,163 @@ def test(args: list[str]) -> int:
     if ensure_browser() or os.environ.get("CI"):
         # The browser test then fails, rather than skips, without a browser.
         base_env["JOBS_REQUIRE_BROWSER"] = "1"
-    env = {**base_env, "TEST_DB": "postgres"}
-    say("running the tests on PostgreSQL")
-    code, skipped = pytest_run(python, env, args, os.path.join(ROOT, "reports", "postgres.xml"))
+    code = postgres_run(python, base_env, args, "postgres", "PostgreSQL")
+    if code:
+        return code
+    say("running the tests on SQLite")
+    env = {**base_env, "TEST_DB": "sqlite"}
+    code, _ = pytest_run(python, env, args, os.path.join(ROOT, "reports", "sqlite.xml"))
+    if code:
+        return code
+    code = test_django52(args)
+    if code:
+        return code
+    return test_pgbouncer(args)
+
+
+def postgres_run(python: str, env: dict[str, str], args: list[str], report: str, label: str) -> int:
+    """Run pytest on PostgreSQL; fail when a PostgreSQL test was skipped."""
+    say(f"running the tests on {label}")
+    env = {**env, "TEST_DB": "postgres"}
+    code, skipped = pytest_run(python, env, args, os.path.join(ROOT, "reports", f"{report}.xml"))
     if code:
         return code
     postgres_skips = [s for s in skipped if "postgres" in s.lower()]
     if postgres_skips:
-        say(
-            "PostgreSQL tests were skipped on the PostgreSQL run:\n  " + "\n  ".join(postgres_skips)
-        )
+        say(f"PostgreSQL tests were skipped on the {label} run:\n  " + "\n  ".join(postgres_skips))
         return 1
-    say("running the tests on SQLite")
-    env = {**base_env, "TEST_DB": "sqlite"}
-    code, _ = pytest_run(python, env, args, os.path.join(ROOT, "reports", "sqlite.xml"))
-    return code
+    return 0
+
+
+def test_django52(args: list[str]) -> int:
+    """Run the suite on the oldest supported Django (5.2) against PostgreSQL."""
+    python = ensure_venv("test", VENV_DJANGO52, ("django>=5.2,<5.3",))
+    # The chaos tests already ran on the current Django; they add minutes, not coverage of 5.2.
+    args = ["-m", "not chaos", *args]  # a -m of the caller's comes last and wins
+    # django.tasks (Django >= 6.0) tests skip here by design; their skip reasons name no PostgreSQL.
+    return postgres_run(
+        python, dict(os.environ), args, "postgres-django52", "PostgreSQL, Django 5.2"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def ensure_pgbouncer() -> str | None:
+    """Return Debian's pgbouncer, installing it when missing and this is root."""
+    found = shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin")
+    apt = shutil.which("apt-get")
+    if not found and apt and hasattr(os, "geteuid") and os.geteuid() == 0:
+        say("installing Debian's pgbouncer for the transaction-pooling run")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        for step in ([apt, "update", "-qq"], [apt, "install", "-y", "-qq", "pgbouncer"]):
+            subprocess.run(step, env=env, stdout=subprocess.DEVNULL, check=False)
+        found = shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin")
+    return found
+
+
+@contextlib.contextmanager
+def pgbouncer(binary: str) -> Iterator[int]:
+    """Run pgbouncer in transaction pooling in front of PostgreSQL; yield its port."""
+    host = os.environ.get("PGHOST", "127.0.0.1")
+    upstream = f"host={host} port={os.environ.get('PGPORT', '5432')}"
+    if os.environ.get("PGPASSWORD"):
+        upstream += f" password={os.environ['PGPASSWORD']}"
+    user = os.environ.get("PGUSER", "postgres")
+    port = free_port()
+    folder = tempfile.mkdtemp(prefix="django-jobs-pgbouncer-")
+    os.chmod(folder, 0o755)  # noqa: S103 - pgbouncer drops root and must still read its config
+    with open(os.path.join(folder, "userlist.txt"), "w") as f:
+        f.write(f'"{user}" ""\n')
+    config = os.path.join(folder, "pgbouncer.ini")
+    with open(config, "w") as f:
+        f.write(
+            "[databases]\n"
+            f"* = {upstream}\n"
+            "[pgbouncer]\n"
+            f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
+            f"auth_type = trust\nauth_file = {folder}/userlist.txt\nadmin_users = {user}\n"
+            "pool_mode = transaction\nmax_client_conn = 1000\ndefault_pool_size = 20\n"
+            # Idle server sessions go soon, so that dropping the test databases is not refused.
+            "server_idle_timeout = 2\n"
+            "ignore_startup_parameters = extra_float_digits,options\n"
+        )
+    for name in os.listdir(folder):
+        os.chmod(os.path.join(folder, name), 0o644)
+    # pgbouncer refuses to run as root; -u makes it drop to an unprivileged user.
+    command = [binary, config]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        command[1:1] = ["-u", "nobody"]
+    log = open(os.path.join(folder, "pgbouncer.log"), "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
+    try:
+        for _ in range(100):
+            if proc.poll() is not None:
+                log.close()
+                sys.exit(
+                    "dev.py: pgbouncer did not start:\n"
+                    + open(os.path.join(folder, "pgbouncer.log")).read()
+                )
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def drop_databases(python: str, names: list[str]) -> None:
+    """Drop test databases directly on PostgreSQL, closing the pooler's sessions to them."""
+    drop = (
+        "import os, sys, psycopg\n"
+        "with psycopg.connect(host=os.environ.get('PGHOST', '127.0.0.1'), "
+        "port=os.environ.get('PGPORT', '5432'), user=os.environ.get('PGUSER', 'postgres'), "
+        "dbname='postgres', autocommit=True) as conn:\n"
+        "    for name in sys.argv[1:]:\n"
+        "        conn.execute(f'DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)')\n"
+    )
+    subprocess.run([python, "-c", drop, *names], check=True)
+
+
+def test_pgbouncer(args: list[str]) -> int:
+    """Run the tests marked pgbouncer through PgBouncer in transaction pooling."""
+    python = ensure_venv("test")
+    binary = ensure_pgbouncer()
+    if not binary:
+        say("no pgbouncer: the transaction-pooling run is left out (apt-get install pgbouncer)")
+        return 1 if os.environ.get("CI") else 0
+    name = os.environ.get("JOBS_TEST_DB", "django_jobs") + "_pgbouncer"
+    # pytest-django makes these; through the pooler it could not drop them (open server
+    # sessions), so they are dropped here directly, before and after.
+    databases = [f"test_{name}", f"test_{name}_other"]
+    drop_databases(python, databases)
+    try:
+        with pgbouncer(binary) as port:
+            say(f"running the pgbouncer tests through PgBouncer (transaction pooling, port {port})")
+            env = {**os.environ, "TEST_DB": "postgres", "JOBS_TEST_DB": name}
+            env.update(PGPORT=str(port), JOBS_PGBOUNCER="1")
+            # --reuse-db: pytest-django creates the databases if missing and never drops them.
+            args = ["-m", "pgbouncer", *args, "--reuse-db"]
+            report = os.path.join(ROOT, "reports", "pgbouncer.xml")
+            code, skipped = pytest_run(python, env, args, report)
+    finally:
+        drop_databases(python, databases)
+    if code == 5:  # a selection of the caller's without pgbouncer tests
+        say("no pgbouncer tests in this selection")
+        return 0
+    if code:
+        return code
+    if skipped:
+        say("tests were skipped on the PgBouncer run:\n  " + "\n  ".join(skipped))
+        return 1
+    return 0
 
 
 def bench(args: list[str]) -> int:
@@ -205,7 +358,13 @@ def bench(args: list[str]) -> int:
     ).returncode
 
 
-COMMANDS = {"demo": demo, "test": test, "bench": bench}
+COMMANDS = {
+    "demo": demo,
+    "test": test,
+    "test-django52": test_django52,
+    "test-pgbouncer": test_pgbouncer,
+    "bench": bench,
+}
 
 
 def main() -> int:

@@ -108,3 +108,43 @@ def check_autovacuum(app_configs: Any = None, databases: Any = None, **kwargs: A
             id="django_jobs.W201",
         )
     ]
+
+
+@register(Tags.compatibility)
+def check_pooler(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """Warn when LISTEN or prepared statements are on behind a transaction pooler."""
+    from django.db import connections
+
+    pooler = conf.get("POOLER")
+    if pooler not in (None, "transaction"):
+        return [
+            Error(
+                f"DJANGO_JOBS['POOLER'] must be None or 'transaction', not {pooler!r}.",
+                hint="Set 'transaction' when the jobs database is reached through PgBouncer "
+                "(or another pooler) in transaction pooling; leave it None otherwise.",
+                id="django_jobs.E210",
+            )
+        ]
+    if not pooler:
+        return []
+    alias = conf.database()
+    fixes = [
+        f"DJANGO_JOBS['{key}'] = False"
+        for key in ("LISTEN", "PREPARED_STATEMENTS")
+        if conf.get(key)
+    ]
+    # Django prepares its own queries too once this psycopg option asks for it.
+    options = connections[alias].settings_dict["OPTIONS"] if alias in settings.DATABASES else {}
+    if options.get("prepare_threshold") is not None:
+        fixes.append(f"DATABASES[{alias!r}]['OPTIONS']['prepare_threshold'] = None")
+    if not fixes:
+        return []
+    return [
+        Warning(
+            "DJANGO_JOBS['POOLER'] is 'transaction', but LISTEN or prepared statements are on.",
+            hint="A transaction pooler hands each transaction to any server session: LISTEN "
+            "never hears a notification and prepared statements go missing (PgBouncer < 1.21). "
+            f"Set {'; '.join(fixes)} (runjobs --no-listen also turns LISTEN off).",
+            id="django_jobs.W202",
+        )
+    ]

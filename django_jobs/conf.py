@@ -35,6 +35,9 @@ DEFAULTS: dict[str, Any] = {
     # Prepare the hot statements once per connection on PostgreSQL; set False behind
     # a pooler that cannot keep prepared statements (PgBouncer < 1.21, transaction pooling).
     "PREPARED_STATEMENTS": True,
+    # "transaction" when the jobs database is reached through a transaction pooler
+    # (PgBouncer's pool_mode = transaction); a system check then asks for the two above off.
+    "POOLER": None,
     # Payloads larger than this (in UTF-8 bytes of JSON) are refused at enqueue.
     "MAX_PAYLOAD_BYTES": 64 * 1024,
     # Dotted path of a json.JSONEncoder subclass for payloads (e.g. DjangoJSONEncoder).

@@ -50,6 +50,10 @@ else:
             "CONN_MAX_AGE": int(os.environ.get("JOBS_CONN_MAX_AGE", "0")),
         }
     }
+    if os.environ.get("JOBS_PGBOUNCER") == "1":
+        # Through PgBouncer in transaction pooling (dev.py's pgbouncer run, PGPORT=6432):
+        # no server-side cursors, which live in a session the pooler does not keep.
+        DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
     DATABASES["other"] = {
         **DATABASES["default"],
         "NAME": os.environ.get("JOBS_TEST_DB", "django_jobs") + "_other",
@@ -96,6 +100,9 @@ DJANGO_JOBS = {
     "BACKOFF": {"kind": "fixed", "base": 0.0, "ceiling": 0.0, "jitter": 0.0},
     "POLL_INTERVAL": 0.2,
 }
+if os.environ.get("JOBS_PGBOUNCER") == "1":
+    # What the README asks of sites behind a transaction pooler.
+    DJANGO_JOBS.update({"POOLER": "transaction", "LISTEN": False, "PREPARED_STATEMENTS": False})
 # Worker subprocesses of a test get extra DJANGO_JOBS keys (schedules, intervals) as JSON.
 DJANGO_JOBS.update(json.loads(os.environ.get("JOBS_TEST_SETTINGS", "{}")))
 

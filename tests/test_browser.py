@@ -19,6 +19,7 @@ import time
 import urllib.error
 import urllib.request
 from datetime import timedelta
+from importlib.util import find_spec
 from pathlib import Path
 
 import django
@@ -27,7 +28,14 @@ from django.utils import timezone
 
 from tests.conftest import POSTGRES, ROOT
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        find_spec("django.tasks") is None,
+        reason="the example project uses django.tasks (Django >= 6.0)",
+    ),
+]
 
 EXAMPLE = ROOT / "example_project"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -56,6 +56,7 @@ def test_replaying_a_replayed_letter_makes_no_second_job():
     assert letter.replayed_by == "ada"
 
 
+@pytest.mark.pgbouncer
 @pytest.mark.django_db(transaction=True)
 def test_the_replayed_job_runs_and_leaves_its_marker(run_worker):
     letter = DeadLetterFactory(name="tests.record", payload='{"label": "second life"}')
@@ -174,6 +175,7 @@ def test_two_concurrent_replays_of_one_letter_make_one_job(transactional_db, mon
     assert DeadLetter.objects.get().replayed_by == "tab-1"
 
 
+@pytest.mark.pgbouncer
 @pytest.mark.postgres
 def test_racing_replays_of_many_letters_make_one_job_each(transactional_db):
     letters = DeadLetterFactory.create_batch(30)

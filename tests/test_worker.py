@@ -47,6 +47,7 @@ def test_keyed_job_marker_uses_the_key(run_worker):
     assert Job.objects.count() == 0
 
 
+@pytest.mark.pgbouncer
 def test_failure_retries_then_succeeds(run_worker):
     enqueue(jobs.flaky, {"succeed_on": 2})
     worker = run_worker()
@@ -56,6 +57,7 @@ def test_failure_retries_then_succeeds(run_worker):
     assert marker.result == 2
 
 
+@pytest.mark.pgbouncer
 def test_attempts_exhausted_dead_letter_keeps_every_error(run_worker):
     result = enqueue(jobs.flaky, {})  # never succeeds; max_attempts=3
     run_worker()
@@ -86,6 +88,7 @@ def test_retry_waits_for_the_backoff(run_worker):
     assert row.errors[0]["message"] == "flaky failure on attempt 1"
 
 
+@pytest.mark.pgbouncer
 def test_fatal_error_dead_letters_at_once(run_worker):
     enqueue(jobs.fatal, {})
     run_worker()

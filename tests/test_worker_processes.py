@@ -28,6 +28,7 @@ def _audit_count(prefix):
     return Audit.objects.filter(label__startswith=prefix).count()
 
 
+@pytest.mark.pgbouncer
 @pytest.mark.postgres
 def test_four_processes_share_ten_thousand_atomic_jobs_exactly_once(worker_process):
     total = 10_000
@@ -45,6 +46,7 @@ def test_four_processes_share_ten_thousand_atomic_jobs_exactly_once(worker_proce
     print(f"4 workers x {total} atomic jobs: {elapsed:.1f}s ({total / elapsed:.0f} jobs/s)")
 
 
+@pytest.mark.pgbouncer
 def test_sigkill_loses_nothing_and_counts_the_killed_attempt(worker_process):
     _enqueue_many(jobs.sleep, ({"seconds": 1.0, "label": str(i)} for i in range(6)))
     victim = worker_process("--concurrency", "3", "--lease", "1.5")
@@ -107,6 +109,7 @@ def test_second_signal_exits_at_once(worker_process):
     assert Job.objects.get().locked_by is not None
 
 
+@pytest.mark.pgbouncer
 def test_a_job_that_kills_its_worker_every_time_ends_in_the_dead_letters(worker_process):
     result = enqueue(jobs.crash)  # os._exit(13), max_attempts=2
     codes = []
@@ -124,6 +127,7 @@ def test_a_job_that_kills_its_worker_every_time_ends_in_the_dead_letters(worker_
     assert Job.objects.count() == 0
 
 
+@pytest.mark.pgbouncer
 def test_view_transaction_decides_whether_the_worker_sees_the_job(worker_process):
     client = Client(raise_request_exception=False)
     assert client.post("/orders/", {"item": "kept"}).status_code == 200
