@@ -223,8 +223,6 @@ def postgres_run(python: str, env: dict[str, str], args: list[str], report: str,
 def test_django52(args: list[str]) -> int:
     """Run the suite on the oldest supported Django (5.2) against PostgreSQL."""
     python = ensure_venv("test", VENV_DJANGO52, ("django>=5.2,<5.3",))
-    # The chaos tests already ran on the current Django; they add minutes, not coverage of 5.2.
-    args = ["-m", "not chaos", *args]  # a -m of the caller's comes last and wins
     # django.tasks (Django >= 6.0) tests skip here by design; their skip reasons name no PostgreSQL.
     return postgres_run(
         python, dict(os.environ), args, "postgres-django52", "PostgreSQL, Django 5.2"
