@@ -119,7 +119,7 @@ def check_pooler(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     if pooler not in (None, "transaction"):
         return [
             Error(
-                f"DJANGO_JOBS['POOLER'] must be None or 'transaction', not {pooler!r}.",
+                f"DJANGO_JOBS['POOLER'] must be None or 'transaction', not {limits.shown(pooler)}.",
                 hint="Set 'transaction' when the jobs database is reached through PgBouncer "
                 "(or another pooler) in transaction pooling; leave it None otherwise.",
                 id="django_jobs.E210",
@@ -146,5 +146,21 @@ def check_pooler(app_configs: Any = None, **kwargs: Any) -> list[Any]:
             "never hears a notification and prepared statements go missing (PgBouncer < 1.21). "
             f"Set {'; '.join(fixes)} (runjobs --no-listen also turns LISTEN off).",
             id="django_jobs.W202",
+        )
+    ]
+
+
+@register(Tags.compatibility)
+def check_claim(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """Check DJANGO_JOBS["CLAIM"]."""
+    claim = conf.get("CLAIM")
+    if claim in ("auto", "orm"):
+        return []
+    return [
+        Error(
+            f"DJANGO_JOBS['CLAIM'] must be 'auto' or 'orm', not {limits.shown(claim)}.",
+            hint="'auto': PostgreSQL's one-statement claim, select_for_update(skip_locked=True) "
+            "elsewhere; 'orm': select_for_update(skip_locked=True) on PostgreSQL too.",
+            id="django_jobs.E211",
         )
     ]

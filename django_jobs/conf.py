@@ -38,6 +38,9 @@ DEFAULTS: dict[str, Any] = {
     # "transaction" when the jobs database is reached through a transaction pooler
     # (PgBouncer's pool_mode = transaction); a system check then asks for the two above off.
     "POOLER": None,
+    # "orm": claim with select_for_update(skip_locked=True) on PostgreSQL too, instead of
+    # the one-statement fast path ("auto"); other databases with SKIP LOCKED always do.
+    "CLAIM": "auto",
     # Payloads larger than this (in UTF-8 bytes of JSON) are refused at enqueue.
     "MAX_PAYLOAD_BYTES": 64 * 1024,
     # Dotted path of a json.JSONEncoder subclass for payloads (e.g. DjangoJSONEncoder).

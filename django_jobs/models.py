@@ -182,7 +182,7 @@ class JobQuerySet(models.QuerySet):
         if not queues:
             return []
         alias = self.db
-        if not _is_postgres(alias):
+        if not _is_postgres(alias) or conf.get("CLAIM") == "orm":
             if beat is not None:
                 WorkerBeat.objects.using(alias).filter(id=beat.worker).update(
                     last_seen_at=Now(), running=beat.running,
@@ -190,7 +190,14 @@ class JobQuerySet(models.QuerySet):
                 )  # fmt: skip
             if limit <= 0:
                 return []
-            return self._claim_portable(queues, limit, token, lease, exclude_names)
+            if not connections[alias].features.has_select_for_update_skip_locked:
+                return self._claim_portable(queues, limit, token, lease, exclude_names)
+            # The ORM claim: the same steps, each selection locking its rows and
+            # skipping those another claim holds, all in one transaction.
+            with transaction.atomic(using=alias):
+                return self.select_for_update(skip_locked=True)._claim_portable(
+                    queues, limit, token, lease, exclude_names
+                )
         params = sql.claim_params(list(queues), limit, token, lease, list(exclude_names), beat)
         rows = sql.run(alias, sql.CLAIM, params)
         # errors come as JSON text (Django loads jsonb as text), NULL when empty.

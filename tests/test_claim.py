@@ -7,13 +7,22 @@ import threading
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_jobs import enqueue
 from django_jobs.models import Job
+from tests.conftest import POSTGRES
 from tests.testapp import jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True, params=["auto", "orm"] if POSTGRES else ["auto"])
+def claim_path(request, settings):
+    """Run each test on PostgreSQL's one-statement claim and on the ORM claim."""
+    settings.DJANGO_JOBS = {**settings.DJANGO_JOBS, "CLAIM": request.param}
+    return request.param
 
 
 def test_concurrent_claims_never_share_a_job():
@@ -114,3 +123,19 @@ def test_claim_uses_its_partial_index_on_a_big_table():
         )
     )
     assert due == {j.id for j in claimed}
+
+
+@pytest.mark.postgres
+def test_the_orm_claim_locks_with_skip_locked_and_the_fast_path_is_one_statement(claim_path):
+    enqueue(jobs.noop)
+    with CaptureQueriesContext(connection) as queries:
+        [job] = Job.objects.claim(queues=["default"], limit=5, token="w#1", lease=30)
+    assert job.attempts == 1
+    statements = [q["sql"] for q in queries.captured_queries]
+    if claim_path == "orm":
+        locking = [s for s in statements if s.endswith("FOR UPDATE SKIP LOCKED")]
+        # The expired leases, the due jobs, then the rows claimed (locked already).
+        assert len(locking) == 3
+        assert not any(s.startswith("WITH beat AS") for s in statements)
+    else:
+        assert len(statements) == 1 and statements[0].startswith("WITH beat AS")

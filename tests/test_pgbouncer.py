@@ -85,3 +85,15 @@ def test_this_run_goes_through_pgbouncer_in_transaction_pooling(settings):
     pool_mode = next(row[1] for row in rows if row[0] == "pool_mode")
     assert pool_mode == "transaction"
     assert os.environ.get("JOBS_PGBOUNCER") == "1"
+
+
+@pytest.mark.django_db(databases=["default", "other"])
+@pytest.mark.parametrize("claim", ["ORM", "sql", None, ["orm"], "x" * 10_000])
+def test_an_unknown_claim_is_an_error(claim):
+    assert "django_jobs.E211" in _messages(CLAIM=claim)
+
+
+@pytest.mark.django_db(databases=["default", "other"])
+@pytest.mark.parametrize("claim", ["auto", "orm"])
+def test_both_claims_are_accepted(claim):
+    assert _messages(CLAIM=claim) == {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 
@@ -30,11 +31,13 @@ def _audit_count(prefix):
 
 @pytest.mark.pgbouncer
 @pytest.mark.postgres
-def test_four_processes_share_ten_thousand_atomic_jobs_exactly_once(worker_process):
+@pytest.mark.parametrize("claim", ["auto", "orm"])
+def test_four_processes_share_ten_thousand_atomic_jobs_exactly_once(worker_process, claim):
     total = 10_000
     _enqueue_many(jobs.record_atomic, ({"label": f"job-{i}"} for i in range(total)))
     started = time.monotonic()
-    workers = [worker_process("--burst", "--concurrency", "4") for _ in range(4)]
+    env = {"JOBS_TEST_SETTINGS": json.dumps({"CLAIM": claim})}
+    workers = [worker_process("--burst", "--concurrency", "4", extra_env=env) for _ in range(4)]
     codes = [w.wait(timeout=240) for w in workers]
     elapsed = time.monotonic() - started
     assert codes == [0, 0, 0, 0], [w.output()[-2000:] for w in workers]
@@ -43,19 +46,24 @@ def test_four_processes_share_ten_thousand_atomic_jobs_exactly_once(worker_proce
     assert CompletionMarker.objects.count() == total
     assert Job.objects.count() == 0
     assert DeadLetter.objects.count() == 0
-    print(f"4 workers x {total} atomic jobs: {elapsed:.1f}s ({total / elapsed:.0f} jobs/s)")
+    print(
+        f"4 workers x {total} atomic jobs, claim {claim}: "
+        f"{elapsed:.1f}s ({total / elapsed:.0f} jobs/s)"
+    )
 
 
 @pytest.mark.pgbouncer
-def test_sigkill_loses_nothing_and_counts_the_killed_attempt(worker_process):
+@pytest.mark.parametrize("claim", ["auto", "orm"])
+def test_sigkill_loses_nothing_and_counts_the_killed_attempt(worker_process, claim):
     _enqueue_many(jobs.sleep, ({"seconds": 1.0, "label": str(i)} for i in range(6)))
-    victim = worker_process("--concurrency", "3", "--lease", "1.5")
+    env = {"JOBS_TEST_SETTINGS": json.dumps({"CLAIM": claim})}
+    victim = worker_process("--concurrency", "3", "--lease", "1.5", extra_env=env)
     wait_for(lambda: _audit_count("start") >= 3, message="the victim to start 3 jobs")
     victim.signal(signal.SIGKILL)
     assert victim.wait() == -signal.SIGKILL
     held = list(Job.objects.filter(locked_by__isnull=False).values_list("id", flat=True))
     assert held, "the killed worker held claimed jobs"
-    rescuer = worker_process("--concurrency", "3", "--lease", "1.5")
+    rescuer = worker_process("--concurrency", "3", "--lease", "1.5", extra_env=env)
     wait_for(
         lambda: CompletionMarker.objects.count() == 6, timeout=30, message="all 6 jobs to complete"
     )
