@@ -6,6 +6,7 @@
                             # then Django 5.2 on PostgreSQL, then through PgBouncer)
     python3 dev.py test-django52    # only the Django 5.2 run (.venv-django52)
     python3 dev.py test-pgbouncer   # only the PgBouncer (transaction pooling) run
+    python3 dev.py test-mariadb     # opt-in: MariaDB at 127.0.0.1:3306 (not yet green)
     python3 dev.py bench    # install, then run the benchmarks (PostgreSQL)
 
 It finds a Python >= 3.12 (Django 6 needs it) even when `python3` is older,
@@ -235,15 +236,22 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def apt_install(packages: list[str], why: str) -> bool:
+    """Install Debian packages when this is root on a system with apt-get; say whether it ran."""
+    apt = shutil.which("apt-get")
+    if not (apt and hasattr(os, "geteuid") and os.geteuid() == 0):
+        return False
+    say(f"installing Debian's {' and '.join(packages)} {why}")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for step in ([apt, "update", "-qq"], [apt, "install", "-y", "-qq", *packages]):
+        subprocess.run(step, env=env, stdout=subprocess.DEVNULL, check=False)
+    return True
+
+
 def ensure_pgbouncer() -> str | None:
     """Return Debian's pgbouncer, installing it when missing and this is root."""
     found = shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin")
-    apt = shutil.which("apt-get")
-    if not found and apt and hasattr(os, "geteuid") and os.geteuid() == 0:
-        say("installing Debian's pgbouncer for the transaction-pooling run")
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        for step in ([apt, "update", "-qq"], [apt, "install", "-y", "-qq", "pgbouncer"]):
-            subprocess.run(step, env=env, stdout=subprocess.DEVNULL, check=False)
+    if not found and apt_install(["pgbouncer"], "for the transaction-pooling run"):
         found = shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin")
     return found
 
@@ -349,6 +357,20 @@ def test_pgbouncer(args: list[str]) -> int:
     return 0
 
 
+def test_mariadb(args: list[str]) -> int:
+    """Run the suite on MariaDB (opt-in: not yet green, see README's Development section)."""
+    python = ensure_venv("test")
+    if subprocess.run([python, "-c", "import MySQLdb"], capture_output=True).returncode:
+        if not shutil.which("pkg-config") or not glob.glob("/usr/include/*/mysql.h"):
+            apt_install(["pkg-config", "default-libmysqlclient-dev"], "for mysqlclient")
+        say("installing mysqlclient (Django's recommended MySQL/MariaDB driver)")
+        subprocess.run([python, "-m", "pip", "install", "--quiet", "mysqlclient>=2.2"], check=True)
+    say("running the tests on MariaDB")
+    env = {**os.environ, "TEST_DB": "mariadb"}
+    code, _ = pytest_run(python, env, args, os.path.join(ROOT, "reports", "mariadb.xml"))
+    return code
+
+
 def bench(args: list[str]) -> int:
     python = ensure_venv("test")
     return subprocess.run(
@@ -361,6 +383,7 @@ COMMANDS = {
     "test": test,
     "test-django52": test_django52,
     "test-pgbouncer": test_pgbouncer,
+    "test-mariadb": test_mariadb,
     "bench": bench,
 }
 

@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # The admin tests' users and clients (make_user, login, admin_client_).
 pytest_plugins = ["tests.admin_fixtures"]
-POSTGRES = os.environ.get("TEST_DB", "postgres") != "sqlite"
+ENGINE = os.environ.get("TEST_DB", "postgres")  # postgres, sqlite or mariadb (tests/settings.py)
+POSTGRES = ENGINE == "postgres"
 # dev.py's pgbouncer run: PostgreSQL through PgBouncer in transaction pooling.
 PGBOUNCER = POSTGRES and os.environ.get("JOBS_PGBOUNCER") == "1"
 
@@ -37,7 +38,7 @@ def pytest_terminal_summary(terminalreporter):
 def pytest_collection_modifyitems(config, items):
     if POSTGRES:
         return
-    skip = pytest.mark.skip(reason="needs PostgreSQL (this run uses SQLite)")
+    skip = pytest.mark.skip(reason=f"needs PostgreSQL (this run uses {ENGINE})")
     for item in items:
         if "postgres" in item.keywords:
             item.add_marker(skip)

@@ -35,6 +35,25 @@ if os.environ.get("TEST_DB", "postgres") == "sqlite":
             "TEST": {"NAME": os.path.join(os.path.dirname(__file__), "test_other.sqlite3")},
         },
     }
+elif os.environ.get("TEST_DB") == "mariadb":
+    # MariaDB 10.6+ through mysqlclient (python3 dev.py test-mariadb).
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.mysql",
+            "HOST": os.environ.get("MYSQL_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("MYSQL_PORT", "3306"),
+            "USER": os.environ.get("MYSQL_USER", "root"),
+            "PASSWORD": os.environ.get("MYSQL_PASSWORD", ""),
+            "NAME": os.environ.get("TEST_DB_NAME", os.environ.get("JOBS_TEST_DB", "django_jobs")),
+            "OPTIONS": {"charset": "utf8mb4", "isolation_level": "read committed"},
+            "TEST": {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_bin"},
+        }
+    }
+    DATABASES["other"] = {
+        **DATABASES["default"],
+        # In worker subprocesses, the test database of "other" (MySQL checks connect to it).
+        "NAME": DATABASES["default"]["NAME"] + "_other",
+    }
 else:
     DATABASES = {
         "default": {
