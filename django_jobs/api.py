@@ -18,7 +18,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, connections, transaction
+from django.db import DatabaseError, IntegrityError, ProgrammingError, connections, transaction
 from django.utils import timezone
 
 from django_jobs import conf, limits, payloads, registry, signals, sql
@@ -215,11 +215,15 @@ def enqueue_many(
     if not jobs:
         return []
     alias = conf.database()
-    with transaction.atomic(using=alias):
-        if connections[alias].vendor == "postgresql":
-            results = _write_many_postgres(jobs, alias)
-        else:
-            results = [_write_portable(job, alias) for job in jobs]
+    try:
+        with transaction.atomic(using=alias):
+            if connections[alias].vendor == "postgresql":
+                results = _write_many_postgres(jobs, alias)
+            else:
+                results = [_write_portable(job, alias) for job in jobs]
+    except Exception as exc:  # COPY raises psycopg's own errors, not Django's
+        _explain_missing_tables(exc, alias)
+        raise
     if signals.job_enqueued.receivers:
         for result in results:
             transaction.on_commit(partial(_send_enqueued, result), using=alias)
@@ -291,13 +295,37 @@ def _schedule(
 
 
 def _write(job: _Prepared, alias: str) -> EnqueueResult:
-    if connections[alias].vendor == "postgresql":
-        result = _write_postgres(job, alias)
-    else:
-        result = _write_portable(job, alias)
+    try:
+        if connections[alias].vendor == "postgresql":
+            result = _write_postgres(job, alias)
+        else:
+            result = _write_portable(job, alias)
+    except DatabaseError as exc:
+        _explain_missing_tables(exc, alias)
+        raise
     if signals.job_enqueued.receivers:
         transaction.on_commit(partial(_send_enqueued, result), using=alias)
     return result
+
+
+# PostgreSQL's undefined_table and undefined_column.
+_UNDEFINED = frozenset({"42P01", "42703"})
+
+
+def _explain_missing_tables(exc: Exception, alias: str) -> None:
+    """Re-raise a write that failed on missing job tables as an error naming the fix."""
+    text = str(exc)
+    if "django_jobs_" not in text:
+        return
+    sqlstate = getattr(exc, "sqlstate", None) or getattr(exc.__cause__, "sqlstate", None)
+    if sqlstate in _UNDEFINED or "no such table" in text or "has no column" in text:
+        from django_jobs.checks import migrate_command
+
+        kind = type(exc) if isinstance(exc, DatabaseError) else ProgrammingError
+        raise kind(
+            f"the django_jobs tables are missing or out of date on database {alias!r} "
+            f"({text.strip().splitlines()[0]}): run `{migrate_command(alias)}`"
+        ) from exc
 
 
 def _send_enqueued(result: EnqueueResult) -> None:

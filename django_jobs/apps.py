@@ -9,8 +9,12 @@ class DjangoJobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_jobs import checks, checks_ops, registry  # noqa: F401 - registers the system checks
+        from django.db.backends.signals import connection_created
 
+        from django_jobs import checks, checks_ops, registry, sqlite  # noqa: F401 - registers the system checks
+
+        # SQLite as the jobs database: IMMEDIATE transactions and WAL on its connections.
+        connection_created.connect(sqlite.configure, dispatch_uid="django_jobs.sqlite")
         registry.autodiscover()
         # Operations: the admin pages of schedules, queues, workers and running jobs
         # (registered here so that they coexist with admin.py), and the enqueue counter.

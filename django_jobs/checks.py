@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from django_jobs import conf, limits
 from django_jobs.registry import QUEUE_RE, Backoff
@@ -182,3 +183,84 @@ def _queue_name(value: Any) -> bool:
         and len(value) <= limits.MAX_QUEUE_LENGTH
         and QUEUE_RE.fullmatch(value) is not None
     )
+
+
+# ---- first run: migrations, SQLite ----------------------------------------------
+
+
+def unapplied_migrations(alias: str) -> list[str]:
+    """Return the names of django_jobs' migrations that are not applied on database alias."""
+    from django.db.migrations.loader import MigrationLoader
+
+    loader = MigrationLoader(connections[alias], ignore_no_migrations=True)
+    applied = loader.applied_migrations
+    return sorted(
+        name
+        for app, name in loader.graph.nodes
+        if app == "django_jobs" and (app, name) not in applied
+    )
+
+
+def migrate_command(alias: str) -> str:
+    """Return the command that creates the job tables on database alias."""
+    return "python manage.py migrate" + (f" --database {alias}" if alias != "default" else "")
+
+
+@register(Tags.database)
+def check_migrations(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[Any]:
+    """Warn when the jobs database lacks django_jobs' migrations (`check --database ALIAS`)."""
+    alias = conf.get("DATABASE")
+    if not databases or alias not in databases or alias not in settings.DATABASES:
+        return []
+    if _inside_migrate():
+        return []  # `migrate` runs the database checks just before it applies them
+    try:
+        missing = unapplied_migrations(alias)
+    except DatabaseError:
+        return []  # an unreachable database: Django's own database checks say so
+    if not missing:
+        return []
+    return [
+        Warning(
+            f"{len(missing)} django_jobs migration(s) are not applied on the jobs database "
+            f"{alias!r}: {', '.join(missing)}.",
+            hint=f"Run `{migrate_command(alias)}`. Until then enqueue fails and runjobs "
+            "refuses to start.",
+            id="django_jobs.W020",
+        )
+    ]
+
+
+def _inside_migrate() -> bool:
+    from django.core.management.commands.migrate import Command as Migrate
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        if isinstance(frame.f_locals.get("self"), Migrate):
+            return True
+        frame = frame.f_back
+    return False
+
+
+@register(Tags.compatibility)
+def check_sqlite(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """Warn when a SQLite jobs database's OPTIONS undo what concurrent workers need."""
+    from django_jobs import sqlite
+
+    alias = conf.get("DATABASE")
+    if alias not in settings.DATABASES or connections[alias].vendor != "sqlite":
+        return []
+    notes = sqlite.missing_options(settings.DATABASES[alias])
+    if not notes:
+        return []
+    return [
+        Warning(
+            f"The SQLite jobs database {alias!r} is set up for one process at a time: "
+            f"{'; '.join(notes)}. Workers and web processes will fail with "
+            '"database is locked".',
+            hint='Remove those OPTIONS, or set "transaction_mode": "IMMEDIATE" and '
+            '"init_command": "PRAGMA journal_mode=WAL;" (django-jobs sets both when '
+            "OPTIONS leave them out).",
+            id="django_jobs.W021",
+        )
+    ]

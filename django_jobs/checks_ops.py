@@ -68,7 +68,7 @@ def check_operations(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         errors.append(
             Error(
                 "DJANGO_JOBS['METRICS'] is on but prometheus_client is not installed.",
-                hint="pip install 'django-jobs[prometheus]'",
+                hint="pip install 'django-durable-jobs[prometheus]'",
                 id="django_jobs.E207",
             )
         )

@@ -45,7 +45,8 @@ _enqueued: Any = None
 def _require() -> None:
     if prometheus_client is None:
         raise ImproperlyConfigured(
-            "django_jobs.metrics needs prometheus_client: pip install 'django-jobs[prometheus]'"
+            "django_jobs.metrics needs prometheus_client: "
+            "pip install 'django-durable-jobs[prometheus]'"
         )
 
 

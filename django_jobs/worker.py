@@ -862,6 +862,16 @@ class Worker:
         self, job: ClaimedJob, outcome: str, error: Any, duration: float | None
     ) -> None:
         self._ops.finished(outcome, duration)
+        # One line per outcome at runjobs' default verbosity (-v 1), as Celery and procrastinate.
+        if logger.isEnabledFor(logging.INFO):
+            extra = _extra(job)
+            extra["outcome"], extra["duration"] = outcome, duration
+            if duration is None:
+                logger.info("job %s[%s] attempt %d %s", job.name, job.id, job.attempts, outcome,
+                            extra=extra)  # fmt: skip
+            else:
+                logger.info("job %s[%s] attempt %d %s in %.3fs", job.name, job.id, job.attempts,
+                            outcome, duration, extra=extra)  # fmt: skip
         if signals.job_finished.receivers:
             self._signal(
                 signals.job_finished,

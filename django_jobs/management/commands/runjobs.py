@@ -13,7 +13,9 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
 
+from django_jobs import checks, registry
 from django_jobs.management.arguments import (
     positive_int,
     queue_name,
@@ -23,7 +25,9 @@ from django_jobs.management.arguments import (
 )
 from django_jobs.worker import Worker
 
+# -v 0: warnings and errors; -v 1 (the default): one line per job outcome too; -v 2+: debug.
 LOG_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
+logger = logging.getLogger("django_jobs.worker")
 
 
 @contextlib.contextmanager
@@ -124,10 +128,43 @@ class Command(BaseCommand):
             )
         except ImproperlyConfigured as exc:  # --heartbeat >= --lease, or bad DJANGO_JOBS values
             raise CommandError(str(exc), returncode=2) from None
+        self._check_migrations(worker.database)
+        self._warn_idle(queues)
         with on_stop(worker.stop):
             code = worker.run()
         if code:
             sys.exit(code)
+
+    def _check_migrations(self, alias: str) -> None:
+        """Refuse to start on a jobs database that lacks the job tables (a forgotten migrate)."""
+        try:
+            missing = checks.unapplied_migrations(alias)
+        except DatabaseError as exc:
+            # The database is away: the worker's own retries wait for it.
+            logger.warning("could not check the migrations on database %r (%s)", alias, exc)
+            return
+        if missing:
+            raise CommandError(
+                f"{len(missing)} django_jobs migration(s) are not applied on database {alias!r}: "
+                f"run `{checks.migrate_command(alias)}` first"
+            )
+
+    def _warn_idle(self, queues: list[str] | None) -> None:
+        """Say so when this worker has nothing it could run."""
+        handlers = registry.all_handlers().values()
+        if not handlers:
+            logger.warning(
+                "no job handler is registered, so this worker cannot run any job: declare "
+                "@job functions in a jobs.py module of an app in INSTALLED_APPS"
+            )
+            return
+        used = {handler.get_queue() for handler in handlers}
+        for name in sorted(set(queues or ()) - used):
+            logger.warning(
+                "no registered handler declares queue %r: this worker runs its jobs only when "
+                "they were enqueued with queue=%r",
+                name, name,
+            )  # fmt: skip
 
     def _configure_logging(self, verbosity: int) -> None:
         logger = logging.getLogger("django_jobs")

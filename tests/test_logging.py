@@ -1,0 +1,48 @@
+"""What runjobs logs at each verbosity: one INFO line per job outcome at -v 1, none at -v 0."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from django_jobs import enqueue
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def _enqueue_three():
+    ok = [enqueue("tests.noop", {"i": i}).id for i in range(2)]
+    flaky = enqueue("tests.flaky", {"succeed_on": 2}).id
+    dead = enqueue("tests.fatal", {}).id
+    return ok, flaky, dead
+
+
+def test_default_verbosity_logs_one_line_per_outcome(worker_process):
+    ok, flaky, dead = _enqueue_three()
+    proc = worker_process("--burst", "--concurrency", "2")
+    assert proc.wait() == 0
+    out = proc.output()
+    for job_id in ok:
+        lines = [line for line in out.splitlines() if str(job_id) in line]
+        assert len(lines) == 1, out
+        assert re.fullmatch(
+            rf"job tests\.noop\[{job_id}\] attempt 1 succeeded in \d+\.\d{{3}}s", lines[0]
+        )
+    assert re.search(rf"job tests\.flaky\[{flaky}\] attempt 1 retried in \d+\.\d{{3}}s", out)
+    assert re.search(rf"job tests\.flaky\[{flaky}\] attempt 2 succeeded in \d+\.\d{{3}}s", out)
+    assert f"job tests.fatal[{dead}] attempt 1 dead" in out
+    assert "Traceback" not in out.split("dead-lettered")[0]
+
+
+def test_verbosity_0_keeps_only_warnings_and_errors(worker_process):
+    ok, flaky, dead = _enqueue_three()
+    proc = worker_process("--burst", "--concurrency", "2", "-v", "0")
+    assert proc.wait() == 0
+    out = proc.output()
+    assert " succeeded in " not in out
+    assert "starting" not in out and "stopped" not in out
+    assert not any(str(job_id) in out for job_id in ok)
+    # Failures still speak: the retry's warning and the dead letter's error.
+    assert f"job {flaky} attempt 1/3 failed" in out
+    assert f"job {dead} dead-lettered (fatal)" in out
