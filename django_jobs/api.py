@@ -9,6 +9,7 @@ callback would lose the job.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -26,6 +27,8 @@ from django_jobs.exceptions import IdempotencyConflict, InvalidJob, InvalidPaylo
 from django_jobs.limits import MAX_KEY_LENGTH
 from django_jobs.models import CompletionMarker, Job, uuid7
 from django_jobs.registry import Handler
+
+logger = logging.getLogger(__name__)
 
 # A job whose key is live or done: a few rounds cover a job finishing mid-enqueue.
 _DEDUPE_ROUNDS = 5
@@ -134,6 +137,8 @@ def _options(
 ) -> _Options:
     handler = _resolve(handler)
     run_at, delay_seconds = _schedule(delay, run_at)
+    if queue is not None and settings.DEBUG:
+        _warn_undeclared(registry.check_queue(queue))
     return _Options(
         handler=handler,
         queue=registry.check_queue(queue if queue is not None else handler.get_queue()),
@@ -144,6 +149,23 @@ def _options(
         run_at=run_at,
         delay=delay_seconds,
     )
+
+
+_warned: set[str] = set()
+
+
+def _warn_undeclared(queue: str) -> None:
+    """In DEBUG, say once per queue that runjobs does not serve a queue no handler declares."""
+    if queue in _warned or queue == conf.get("DEFAULT_QUEUE"):
+        return
+    if any(h.get_queue() == queue for h in registry.all_handlers().values()):
+        return
+    _warned.add(queue)
+    logger.warning(
+        "queue %r: no registered handler declares it, so `runjobs` does not serve it unless "
+        "started with --queue %s",
+        queue, queue,
+    )  # fmt: skip
 
 
 def _item(options: _Options, payload: Any, key: str | None) -> _Prepared:

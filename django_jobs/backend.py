@@ -26,6 +26,7 @@ from typing import Any
 import django
 from django.apps import apps
 from django.core.checks import CheckMessage, Error
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
@@ -105,6 +106,10 @@ class JobsBackend(BaseTaskBackend):
         enqueued, so every task of this backend is in the registry that the
         worker looks job names up in, and nothing else is.
         """
+        if not apps.is_installed("django_jobs"):
+            # Without the app no check of ours runs (E101 needs django.tasks imported before
+            # `check` starts), and the first enqueue would fail on a missing table: say why now.
+            raise ImproperlyConfigured(_not_installed(self.alias))
         self._declare(task)
 
     def _declare(self, task: Task) -> TaskHandler:
@@ -212,14 +217,8 @@ class JobsBackend(BaseTaskBackend):
         errors: list[CheckMessage] = []
         where = f"TASKS[{self.alias!r}]"
         if not apps.is_installed("django_jobs"):
-            errors.append(
-                Error(
-                    f"{where} uses django_jobs.backend.JobsBackend, "
-                    "but django_jobs is not installed.",
-                    hint="Add 'django_jobs' to INSTALLED_APPS and run migrate.",
-                    id="django_jobs.E101",
-                )
-            )
+            message, hint = _not_installed(self.alias).split(": ", 1)
+            errors.append(Error(message + ".", hint=hint, id="django_jobs.E101"))
         errors += self._check_options(where)
         errors += self._check_queues(where)
         alias = conf.database()
@@ -323,6 +322,14 @@ def _policy_problem(policy: Any) -> str | None:
     if not isinstance(policy.get("atomic", False), bool):
         return "is invalid: atomic must be True or False."
     return None
+
+
+def _not_installed(alias: str) -> str:
+    return (
+        f"TASKS[{alias!r}] uses django_jobs.backend.JobsBackend, but 'django_jobs' is not in "
+        "INSTALLED_APPS: add it (and 'rangefilter' for the admin), then run "
+        "`python manage.py migrate`"
+    )
 
 
 def configured_aliases() -> list[str]:

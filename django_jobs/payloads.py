@@ -14,6 +14,7 @@ import re
 from functools import cache
 from typing import Any
 
+from django.db.models import Model
 from django.utils.module_loading import import_string
 
 from django_jobs import conf
@@ -26,6 +27,11 @@ class _StrictEncoder(json.JSONEncoder):
     """Refuse what json would silently turn into something else."""
 
     def default(self, o: Any) -> Any:
+        if isinstance(o, Model):
+            raise TypeError(
+                f"{type(o).__name__} is a model instance: pass its primary key instead "
+                f'(e.g. {{"{type(o).__name__.lower()}_id": obj.pk}}) and load it in the handler'
+            )
         raise TypeError(
             f"{type(o).__name__} is not JSON: pass JSON types (dict, list, str, int, "
             "float, bool, None), or set DJANGO_JOBS['JSON_ENCODER']"

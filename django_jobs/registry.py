@@ -6,6 +6,7 @@ is never imported, so a row naming ``os.system`` runs nothing.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import random
 import re
@@ -219,7 +220,21 @@ def get_handler(name: str) -> Handler:
     try:
         return _handlers[name]
     except KeyError:
-        raise UnknownJob(f"no job handler is registered under the name {name!r}") from None
+        raise UnknownJob(
+            f"no job handler is registered under the name {name!r}{_hint(name)}"
+        ) from None
+
+
+def _hint(name: str) -> str:
+    if not _handlers:
+        return (
+            "; no handler is registered at all: declare @job functions in a jobs.py module "
+            "of an app in INSTALLED_APPS"
+        )
+    # "send_email" for "shop.jobs.send_email", then near misses ("shop.jobs.send_mail").
+    close = [known for known in _handlers if known.rsplit(".", 1)[-1] == name]
+    close += difflib.get_close_matches(name, [k for k in _handlers if k not in close], n=3)
+    return f"; did you mean {' or '.join(map(repr, close[:3]))}?" if close else ""
 
 
 def lookup(name: str) -> Handler | None:

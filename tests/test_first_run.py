@@ -208,3 +208,57 @@ def test_check_warns_about_sqlite_options_that_undo_concurrency(tmp_path, option
     assert ("django_jobs.W021" in done.stderr) is warned, done.stderr
     if warned:
         assert '"transaction_mode": "IMMEDIATE"' in done.stderr
+
+
+# ---- the app missing from INSTALLED_APPS -------------------------------------------
+
+
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("django.tasks") is None,
+    reason="Django's Tasks framework needs Django >= 6.0",
+)
+def test_check_says_django_jobs_is_missing_from_installed_apps(tmp_path):
+    done = manage(
+        str(tmp_path / "db.sqlite3"), "check",
+        extra_env={"DJANGO_SETTINGS_MODULE": "tests.no_app_settings"},
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "System check identified no issues" not in done.stdout
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == (
+        "django.core.exceptions.ImproperlyConfigured: TASKS['default'] uses "
+        "django_jobs.backend.JobsBackend, but 'django_jobs' is not in INSTALLED_APPS: add it "
+        "(and 'rangefilter' for the admin), then run `python manage.py migrate`"
+    )
+
+
+# ---- a worker with nothing to do, a queue nobody serves ------------------------------
+
+
+def test_runjobs_warns_when_no_handler_is_registered(tmp_path):
+    path = str(tmp_path / "db.sqlite3")
+    env = {"DJANGO_SETTINGS_MODULE": "tests.plain_sqlite_settings", "JOBS_NO_HANDLERS": "1"}
+    assert manage(path, "migrate", "-v", "0", extra_env=env).returncode == 0
+    done = manage(path, "runjobs", "--burst", extra_env=env)
+    assert done.returncode == 0, done.stderr
+    warnings = [line for line in done.stderr.splitlines() if "handler" in line]
+    assert warnings == [
+        "no job handler is registered, so this worker cannot run any job: declare @job "
+        "functions in a jobs.py module of an app in INSTALLED_APPS"
+    ], done.stderr
+
+
+def test_runjobs_warns_about_served_queues_no_handler_declares(tmp_path):
+    path = str(tmp_path / "db.sqlite3")
+    env = {"DJANGO_SETTINGS_MODULE": "tests.plain_sqlite_settings"}
+    assert manage(path, "migrate", "-v", "0", extra_env=env).returncode == 0
+    done = manage(path, "runjobs", "--burst", "-q", "emails", "-q", "emials", extra_env=env)
+    assert done.returncode == 0, done.stderr
+    warnings = [line for line in done.stderr.splitlines() if "declares" in line]
+    assert warnings == [
+        "no registered handler declares queue 'emials': this worker runs its jobs only when "
+        "they were enqueued with queue='emials'"
+    ], done.stderr
+    # The default queues are every handler's: nothing to say.
+    done = manage(path, "runjobs", "--burst", extra_env=env)
+    assert "declares" not in done.stderr and "no job handler" not in done.stderr

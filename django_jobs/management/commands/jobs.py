@@ -11,7 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from django_jobs import conf, control, schedules, status
+from django_jobs import conf, control, registry, schedules, status
 from django_jobs.exceptions import InvalidJob
 from django_jobs.management.arguments import free_text, job_id, queue_name
 
@@ -91,13 +91,19 @@ class Command(BaseCommand):
 
     def do_status(self, *, json: bool = False, **options: Any) -> None:
         report = status.status()
+        # runjobs serves these by default; the others only with --queue NAME.
+        declared = {h.get_queue() for h in registry.all_handlers().values()}
+        declared.add(conf.get("DEFAULT_QUEUE"))
         if json:
-            self.stdout.write(_dumps(report.as_dict()))
+            data = report.as_dict()
+            for queue in data["queues"]:
+                queue["declared"] = queue["name"] in declared
+            self.stdout.write(_dumps(data))
             return
         rows = [
             [
                 q.name,
-                "PAUSED" if q.paused else "",
+                ", ".join(["PAUSED"] * q.paused + ["no handler"] * (q.name not in declared)),
                 q.waiting,
                 q.scheduled,
                 q.running,
@@ -118,6 +124,11 @@ class Command(BaseCommand):
             "dead 1h",
         ]
         self.stdout.write(_table(rows, header))
+        if any(q.name not in declared for q in report.queues):
+            self.stdout.write(
+                "no handler: no registered handler declares the queue, so runjobs serves it "
+                "only when started with --queue NAME"
+            )
         self.stdout.write("")
         self.stdout.write(f"{len(report.workers)} live worker(s)")
         if report.workers:
