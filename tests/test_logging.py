@@ -46,3 +46,24 @@ def test_verbosity_0_keeps_only_warnings_and_errors(worker_process):
     # Failures still speak: the retry's warning and the dead letter's error.
     assert f"job {flaky} attempt 1/3 failed" in out
     assert f"job {dead} dead-lettered (fatal)" in out
+
+
+def test_jobs_schedules_names_the_zone_of_every_time(capsys, settings):
+    from django.core.management import call_command
+
+    settings.DJANGO_JOBS = {
+        **settings.DJANGO_JOBS,
+        "SCHEDULES": {
+            "nightly": {"cron": "0 3 * * *", "job": "tests.noop", "timezone": "Europe/Paris"},
+            "ping": {"every": 30, "job": "tests.noop"},
+        },
+    }
+    call_command("jobs", "schedules")
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    # Shown in the project's zone (UTC here), named, then in the schedule's own zone.
+    assert re.search(
+        r"\d{4}-\d\d-\d\d 0[12]:00:00 UTC = \d{4}-\d\d-\d\d 03:00:00 Europe/Paris \(in ",
+        rows["nightly"],
+    ), rows["nightly"]
+    assert re.search(r"\d\d:\d\d:\d\d UTC \(in ", rows["ping"]), rows["ping"]
+    assert " = " not in rows["ping"]

@@ -6,6 +6,7 @@ import argparse
 import json
 import uuid
 from datetime import datetime
+from zoneinfo import ZoneInfo
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -28,12 +29,20 @@ def _seconds(value: float | None) -> str:
     return f"{value / 86400:.1f}d"
 
 
-def _when(value: datetime | None, now: datetime) -> str:
+def _zone(value: datetime) -> str:
+    return getattr(value.tzinfo, "key", None) or value.tzname() or "?"
+
+
+def _when(value: datetime | None, now: datetime, zone: str | None = None) -> str:
+    """Return value in the current time zone, named, and in `zone` too when that differs."""
     if value is None:
         return "-"
     delta = (value - now).total_seconds()
-    local = timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S")
-    return f"{local} ({'in ' + _seconds(delta) if delta >= 0 else _seconds(-delta) + ' ago'})"
+    local = timezone.localtime(value)
+    text = f"{local:%Y-%m-%d %H:%M:%S} {_zone(local)}"
+    if zone and zone != _zone(local):
+        text += f" = {value.astimezone(ZoneInfo(zone)):%Y-%m-%d %H:%M:%S} {zone}"
+    return f"{text} ({'in ' + _seconds(delta) if delta >= 0 else _seconds(-delta) + ' ago'})"
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -172,13 +181,14 @@ class Command(BaseCommand):
         rows = []
         for row in Schedule.objects.all():
             spec = specs.get(row.name)
+            zone = spec.timezone if spec and spec.cron else None  # `every` counts in UTC
             upcoming = spec.next_tick(now) if spec and row.enabled and row.declared else None
             state = "enabled" if row.enabled else "disabled"
             if not row.declared:
                 state = "not declared"
             rows.append([
                 row.name, spec.describe() if spec else row.cron or f"every {row.every}s",
-                row.job_name, state, _when(upcoming, now), _when(row.last_tick_at, now),
+                row.job_name, state, _when(upcoming, now, zone), _when(row.last_tick_at, now, zone),
                 row.last_job_id or "-",
             ])  # fmt: skip
         self.stdout.write(

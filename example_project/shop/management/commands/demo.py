@@ -2,6 +2,7 @@
 
 import logging
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -92,17 +93,19 @@ class Command(BaseCommand):
             result = tasks.thank_customer.get_result(str(job_id))
             self.line(f"  {result.status:<10} {result.return_value}")
 
+        # The exact commands: from this folder, with the Python that has django_jobs installed.
+        manage = f"{shlex.quote(sys.executable)} manage.py"
         self.title("Where to look")
+        self.line("Start the site (from any folder, in a second terminal):")
+        self.line(f"  cd {shlex.quote(str(settings.BASE_DIR))}")
+        self.line(f"  {manage} runserver")
         self.line(
-            "python manage.py runserver, then "
-            "http://127.0.0.1:8000/admin/django_jobs/ (admin / admin):"
-        )
-        self.line(
-            "dead letters (every attempt's error, a replay action), jobs, markers, the dashboard."
+            "then open http://127.0.0.1:8000/admin/django_jobs/ (admin / admin): dead letters "
+            "(every attempt's error, a replay action), jobs, markers, the dashboard."
         )
         self.line("To put the dead letter right: change the order's item (Shop > Orders), replay")
-        self.line("the letter (its Replay button), and run: python manage.py runjobs --burst")
-        self.line("Place more orders at http://127.0.0.1:8000/ and run: python manage.py runjobs")
+        self.line(f"the letter (its Replay button), and run there: {manage} runjobs --burst")
+        self.line(f"Place more orders at http://127.0.0.1:8000/ and run there: {manage} runjobs")
 
     def title(self, text):
         self.stdout.write(self.style.MIGRATE_HEADING(f"\n{text}"))
