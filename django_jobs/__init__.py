@@ -61,6 +61,16 @@ _LAZY = {"enqueue", "enqueue_many", "enqueue_on_commit", "EnqueueResult"}
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
+        from django.apps import apps
+
+        if apps.ready and not apps.is_installed("django_jobs"):
+            # Rather than Django's "Model class ... isn't in an application in INSTALLED_APPS".
+            from django.core.exceptions import ImproperlyConfigured
+
+            raise ImproperlyConfigured(
+                "'django_jobs' is not in INSTALLED_APPS: add it (and 'rangefilter' for the "
+                "admin), then run `python manage.py migrate`"
+            )
         from django_jobs import api as module
 
         return getattr(module, name)

@@ -870,7 +870,7 @@ class Worker:
                 logger.info("job %s[%s] attempt %d %s", job.name, job.id, job.attempts, outcome,
                             extra=extra)  # fmt: skip
             else:
-                logger.info("job %s[%s] attempt %d %s in %.3fs", job.name, job.id, job.attempts,
+                logger.info("job %s[%s] attempt %d %s in %.6fs", job.name, job.id, job.attempts,
                             outcome, duration, extra=extra)  # fmt: skip
         if signals.job_finished.receivers:
             self._signal(

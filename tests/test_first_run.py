@@ -262,3 +262,15 @@ def test_runjobs_warns_about_served_queues_no_handler_declares(tmp_path):
     # The default queues are every handler's: nothing to say.
     done = manage(path, "runjobs", "--burst", extra_env=env)
     assert "declares" not in done.stderr and "no job handler" not in done.stderr
+
+
+def test_importing_the_enqueue_api_without_the_app_names_the_fix(tmp_path):
+    done = manage(
+        str(tmp_path / "db.sqlite3"), "shell", "-c", "from django_jobs import enqueue_on_commit",
+        extra_env={"DJANGO_SETTINGS_MODULE": "tests.no_app_settings"},
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        "django.core.exceptions.ImproperlyConfigured: 'django_jobs' is not in INSTALLED_APPS: "
+        "add it (and 'rangefilter' for the admin), then run `python manage.py migrate`"
+    )

@@ -27,10 +27,10 @@ def test_default_verbosity_logs_one_line_per_outcome(worker_process):
         lines = [line for line in out.splitlines() if str(job_id) in line]
         assert len(lines) == 1, out
         assert re.fullmatch(
-            rf"job tests\.noop\[{job_id}\] attempt 1 succeeded in \d+\.\d{{3}}s", lines[0]
+            rf"job tests\.noop\[{job_id}\] attempt 1 succeeded in \d+\.\d{{6}}s", lines[0]
         )
-    assert re.search(rf"job tests\.flaky\[{flaky}\] attempt 1 retried in \d+\.\d{{3}}s", out)
-    assert re.search(rf"job tests\.flaky\[{flaky}\] attempt 2 succeeded in \d+\.\d{{3}}s", out)
+    assert re.search(rf"job tests\.flaky\[{flaky}\] attempt 1 retried in \d+\.\d{{6}}s", out)
+    assert re.search(rf"job tests\.flaky\[{flaky}\] attempt 2 succeeded in \d+\.\d{{6}}s", out)
     assert f"job tests.fatal[{dead}] attempt 1 dead" in out
     assert "Traceback" not in out.split("dead-lettered")[0]
 
