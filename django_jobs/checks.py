@@ -210,7 +210,9 @@ def migrate_command(alias: str) -> str:
 def check_migrations(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[Any]:
     """Warn when the jobs database lacks django_jobs' migrations (`check --database ALIAS`)."""
     alias = conf.get("DATABASE")
-    if not databases or alias not in databases or alias not in settings.DATABASES:
+    if not isinstance(alias, str) or alias not in settings.DATABASES:
+        return []  # E003
+    if not databases or alias not in databases:
         return []
     if _inside_migrate():
         return []  # `migrate` runs the database checks just before it applies them
@@ -248,7 +250,9 @@ def check_sqlite(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     from django_jobs import sqlite
 
     alias = conf.get("DATABASE")
-    if alias not in settings.DATABASES or connections[alias].vendor != "sqlite":
+    if not isinstance(alias, str) or alias not in settings.DATABASES:
+        return []  # E003
+    if connections[alias].vendor != "sqlite":
         return []
     notes = sqlite.missing_options(settings.DATABASES[alias])
     if not notes:

@@ -93,3 +93,20 @@ def test_a_model_instance_in_a_payload_says_to_pass_its_primary_key():
         enqueue("tests.noop", {"audit": audit})
     assert "Audit is a model instance: pass its primary key instead" in str(caught.value)
     assert '{"audit_id": obj.pk}' in str(caught.value)
+
+
+@pytest.mark.parametrize("alias", [["default"], {"x": 1}, "nope"])
+def test_first_run_checks_survive_a_bad_database_setting(settings, alias):
+    from django_jobs import checks
+
+    settings.DJANGO_JOBS = {"DATABASE": alias}
+    assert checks.check_migrations(databases=["default"]) == []
+    assert checks.check_sqlite() == []
+
+
+def test_an_empty_registry_says_where_handlers_are_declared(monkeypatch):
+    from django_jobs import UnknownJob, registry
+
+    monkeypatch.setattr(registry, "_handlers", {})
+    with pytest.raises(UnknownJob, match="no handler is registered at all: declare @job"):
+        registry.get_handler("shop.jobs.send")
