@@ -73,14 +73,23 @@ def reset() -> None:
 
 def spawn_worker(*args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen(
+    # Its log goes to a file, not a pipe: at the default -v 1 a worker writes a line per
+    # job, which would fill a pipe nobody reads while it runs and block the worker.
+    log = tempfile.TemporaryFile()  # read and closed in finish()
+    proc = subprocess.Popen(
         [sys.executable, "-m", "django", "runjobs", *args],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log,
     )  # fmt: skip
+    proc.log = log  # type: ignore[attr-defined]
+    return proc
 
 
 def finish(proc: subprocess.Popen, timeout: float = 600) -> None:
-    _, err = proc.communicate(timeout=timeout)
+    proc.wait(timeout=timeout)
+    log = proc.log  # type: ignore[attr-defined]
+    log.seek(0)
+    err = log.read()
+    log.close()
     if proc.returncode not in (0,):
         raise RuntimeError(f"worker exited {proc.returncode}: {err.decode()[-2000:]}")
 
