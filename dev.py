@@ -115,6 +115,11 @@ def ensure_venv(extras: str, venv: str = VENV, pins: tuple[str, ...] = ()) -> st
     if not os.path.exists(stamp_file) or open(stamp_file).read() != stamp:
         extra = ", ".join(filter(None, [extras, *pins]))
         say(f"installing django-jobs{' with ' + extra if extra else ''} into {venv}")
+        # The distribution was called django-jobs before it became django-durable-jobs.
+        subprocess.run(
+            [python, "-m", "pip", "uninstall", "--yes", "--quiet", "django-jobs"],
+            capture_output=True, check=False,
+        )  # fmt: skip
         command = [python, "-m", "pip", "install", "--quiet", "-e", ROOT, *pins]
         if extras:
             command += ["--group", extras]

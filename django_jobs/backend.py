@@ -45,10 +45,24 @@ except ModuleNotFoundError as exc:  # Django < 6.0
         "runjobs) works without it."
     ) from None
 
-from django_jobs import conf, registry, task_handlers, task_results
-from django_jobs.exceptions import HandlerConflict, InvalidJob, InvalidPayload
-from django_jobs.registry import Backoff
-from django_jobs.task_handlers import Policy, TaskHandler
+
+def _not_installed(alias: str | None = None) -> str:
+    where = f"TASKS[{alias!r}]" if alias else "TASKS"
+    return (
+        f"{where} uses django_jobs.backend.JobsBackend, but 'django_jobs' is not in "
+        "INSTALLED_APPS: add it (and 'rangefilter' for the admin), then run "
+        "`python manage.py migrate`"
+    )
+
+
+if apps.ready and not apps.is_installed("django_jobs"):
+    # The imports below load the models, which need the app: say what is missing instead.
+    raise ImproperlyConfigured(_not_installed())
+
+from django_jobs import conf, registry, task_handlers, task_results  # noqa: E402
+from django_jobs.exceptions import HandlerConflict, InvalidJob, InvalidPayload  # noqa: E402
+from django_jobs.registry import Backoff  # noqa: E402
+from django_jobs.task_handlers import Policy, TaskHandler  # noqa: E402
 
 # OPTIONS keys: retry policy defaults of every task of the backend, and per-task overrides.
 OPTION_KEYS = frozenset({"MAX_ATTEMPTS", "BACKOFF", "TIMEOUT", "TASKS"})
@@ -322,14 +336,6 @@ def _policy_problem(policy: Any) -> str | None:
     if not isinstance(policy.get("atomic", False), bool):
         return "is invalid: atomic must be True or False."
     return None
-
-
-def _not_installed(alias: str) -> str:
-    return (
-        f"TASKS[{alias!r}] uses django_jobs.backend.JobsBackend, but 'django_jobs' is not in "
-        "INSTALLED_APPS: add it (and 'rangefilter' for the admin), then run "
-        "`python manage.py migrate`"
-    )
 
 
 def configured_aliases() -> list[str]:

@@ -226,7 +226,7 @@ def test_check_says_django_jobs_is_missing_from_installed_apps(tmp_path):
     assert "System check identified no issues" not in done.stdout
     last = done.stderr.strip().splitlines()[-1]
     assert last == (
-        "django.core.exceptions.ImproperlyConfigured: TASKS['default'] uses "
+        "django.core.exceptions.ImproperlyConfigured: TASKS uses "
         "django_jobs.backend.JobsBackend, but 'django_jobs' is not in INSTALLED_APPS: add it "
         "(and 'rangefilter' for the admin), then run `python manage.py migrate`"
     )
