@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from tests.conftest import POSTGRES, ROOT
+from tests.conftest import ENGINE, POSTGRES, ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -17,6 +17,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def fresh_database(tmp_path):
     """Return the NAME of a database that exists but was never migrated."""
+    if ENGINE not in ("postgres", "sqlite"):
+        pytest.skip(f"no throwaway database is made on {ENGINE}")
     if not POSTGRES:
         yield str(tmp_path / "fresh.sqlite3")
         return
