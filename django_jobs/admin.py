@@ -25,7 +25,7 @@ from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import DataError, connections
-from django.db.models import Count, Model, Q, QuerySet
+from django.db.models import Count, Model, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Substr
 from django.http import (
     HttpRequest,
@@ -50,6 +50,7 @@ from django_jobs.models import (
     Job,
     JobState,
     ReplayReport,
+    UnknownName,
     error_summary,
 )
 
@@ -374,15 +375,20 @@ class ReplayedFilter(admin.SimpleListFilter):
         return queryset
 
 
+UNKNOWN_NAME = "unknown_name"
+
+
 class StateFilter(admin.SimpleListFilter):
     title = _("state")
     parameter_name = "state"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return list(JobState.choices)
+        return [*JobState.choices, (UNKNOWN_NAME, _("waiting: no live worker knows its name"))]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         value = self.value()
+        if value == UNKNOWN_NAME:
+            return queryset.claimable().filter(unknown_since__isnull=False)
         if value == JobState.WAITING:
             return queryset.waiting()
         if value == JobState.SCHEDULED:
@@ -723,7 +729,11 @@ class JobAdmin(ReadOnlyAdmin):
     ]  # fmt: skip
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return super().get_queryset(request).with_state()
+        # Since when no live worker knows the job's name (a subquery: no query per row).
+        unknown = UnknownName.objects.current().filter(name=OuterRef("name")).values("since")
+        return (
+            super().get_queryset(request).with_state().annotate(unknown_since=Subquery(unknown[:1]))
+        )
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # cancel instead: the job stays inspectable and replayable
@@ -734,11 +744,16 @@ class JobAdmin(ReadOnlyAdmin):
     def state_label(self, obj: Job) -> SafeString | str:
         state = getattr(obj, "state", None)
         label = str(JobState(state).label) if state else EMPTY
-        if (
+        expired = (
             state == JobState.RUNNING
             and obj.lease_expires_at
             and obj.lease_expires_at < timezone.now()
-        ):
+        )
+        since = getattr(obj, "unknown_since", None)
+        if since is not None and (expired or state == JobState.WAITING):
+            when = timezone.localtime(since).strftime("%Y-%m-%d %H:%M")
+            label = f"{label} ({_('no live worker knows this name since')} {when})"
+        elif expired:
             label = f"{label} ({_('lease expired: rescue is due')})"
         if not obj.attempts:
             return label

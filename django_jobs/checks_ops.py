@@ -10,6 +10,7 @@ from django.core.checks import Error, Tags, Warning, register
 
 from django_jobs import conf, limits, registry, retention, schedules
 from django_jobs.exceptions import InvalidJob
+from django_jobs.ops_models import unknown_name_grace
 
 
 @register(Tags.compatibility)
@@ -45,6 +46,17 @@ def check_operations(app_configs: Any = None, **kwargs: Any) -> list[Any]:
             retention.as_timedelta(s[name], what=name)
         except ValueError as exc:
             errors.append(Error(f"DJANGO_JOBS['{name}'] is invalid: {exc}", id="django_jobs.E203"))
+    try:
+        unknown_name_grace()
+    except ValueError as exc:
+        errors.append(
+            Error(
+                f"DJANGO_JOBS['UNKNOWN_NAME_GRACE'] is invalid: {exc}",
+                hint="Seconds, a timedelta or text like '1h'; None: jobs of unknown names "
+                "wait forever.",
+                id="django_jobs.E210",
+            )
+        )
     try:
         limits.integer("DJANGO_JOBS['PRUNE_BATCH']", s["PRUNE_BATCH"], 1, limits.MAX_INT)
     except ValueError as exc:

@@ -60,6 +60,10 @@ DEFAULTS: dict[str, Any] = {
     "MAINTENANCE_INTERVAL": 5.0,
     # A worker whose heartbeat row is older than this many seconds is not live.
     "WORKER_EXPIRY": 60.0,
+    # How long jobs whose name no live worker knows wait (for a worker that has the
+    # handler, during a rolling deploy) before the upkeep dead-letters them as
+    # unknown_name (seconds, timedelta or "2h"); None: they wait forever.
+    "UNKNOWN_NAME_GRACE": 3600,
     # Count enqueues of this process for the metrics view (needs prometheus_client).
     "METRICS": False,
     # Bearer token that the metrics view accepts; None: staff users only.

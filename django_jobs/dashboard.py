@@ -19,7 +19,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
-from django_jobs import conf, registry
+from django_jobs import conf, registry, status
 from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job
 
 WINDOW_MINUTES = 60
@@ -50,6 +50,7 @@ class Snapshot:
     completed: list[int] = field(default_factory=list)  # per minute, oldest first
     dead: list[int] = field(default_factory=list)
     dead_by_reason: list[tuple[str, str, int]] = field(default_factory=list)  # value, label, count
+    unknown_names: list[status.UnknownNameStatus] = field(default_factory=list)
 
     @property
     def completed_total(self) -> int:
@@ -78,6 +79,7 @@ def snapshot(alias: str | None = None) -> Snapshot:
     for handler in registry.all_handlers().values():
         by_queue.setdefault(handler.get_queue(), QueueRow(handler.get_queue(), now=now))
     snap.queues = [by_queue[name] for name in sorted(by_queue)]
+    snap.unknown_names = status.unknown_names(alias)
 
     snap.completed = _per_minute(CompletionMarker.objects.using(alias), "completed_at", start)
     snap.dead = _per_minute(DeadLetter.objects.using(alias), "dead_at", start)

@@ -14,6 +14,15 @@ job, and a waiting worker still makes one round trip per poll interval:
   MAINTENANCE_INTERVAL while there is something to prune, then every
   ROW_REFRESH seconds once there is not;
 - paused queues need nothing here: the claim leaves them out;
+- the claim takes only the names this worker has registered (published in its
+  heartbeat row), so during a rolling deploy a job of a handler that only newer
+  workers have waits for one of them. The names of claimable jobs that no
+  live worker knows are recorded in UnknownName, with since when, for `jobs
+  status`, the dashboard and the admin (every MAINTENANCE_INTERVAL while there
+  are some, else every WORKER_EXPIRY / 2: the pass reads every claimable row);
+  once a name has been unknown for UNKNOWN_NAME_GRACE, its jobs are
+  dead-lettered as unknown_name. While a live worker does not publish its names
+  (an earlier release), nothing is called unknown;
 - on PostgreSQL, a worker that has been busy VACUUMs the jobs table when dead
   rows pile up in it (every finished job leaves one). Autovacuum usually does
   this, but it may be off, or slow to get to a small table that churns this
@@ -38,8 +47,9 @@ from django.db import connections
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from django_jobs import conf, retention, schedules, sql
+from django_jobs import conf, retention, schedules, signals, sql
 from django_jobs.models import Beat
+from django_jobs.ops_models import unknown_name_grace
 
 if TYPE_CHECKING:
     from django_jobs.worker import Worker
@@ -74,6 +84,14 @@ VACUUM_MIN_DEAD = 10_000
 # Rows pruned from markers or dead letters between two VACUUMs of that table
 # (only when autovacuum is off: otherwise it takes care of them).
 VACUUM_AFTER_PRUNED = 50_000
+# The pass that looks for unknown names reads every claimable row: it waits at
+# least this many times its own duration before the next one. It runs every
+# MAINTENANCE_INTERVAL while it finds some, else every WORKER_EXPIRY / 2 (so
+# that a waiting worker stays at about one round trip per poll), and never
+# more seldom, so that its findings never look stale.
+UNKNOWN_SCAN_SPACING = 50
+# Jobs of an unknown name dead-lettered per transaction.
+UNKNOWN_BATCH = 500
 
 
 class WorkerOps:
@@ -87,6 +105,9 @@ class WorkerOps:
         self._next_row = 0.0
         self._next_schedules = 0.0
         self._next_prune = 0.0
+        self._next_unknown = 0.0
+        self._unknown_found = False  # the last pass found names no live worker knows
+        self._grace = unknown_name_grace()  # a bad value fails here, at start
         self._clock: tuple[datetime, float] | None = None  # (database time, monotonic time)
         self._postgres = connections[self.alias].vendor == "postgresql"
         self._next_vacuum_check = VACUUM_CHECK_JOBS
@@ -117,6 +138,9 @@ class WorkerOps:
         if now >= self._next_row:
             self._next_row = now + ROW_REFRESH
             self._step(self._write_row)
+        if now >= self._next_unknown:
+            self._next_unknown = now + self.interval  # later if the pass is slow
+            self._step(self._unknown_names)
         if now >= self._next_schedules:
             self._next_schedules = now + self.interval  # not every loop, even with no schedules
             if schedules.declared():
@@ -154,6 +178,10 @@ class WorkerOps:
                     break
             else:
                 self.durations[-1] += 1
+
+    def names_changed(self) -> None:
+        """Publish the worker's new set of job names at the next step."""
+        self._next_row = 0.0
 
     def stopped(self) -> None:
         """Remove this worker's heartbeat row (a clean exit is not a dead worker)."""
@@ -201,11 +229,76 @@ class WorkerOps:
             "last_seen_at": timezone.now(),
             "running": len(self.worker._inflight),
             "stats": self.snapshot(),
+            "handlers": self.worker.names,
         }
         rows.update_or_create(id=self.worker.id, defaults=values)
         # Rows of workers that died without a word: kept a while for `jobs status`, then dropped.
         expiry = timedelta(seconds=10 * float(conf.get("WORKER_EXPIRY")))
         rows.filter(last_seen_at__lt=Now() - expiry).delete()
+
+    def _unknown_names(self) -> None:
+        """Record the claimable jobs' names no live worker knows; bury those past the grace."""
+        from django_jobs.models import Job, UnknownName, WorkerBeat
+
+        started = time.monotonic()
+        known = set(self.worker.names)
+        live = WorkerBeat.objects.using(self.alias).live().exclude(id=self.worker.id)
+        for handlers in live.values_list("handlers", flat=True):
+            if handlers is None:
+                return  # a worker of an earlier release: what it knows is not published
+            known.update(handlers)
+        found = {
+            row["name"]: row["jobs"]
+            for row in Job.objects.using(self.alias).names_unknown_to(known)
+        }
+        longest = float(conf.get("WORKER_EXPIRY")) / 2
+        spacing = max(self.interval if found else longest,
+                      UNKNOWN_SCAN_SPACING * (time.monotonic() - started))  # fmt: skip
+        self._next_unknown = started + min(spacing, longest)
+        if not found and not self._unknown_found:
+            return  # nothing to record, nothing this worker recorded to forget
+        self._unknown_found = bool(found)
+        now = schedules.db_now(self.alias)
+        names = UnknownName.objects.using(self.alias)
+        names.observe(found, now)
+        if self._grace is None or not found:
+            return
+        for entry in names.filter(name__in=list(found), since__lte=now - self._grace):
+            self._bury_unknown(entry.name, entry.since, now - self._grace)
+
+    def _bury_unknown(self, name: str, since: datetime, before: datetime) -> None:
+        from django_jobs.models import Job
+
+        message = (
+            f"no live worker has known the name {name!r} since {since.isoformat()}; "
+            f"dead-lettered after UNKNOWN_NAME_GRACE ({self._grace})"
+        )
+        jobs = Job.objects.using(self.alias)
+        deadline = time.monotonic() + PRUNE_BUDGET
+        buried = 0
+        while True:
+            letters = jobs.dead_letter_unknown(
+                name, before=before, message=message, worker=self.worker.id, limit=UNKNOWN_BATCH
+            )
+            buried += len(letters)
+            if signals.job_dead_lettered.receivers:
+                for letter in letters:
+                    signals.job_dead_lettered.send(
+                        sender=name, job_id=letter.id, name=name, queue=letter.queue,
+                        reason=letter.reason, attempts=letter.attempts, error=letter.error,
+                    )  # fmt: skip
+            if len(letters) < UNKNOWN_BATCH:
+                break
+            if time.monotonic() > deadline:
+                self._next_unknown = 0.0  # more are left: go on at the next step
+                break
+        if buried:
+            self.counters["dead_lettered_unknown"] += buried
+            logger.warning(
+                "worker %s: dead-lettered %d job(s) of %r as unknown_name: no live worker has "
+                "known the name since %s (UNKNOWN_NAME_GRACE %s)",
+                self.worker.id, buried, name, since.isoformat(), self._grace,
+            )  # fmt: skip
 
     def _refresh_schedules(self) -> None:
         now = schedules.db_now(self.alias)

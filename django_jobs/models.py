@@ -171,13 +171,15 @@ class JobQuerySet(models.QuerySet):
         lease: float,
         exclude_names: Sequence[str] = (),
         beat: Beat | None = None,
+        names: Sequence[str] | None = None,
     ) -> list[ClaimedJob]:
         """Lease up to `limit` jobs of `queues` to `token`, counting an attempt each.
 
         Jobs whose lease expired (their worker died, hung or lost its connection)
         are taken over first, so no task is needed to rescue them; then due jobs
-        in priority order. Paused queues are left out. With `beat`, the worker's
-        heartbeat row is refreshed in the same statement.
+        in priority order. Paused queues are left out, and so are jobs whose name
+        is not in `names` (None: any name) or is in `exclude_names`. With `beat`,
+        the worker's heartbeat row is refreshed in the same statement.
         """
         if not queues:
             return []
@@ -191,14 +193,17 @@ class JobQuerySet(models.QuerySet):
             if limit <= 0:
                 return []
             if not connections[alias].features.has_select_for_update_skip_locked:
-                return self._claim_portable(queues, limit, token, lease, exclude_names)
+                return self._claim_portable(queues, limit, token, lease, exclude_names, names)
             # The ORM claim: the same steps, each selection locking its rows and
             # skipping those another claim holds, all in one transaction.
             with transaction.atomic(using=alias):
                 return self.select_for_update(skip_locked=True)._claim_portable(
-                    queues, limit, token, lease, exclude_names
+                    queues, limit, token, lease, exclude_names, names
                 )
-        params = sql.claim_params(list(queues), limit, token, lease, list(exclude_names), beat)
+        params = sql.claim_params(
+            list(queues), limit, token, lease, list(exclude_names), beat,
+            None if names is None else list(names),
+        )  # fmt: skip
         rows = sql.run(alias, sql.CLAIM, params)
         # errors come as JSON text (Django loads jsonb as text), NULL when empty.
         return [
@@ -211,7 +216,9 @@ class JobQuerySet(models.QuerySet):
             for row in rows
         ]
 
-    def _claim_portable(self, queues, limit, token, lease, exclude_names) -> list[ClaimedJob]:
+    def _claim_portable(
+        self, queues, limit, token, lease, exclude_names, names
+    ) -> list[ClaimedJob]:
         # Conditional UPDATEs: on SQLite each takes the write lock at once, and
         # re-checking the lease in the UPDATE keeps two workers from taking one row.
         paused = set(
@@ -221,8 +228,9 @@ class JobQuerySet(models.QuerySet):
         now = Now()
         lease_until = now + timedelta(seconds=lease)
         attempted: list[uuid.UUID] = []
+        known = self if names is None else self.filter(name__in=list(names))
         expired = (
-            self.filter(locked_by__isnull=False, queue__in=list(queues), lease_expires_at__lt=now)
+            known.filter(locked_by__isnull=False, queue__in=list(queues), lease_expires_at__lt=now)
             .order_by("lease_expires_at")
             .values_list("id", "locked_by", "attempts", "errors")[:limit]
         )
@@ -239,7 +247,7 @@ class JobQuerySet(models.QuerySet):
             attempted.append(job_id)
         if limit > len(attempted):
             candidates = list(
-                self.filter(locked_by__isnull=True, queue__in=list(queues), run_at__lte=now)
+                known.filter(locked_by__isnull=True, queue__in=list(queues), run_at__lte=now)
                 .exclude(name__in=list(exclude_names))
                 .order_by("-priority", "run_at", "id")
                 .values_list("id", flat=True)[: limit - len(attempted)]
@@ -434,6 +442,73 @@ class JobQuerySet(models.QuerySet):
 
     def running(self) -> JobQuerySet:
         return self.filter(locked_by__isnull=False)
+
+    def claimable(self) -> JobQuerySet:
+        """Jobs a claim may take now: due and unleased, or leased past their lease."""
+        now = Now()
+        return self.filter(
+            Q(locked_by__isnull=True, run_at__lte=now)
+            | Q(locked_by__isnull=False, lease_expires_at__lt=now)
+        )
+
+    def names_unknown_to(self, known: Iterable[str]) -> models.QuerySet:
+        """Per name not in `known`: the number of its claimable jobs (`jobs`).
+
+        One pass over the claimable rows (the name is in no index); the maintenance
+        step that calls it spaces its calls by how long it takes.
+        """
+        return (
+            self.claimable()
+            .exclude(name__in=list(known))
+            .order_by()
+            .values("name")
+            .annotate(jobs=models.Count("pk"))
+        )
+
+    def dead_letter_unknown(
+        self, name: str, *, before: datetime, message: str, worker: str = "", limit: int = 500
+    ) -> list[DeadLetter]:
+        """Dead-letter as unknown_name up to `limit` claimable jobs of `name` due before `before`.
+
+        For the upkeep, once no live worker has known the name for the grace period.
+        One transaction: jobs a worker is claiming right now are skipped (SKIP
+        LOCKED), and a job whose lease expired keeps the lost attempt in its errors.
+        """
+        alias = self.db
+        due_before = Q(locked_by__isnull=True, run_at__lte=before) | Q(
+            locked_by__isnull=False, lease_expires_at__lte=before
+        )
+        with transaction.atomic(using=alias):
+            rows = list(
+                Job.objects.using(alias)
+                .claimable()
+                .filter(due_before, name=name)
+                .order_by()
+                .select_for_update(skip_locked=True)[:limit]
+            )
+            if not rows:
+                return []
+            ids = [j.id for j in rows]
+            deleted, _ = Job.objects.using(alias).filter(id__in=ids).claimable().delete()
+            if deleted != len(rows):  # only without row locks (SQLite): try again next round
+                transaction.set_rollback(True, using=alias)
+                return []
+            now = timezone.now()
+            letters = []
+            for job in rows:
+                if job.locked_by is not None:
+                    lost = lease_expired_entry(job.attempts, job.locked_by.rpartition("#")[0], now)
+                    job.errors = [*usable_errors(job.errors), lost]
+                error = error_record(
+                    attempt=job.attempts, kind="django_jobs.UnknownJob", message=message,
+                    worker=worker, at=now,
+                )  # fmt: skip
+                letters.append(
+                    DeadLetter.for_job(
+                        job, reason=DeadReason.UNKNOWN_NAME, error=error, dead_at=now
+                    )
+                )
+            return DeadLetter.objects.using(alias).bulk_create(letters)
 
     def counts_by_queue(self, now: Any = None) -> models.QuerySet:
         """Per queue: waiting, scheduled and running jobs, and the oldest due run-at.
@@ -967,4 +1042,10 @@ class DeadLetter(models.Model):
 
 
 # The operational tables (schedules, queue states, worker heartbeats) live in their own module.
-from django_jobs.ops_models import QueueState, RunningJob, Schedule, WorkerBeat  # noqa: E402, F401
+from django_jobs.ops_models import (  # noqa: E402, F401
+    QueueState,
+    RunningJob,
+    Schedule,
+    UnknownName,
+    WorkerBeat,
+)

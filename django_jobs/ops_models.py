@@ -8,7 +8,7 @@ Imported by ``models.py`` so that Django and migrations see them.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -17,8 +17,30 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
+from django_jobs import conf, retention
 from django_jobs.limits import MAX_NAME_LENGTH, MAX_QUEUE_LENGTH
 from django_jobs.models import Job, JobsDatabaseManager
+
+# Longest UNKNOWN_NAME_GRACE: longer ones overflow date arithmetic (None waits forever).
+MAX_UNKNOWN_NAME_GRACE = timedelta(days=3650)
+
+
+def _expiry() -> timedelta:
+    return timedelta(seconds=float(conf.get("WORKER_EXPIRY")))
+
+
+def unknown_name_grace() -> timedelta | None:
+    """Return UNKNOWN_NAME_GRACE (None: never dead-letter); raise ValueError if invalid."""
+    try:
+        grace = retention.as_timedelta(conf.get("UNKNOWN_NAME_GRACE"), what="UNKNOWN_NAME_GRACE")
+    except OverflowError:
+        grace = MAX_UNKNOWN_NAME_GRACE * 2
+    if grace is not None and grace > MAX_UNKNOWN_NAME_GRACE:
+        raise ValueError(
+            f"UNKNOWN_NAME_GRACE must be at most {MAX_UNKNOWN_NAME_GRACE.days} days; "
+            "None waits forever"
+        )
+    return grace
 
 
 class ScheduleQuerySet(models.QuerySet):
@@ -136,6 +158,12 @@ class QueueState(models.Model):
         return self.name
 
 
+class WorkerBeatQuerySet(models.QuerySet):
+    def live(self) -> WorkerBeatQuerySet:
+        """Workers whose heartbeat row is younger than WORKER_EXPIRY (database clock)."""
+        return self.filter(last_seen_at__gte=Now() - _expiry())
+
+
 class WorkerBeat(models.Model):
     """A worker process, as its last heartbeat described it."""
 
@@ -148,8 +176,13 @@ class WorkerBeat(models.Model):
     last_seen_at = models.DateTimeField()
     running = models.IntegerField(default=0, help_text=_("Jobs running at the last heartbeat."))
     stats = models.JSONField(default=dict, help_text=_("Counters since the worker started."))
+    handlers = models.JSONField(
+        null=True,
+        blank=True,
+        help_text=_("Job names it claims; null: not published (an earlier release)."),
+    )
 
-    objects = JobsDatabaseManager()
+    objects = JobsDatabaseManager.from_queryset(WorkerBeatQuerySet)()
 
     class Meta:
         db_table = "django_jobs_worker"
@@ -158,6 +191,51 @@ class WorkerBeat(models.Model):
 
     def __str__(self) -> str:
         return self.id
+
+
+class UnknownNameQuerySet(models.QuerySet):
+    def current(self, now: Any = None) -> UnknownNameQuerySet:
+        """Names a live worker's upkeep has confirmed within WORKER_EXPIRY."""
+        return self.filter(seen_at__gte=(Now() if now is None else now) - _expiry())
+
+    def observe(self, found: dict[str, int], now: datetime) -> None:
+        """Record the names found unknown at `now` (name: claimable jobs); forget the others."""
+        self.exclude(name__in=list(found)).delete()
+        if not found:
+            return
+        # A gap in the observations (no worker was live to look) restarts the
+        # clock: an outage of the whole fleet is not an unknown name.
+        self.filter(name__in=list(found), seen_at__lt=now - _expiry()).update(since=now)
+        self.bulk_create(
+            [UnknownName(name=n, jobs=jobs, since=now, seen_at=now) for n, jobs in found.items()],
+            update_conflicts=True,
+            unique_fields=["name"],
+            update_fields=["jobs", "seen_at"],
+        )
+
+
+class UnknownName(models.Model):
+    """A job name with claimable jobs that no live worker knows, as the upkeep last saw it.
+
+    Written by the workers' upkeep (maintenance.py), read by `jobs status`, the
+    dashboard and the jobs admin. Jobs of such a name wait; once the name has
+    been unknown for UNKNOWN_NAME_GRACE they are dead-lettered as unknown_name.
+    """
+
+    name = models.CharField(max_length=200, primary_key=True)
+    since = models.DateTimeField(help_text=_("Since when no live worker has known the name."))
+    seen_at = models.DateTimeField(help_text=_("When a worker last found it so."))
+    jobs = models.IntegerField(default=0, help_text=_("Claimable jobs of the name then."))
+
+    objects = JobsDatabaseManager.from_queryset(UnknownNameQuerySet)()
+
+    class Meta:
+        db_table = "django_jobs_unknown_name"
+        ordering = ["name"]
+        verbose_name = _("unknown job name")
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class RunningJob(Job):

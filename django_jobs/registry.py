@@ -138,6 +138,8 @@ class Handler:
 
 
 _handlers: dict[str, Handler] = {}
+# Bumped whenever a name is added or removed, so that a worker notices new names cheaply.
+_generation = 0
 
 
 def check_name(name: object) -> str:
@@ -202,13 +204,26 @@ def register(handler: Handler) -> Handler:
             f"job name {handler.name!r} is taken by {_origin(existing.func)}; "
             f"{_origin(handler.func)} needs another name"
         )
+    if existing is None:
+        _bump()
     _handlers[handler.name] = handler
     return handler
 
 
 def unregister(name: str) -> None:
     """Remove a handler (for tests)."""
-    _handlers.pop(name, None)
+    if _handlers.pop(name, None) is not None:
+        _bump()
+
+
+def _bump() -> None:
+    global _generation
+    _generation += 1
+
+
+def generation() -> int:
+    """Return a number that changes whenever a name is registered or removed."""
+    return _generation
 
 
 def _origin(func: Callable[..., Any]) -> str:

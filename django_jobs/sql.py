@@ -61,6 +61,11 @@ def run(alias: str, statement: str, params: Any = None) -> list[tuple]:
 #   the UPDATE re-checks the lease, so a job settled meanwhile is left alone.
 # - The marker lookup rides along for the only jobs that can have one: those
 #   with a dedupe key and those on a second attempt.
+# - Only jobs whose name is in %(names)s (the handlers the worker has
+#   registered; NULL: any name) are taken, so a worker of an older release never
+#   touches the jobs of a handler it lacks: they wait for a worker that has it
+#   (see maintenance.py for those no live worker knows). The name is not in the
+#   index: it is a filter on the rows the index walk visits, as %(exclude)s is.
 # - Paused queues (django_jobs_queue.paused) are left out, and when %(beat)s
 #   the worker's heartbeat row is refreshed: a waiting worker makes this one
 #   round trip per poll and no other.
@@ -84,6 +89,7 @@ claimable AS MATERIALIZED (
             SELECT id FROM django_jobs_job
             WHERE locked_by IS NOT NULL AND queue = q.name
               AND lease_expires_at < statement_timestamp()
+              AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
             ORDER BY lease_expires_at
             LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED
@@ -94,6 +100,7 @@ claimable AS MATERIALIZED (
             WHERE locked_by IS NULL
               AND queue = q.name
               AND run_at <= statement_timestamp()
+              AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
               AND name <> ALL(%(exclude)s::text[])
             ORDER BY priority DESC, run_at, id
             LIMIT %(limit)s
@@ -142,14 +149,16 @@ def claim_params(
     lease: float,
     exclude: list[str] | None = None,
     beat: Any = None,
+    names: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Return the parameters of CLAIM (`beat`: a models.Beat, or None)."""
+    """Return the parameters of CLAIM (`beat`: a models.Beat, or None; `names`: None for any)."""
     return {
         "queues": queues,
         "limit": max(limit, 0),
         "token": token,
         "lease": float(lease),
         "exclude": exclude or [],
+        "names": names,
         "beat": beat is not None,
         "worker": beat.worker if beat else "",
         "running": beat.running if beat else 0,

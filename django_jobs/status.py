@@ -1,7 +1,8 @@
 """What the queues hold now, and which workers are alive: for `jobs status`, the admin, metrics.
 
-Every figure is read from the tables on the database clock, in four queries
-(jobs by queue, markers and dead letters of the last hour by queue, workers).
+Every figure is read from the tables on the database clock, in five queries
+(jobs by queue, markers and dead letters of the last hour by queue, workers,
+the job names no live worker knows).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Count
-from django.db.models.functions import Now
 
 from django_jobs import conf, registry
 from django_jobs.schedules import db_now
@@ -46,15 +46,34 @@ class WorkerStatus:
 
 
 @dataclass
+class UnknownNameStatus:
+    """A job name with claimable jobs that no live worker knows: its jobs wait."""
+
+    name: str
+    jobs: int  # claimable jobs of the name, at the upkeep's last look
+    since: datetime  # since when no live worker has known it
+    dead_letter_at: datetime | None  # its jobs are dead-lettered from then on; None: never
+
+
+@dataclass
 class Status:
     now: datetime
     queues: list[QueueStatus]
     workers: list[WorkerStatus]
+    unknown_names: list[UnknownNameStatus] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "now": self.now.isoformat(),
             "queues": [asdict(q) for q in self.queues],
+            "unknown_names": [
+                {
+                    **asdict(u),
+                    "since": u.since.isoformat(),
+                    "dead_letter_at": u.dead_letter_at and u.dead_letter_at.isoformat(),
+                }
+                for u in self.unknown_names
+            ],
             "workers": [
                 {
                     **asdict(w),
@@ -110,13 +129,28 @@ def queue_status(alias: str | None = None, now: datetime | None = None) -> list[
     return sorted(queues.values(), key=lambda q: q.name)
 
 
+def unknown_names(alias: str | None = None, now: Any = None) -> list[UnknownNameStatus]:
+    """Return the job names no live worker knows, as the workers' upkeep last found them."""
+    from django_jobs.models import UnknownName
+    from django_jobs.ops_models import unknown_name_grace
+
+    alias = alias or conf.database()
+    try:
+        grace = unknown_name_grace()
+    except ValueError:  # reported by the system checks
+        grace = None
+    return [
+        UnknownNameStatus(row.name, row.jobs, row.since, grace and row.since + grace)
+        for row in UnknownName.objects.using(alias).current(now)
+    ]
+
+
 def live_workers(alias: str | None = None) -> list[WorkerStatus]:
     """Return the workers whose heartbeat row is younger than WORKER_EXPIRY."""
     from django_jobs.models import WorkerBeat
 
     alias = alias or conf.database()
-    expiry = timedelta(seconds=float(conf.get("WORKER_EXPIRY")))
-    rows = WorkerBeat.objects.using(alias).filter(last_seen_at__gte=Now() - expiry)
+    rows = WorkerBeat.objects.using(alias).live()
     return [
         WorkerStatus(
             id=w.id,
@@ -137,4 +171,9 @@ def live_workers(alias: str | None = None) -> list[WorkerStatus]:
 def status(alias: str | None = None) -> Status:
     alias = alias or conf.database()
     now = db_now(alias)
-    return Status(now=now, queues=queue_status(alias, now), workers=live_workers(alias))
+    return Status(
+        now=now,
+        queues=queue_status(alias, now),
+        workers=live_workers(alias),
+        unknown_names=unknown_names(alias, now),
+    )

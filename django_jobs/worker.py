@@ -308,6 +308,9 @@ class Worker:
         self._queryset: JobQuerySet = Job.objects.using(self.database)
         self._timeouts: dict[str, float | None] = {}
         self._excluded: set[str] = set()  # capped handlers the last claim left out
+        # The job names this worker claims (and publishes in its heartbeat row).
+        self.names = sorted(registry.all_handlers())
+        self._names_generation = registry.generation()
         self._ops = WorkerOps(self)  # heartbeat row, schedules, pruning, counters
 
     def _check_options(self, settings: dict[str, Any]) -> None:
@@ -465,7 +468,7 @@ class Worker:
 
     def _finished_work(self) -> bool:
         """In burst or max-jobs mode: True once there is nothing left to do."""
-        if self._inflight or self._held_back or self._done:
+        if self._inflight or self._held_back or self._done or self._to_release:
             return False
         if self.max_jobs is not None and self._claimed_total >= self.max_jobs:
             return True
@@ -499,6 +502,8 @@ class Worker:
             if (h := registry.lookup(name)) and h.concurrency and count >= h.concurrency
         ]
         self._excluded = set(capped)
+        if registry.generation() != self._names_generation:
+            self._names_changed()
         beat = self._ops.beat(time.monotonic())
         # Rotate the queues so that a busy one does not always come first.
         first = seq % len(self.queues)
@@ -511,6 +516,7 @@ class Worker:
                 lease=self.lease,
                 exclude_names=capped,
                 beat=beat,
+                names=self.names,
             )
         )
         if jobs is None:
@@ -520,6 +526,12 @@ class Worker:
         for job in jobs:
             self._accept(job)
         return len(jobs), asked
+
+    def _names_changed(self) -> None:
+        self._names_generation = registry.generation()
+        self.names = sorted(registry.all_handlers())
+        self._ops.names_changed()
+        logger.info("worker %s: now claims %d job name(s)", self.id, len(self.names))
 
     def _accept(self, job: ClaimedJob) -> None:
         """Settle at once what must not run; hand the rest to the executors."""
@@ -570,13 +582,14 @@ class Worker:
             return
         handler = registry.lookup(job.name)
         if handler is None:
-            error = error_record(
-                attempt=job.attempts,
-                kind="django_jobs.UnknownJob",
-                message=f"no handler is registered under the name {job.name!r} in this worker",
-                worker=self.id,
-            )
-            self._dead_letter(job, DeadReason.UNKNOWN_NAME, error)
+            # The claim takes only registered names, so the handler was removed
+            # since. One worker lacking a handler does not make the name unknown
+            # (another may have it): give the job back, attempt uncounted, and let
+            # the upkeep dead-letter it if no live worker knows it for the grace.
+            logger.warning("job %s: no handler %r in this worker any more: released",
+                           job.id, job.name, extra=_extra(job))  # fmt: skip
+            self._to_release.append(_Run(job, None, None))
+            self._names_generation = -1  # claim by the registry's names from now on
             return
         ctx = JobContext(
             id=job.id,

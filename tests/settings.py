@@ -122,6 +122,9 @@ DJANGO_JOBS = {
 if os.environ.get("JOBS_PGBOUNCER") == "1":
     # What the README asks of sites behind a transaction pooler.
     DJANGO_JOBS.update({"POOLER": "transaction", "LISTEN": False, "PREPARED_STATEMENTS": False})
+# Worker subprocesses of the rolling-deploy tests run "the previous release": without
+# the handlers tests/testapp/jobs.py adds in the next one.
+JOBS_TEST_OLD_RELEASE = os.environ.get("JOBS_TEST_OLD_RELEASE") == "1"
 # Worker subprocesses of a test get extra DJANGO_JOBS keys (schedules, intervals) as JSON.
 DJANGO_JOBS.update(json.loads(os.environ.get("JOBS_TEST_SETTINGS", "{}")))
 

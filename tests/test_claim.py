@@ -13,6 +13,7 @@ from django.utils import timezone
 from django_jobs import enqueue
 from django_jobs.models import Job
 from tests.conftest import POSTGRES
+from tests.factories import JobFactory
 from tests.testapp import jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -82,6 +83,23 @@ def test_claim_respects_queues_limit_and_exclusions():
     assert len(Job.objects.claim(queues=["default"], limit=9, token="d#1", lease=30)) == 1
 
 
+def test_claim_takes_only_the_names_it_is_given():
+    noop = enqueue(jobs.noop)
+    record = enqueue(jobs.record, {"label": "x"})
+    past = timezone.now() - dt.timedelta(minutes=1)
+    expired = JobFactory(name="tests.new", locked_by="w:1:a#1", lease_expires_at=past, attempts=1)
+    due = JobFactory(name="tests.new")
+    assert Job.objects.claim(queues=["default"], limit=9, token="a#1", lease=30, names=[]) == []
+    taken = Job.objects.claim(
+        queues=["default"], limit=9, token="b#1", lease=30, names=["tests.noop", "tests.gone"]
+    )
+    assert [j.id for j in taken] == [noop.id]
+    # A lease that expired is taken over only by a worker that knows the name, too.
+    assert Job.objects.get(id=expired.id).locked_by == "w:1:a#1"
+    taken = Job.objects.claim(queues=["default"], limit=9, token="c#1", lease=30, names=None)
+    assert {j.id for j in taken} == {record.id, expired.id, due.id}
+
+
 def test_claim_uses_the_database_clock_for_due_jobs():
     # A run_at one second ahead of the database clock is not due, whatever the worker's clock says.
     with connection.cursor() as cursor:
@@ -111,11 +129,16 @@ def test_claim_uses_its_partial_index_on_a_big_table():
         cursor.execute("ANALYZE django_jobs_job")
         from django_jobs import sql
 
-        cursor.execute("EXPLAIN " + sql.CLAIM, sql.claim_params(["default"], 50, "t#1", 30))
-        plan = "\n".join(row[0] for row in cursor.fetchall())
-    assert "django_jobs_job_claim" in plan, plan
-    assert "Seq Scan on django_jobs_job" not in plan, plan
-    claimed = Job.objects.claim(queues=["default"], limit=50, token="t#1", lease=30)
+        names = ["tests.noop", *(f"app.handler_{i}" for i in range(40))]
+        for known in (None, names):  # any name, or a worker's registered names
+            cursor.execute(
+                "EXPLAIN " + sql.CLAIM,
+                sql.claim_params(["default"], 50, "t#1", 30, names=known),
+            )
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+            assert "django_jobs_job_claim" in plan, plan
+            assert "Seq Scan on django_jobs_job" not in plan, plan
+    claimed = Job.objects.claim(queues=["default"], limit=50, token="t#1", lease=30, names=names)
     assert len(claimed) == 50
     due = set(
         Job.objects.filter(id__in=[j.id for j in claimed], run_at__lt=timezone.now()).values_list(

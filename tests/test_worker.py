@@ -97,18 +97,53 @@ def test_fatal_error_dead_letters_at_once(run_worker):
     assert "this cannot succeed" in letter.error
 
 
-def test_unknown_name_is_dead_lettered_without_importing_anything(run_worker):
-    JobFactory(name="tests.testapp.never_imported.boom")
+def test_unknown_names_wait_untouched_and_nothing_is_imported(run_worker):
+    boom = JobFactory(name="tests.testapp.never_imported.boom")
     JobFactory(name="os.system", payload='"echo pwned > /tmp/pwned"')
     good = enqueue(jobs.record, {"label": "after"})
     run_worker()
+    assert "tests.testapp.never_imported" not in sys.modules
+    assert CompletionMarker.objects.filter(job_id=good.id).exists()
+    # Not claimed (no attempt counted), not dead-lettered: within the grace period they wait.
+    assert not DeadLetter.objects.exists()
+    assert set(Job.objects.values_list("name", "attempts", "locked_by")) == {
+        ("tests.testapp.never_imported.boom", 0, None),
+        ("os.system", 0, None),
+    }
+    assert Job.objects.get(name=boom.name).errors == []
+
+
+def test_unknown_name_is_dead_lettered_after_the_grace_without_importing_anything(
+    run_worker, settings
+):
+    settings.DJANGO_JOBS = {**settings.DJANGO_JOBS, "UNKNOWN_NAME_GRACE": 0}
+    JobFactory(name="tests.testapp.never_imported.boom")
+    JobFactory(name="os.system", payload='"echo pwned > /tmp/pwned"')
+    good = enqueue(jobs.record, {"label": "after"})
+    worker = run_worker()
     assert "tests.testapp.never_imported" not in sys.modules
     reasons = dict(DeadLetter.objects.values_list("name", "reason"))
     assert reasons == {
         "tests.testapp.never_imported.boom": DeadReason.UNKNOWN_NAME,
         "os.system": DeadReason.UNKNOWN_NAME,
     }
+    letter = DeadLetter.objects.get(name="os.system")
+    assert letter.attempts == 0
+    assert "no live worker has known the name 'os.system'" in letter.error
+    assert letter.errors[-1]["worker"] == worker.id
     assert CompletionMarker.objects.filter(job_id=good.id).exists()
+    assert worker._ops.counters["dead_lettered_unknown"] == 2
+
+
+def test_a_claimed_job_whose_handler_is_gone_is_released_not_dead_lettered(run_worker):
+    row = JobFactory(name="tests.gone")
+    worker = Worker(burst=True, concurrency=1)
+    worker.names.append("tests.gone")  # as if its handler had been unregistered since
+    assert worker.run() == 0
+    assert worker.stats.released == 1
+    assert not DeadLetter.objects.exists()
+    job = Job.objects.get(id=row.id)
+    assert (job.attempts, job.locked_by) == (0, None)
 
 
 @pytest.mark.parametrize("payload", ["{not json", "", "NaN", '{"a": Infinity}', "[1,"])

@@ -138,6 +138,18 @@ class Command(BaseCommand):
                 "no handler: no registered handler declares the queue, so runjobs serves it "
                 "only when started with --queue NAME"
             )
+        if report.unknown_names:
+            self.stdout.write("")
+            self.stdout.write(
+                "Waiting: no live worker knows these job names (a rolling deploy not done, "
+                "or a handler removed); their jobs are dead-lettered as unknown_name from then on"
+            )
+            rows = [
+                [u.name, u.jobs, _when(u.since, report.now),
+                 _when(u.dead_letter_at, report.now) if u.dead_letter_at else "never"]
+                for u in report.unknown_names
+            ]  # fmt: skip
+            self.stdout.write(_table(rows, ["name", "jobs", "unknown since", "dead-lettered"]))
         self.stdout.write("")
         self.stdout.write(f"{len(report.workers)} live worker(s)")
         if report.workers:
