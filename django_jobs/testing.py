@@ -176,7 +176,9 @@ def drain(
             limit = ROUND_SIZE
             if drained.rounds >= max_rounds:
                 paused = QueueState.objects.using(conf.database()).filter(paused=True)
-                due = mine.filter(claimable).exclude(queue__in=paused.values("name"))
+                due = mine.filter(claimable, name__in=worker.names).exclude(
+                    queue__in=paused.values("name")
+                )
                 if due.exists():
                     raise _too_many_rounds(due, drained, max_rounds)
                 return drained
@@ -223,8 +225,8 @@ class _InlineWorker(Worker):
     """The worker, driven from the caller's thread: claim, run each job here, settle at once.
 
     Everything but the threads is the Worker's own: the claim (leases, attempts,
-    rescue of expired leases, paused queues, handler caps), what a claimed job
-    meets before it runs (completed keys, unknown names, exhausted attempts),
+    rescue of expired leases, paused queues, handler caps, registered names
+    only), what a claimed job meets before it runs (completed keys, exhausted attempts),
     payload validation, atomic handlers, and every settle. No executor or
     listener thread is started: their connections would not see the rows of a
     transaction that never commits.

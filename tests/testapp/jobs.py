@@ -212,10 +212,6 @@ def until_cancelled(payload, ctx):
     )
 
 
-# Hostile handlers (issue 10): what they raise, return or print comes from the payload.
-from tests.testapp import hostile  # noqa: E402, F401
-
-
 # A handler of the "new release" only: worker processes started with
 # JOBS_TEST_OLD_RELEASE=1 (tests/settings.py) run the code from before it existed.
 if not settings.JOBS_TEST_OLD_RELEASE:
@@ -223,3 +219,7 @@ if not settings.JOBS_TEST_OLD_RELEASE:
     @job(name="tests.added_in_v2")
     def added_in_v2(payload, ctx):
         Audit.objects.create(label=payload["label"], job_id=ctx.id, attempt=ctx.attempt)
+
+
+# Hostile handlers (issue 10): what they raise, return or print comes from the payload.
+from tests.testapp import hostile  # noqa: E402, F401
