@@ -18,6 +18,7 @@ from io import StringIO
 import pytest
 from django.core.checks import run_checks
 from django.core.management import call_command
+from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -88,7 +89,8 @@ def test_old_worker_leaves_a_new_name_waiting_for_the_new_worker(worker_process,
     assert "tests.record" in old_row.handlers
     if find_spec("django.tasks") is not None:
         assert "tests.testapp.tasks.record" in old_row.handlers
-    waiting = [enqueue(jobs.added_in_v2, {"label": f"v2-{i}"}) for i in range(5)]
+    with transaction.atomic():  # all five at once, as the upkeep's next look sees them
+        waiting = [enqueue(jobs.added_in_v2, {"label": f"v2-{i}"}) for i in range(5)]
     enqueue(jobs.record, {"label": "v1"})
     wait_for(lambda: Audit.objects.filter(label="v1").exists(), message="the old worker's job")
 
