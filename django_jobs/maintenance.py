@@ -241,16 +241,20 @@ class WorkerOps:
         from django_jobs.models import Job, UnknownName, WorkerBeat
 
         started = time.monotonic()
-        known = set(self.worker.names)
-        live = WorkerBeat.objects.using(self.alias).live().exclude(id=self.worker.id)
-        for handlers in live.values_list("handlers", flat=True):
-            if handlers is None:
-                return  # a worker of an earlier release: what it knows is not published
-            known.update(handlers)
+        # Names this worker lacks first: usually none, and then one query is all.
         found = {
             row["name"]: row["jobs"]
-            for row in Job.objects.using(self.alias).names_unknown_to(known)
+            for row in Job.objects.using(self.alias).names_unknown_to(self.worker.names)
         }
+        if found:
+            live = WorkerBeat.objects.using(self.alias).live().exclude(id=self.worker.id)
+            for handlers in live.values_list("handlers", flat=True):
+                if not isinstance(handlers, list):
+                    # A worker of an earlier release: what it knows is not published.
+                    found = {}
+                    break
+                for name in handlers:
+                    found.pop(name, None)
         longest = float(conf.get("WORKER_EXPIRY")) / 2
         spacing = max(self.interval if found else longest,
                       UNKNOWN_SCAN_SPACING * (time.monotonic() - started))  # fmt: skip
