@@ -21,26 +21,14 @@ from django_jobs import conf, retention
 from django_jobs.limits import MAX_NAME_LENGTH, MAX_QUEUE_LENGTH
 from django_jobs.models import Job, JobsDatabaseManager
 
-# Longest UNKNOWN_NAME_GRACE: longer ones overflow date arithmetic (None waits forever).
-MAX_UNKNOWN_NAME_GRACE = timedelta(days=3650)
-
 
 def _expiry() -> timedelta:
     return timedelta(seconds=float(conf.get("WORKER_EXPIRY")))
 
 
 def unknown_name_grace() -> timedelta | None:
-    """Return UNKNOWN_NAME_GRACE (None: never dead-letter); raise ValueError if invalid."""
-    try:
-        grace = retention.as_timedelta(conf.get("UNKNOWN_NAME_GRACE"), what="UNKNOWN_NAME_GRACE")
-    except OverflowError:
-        grace = MAX_UNKNOWN_NAME_GRACE * 2
-    if grace is not None and grace > MAX_UNKNOWN_NAME_GRACE:
-        raise ValueError(
-            f"UNKNOWN_NAME_GRACE must be at most {MAX_UNKNOWN_NAME_GRACE.days} days; "
-            "None waits forever"
-        )
-    return grace
+    """Return UNKNOWN_NAME_GRACE, up to ten years (None: never); raise ValueError if invalid."""
+    return retention.as_timedelta(conf.get("UNKNOWN_NAME_GRACE"), what="UNKNOWN_NAME_GRACE")
 
 
 class ScheduleQuerySet(models.QuerySet):
