@@ -54,7 +54,7 @@ def check_operations(app_configs: Any = None, **kwargs: Any) -> list[Any]:
                 f"DJANGO_JOBS['UNKNOWN_NAME_GRACE'] is invalid: {exc}",
                 hint="Seconds, a timedelta or text like '1h'; None: jobs of unknown names "
                 "wait forever.",
-                id="django_jobs.E211",
+                id="django_jobs.E212",
             )
         )
     try:

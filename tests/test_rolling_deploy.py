@@ -303,4 +303,4 @@ def test_without_unknown_names_the_admin_and_status_say_nothing_of_them(admin_cl
 )
 def test_the_grace_setting_is_checked(value, valid):
     with override_settings(DJANGO_JOBS={"UNKNOWN_NAME_GRACE": value}):
-        assert ("django_jobs.E211" not in {m.id for m in run_checks()}) is valid
+        assert ("django_jobs.E212" not in {m.id for m in run_checks()}) is valid
