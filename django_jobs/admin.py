@@ -401,6 +401,18 @@ class StateFilter(admin.SimpleListFilter):
 # ---- dead letters --------------------------------------------------------------
 
 
+class NameQueueColumns:
+    """The name and queue columns of the job-like lists, cut to fit at 1280 px."""
+
+    @admin.display(description=_("name"), ordering="name")
+    def name_cell(self, obj: Job | CompletionMarker) -> SafeString | str:
+        return cell(obj.name, 64, name=True)
+
+    @admin.display(description=_("queue"), ordering="queue")
+    def queue_cell(self, obj: Job | CompletionMarker) -> SafeString | str:
+        return cell(obj.queue, 32, name=True)
+
+
 @admin.register(DeadLetter)
 class DeadLetterAdmin(ReadOnlyAdmin):
     # Fits 1280 px with the sidebar open: the name links the letter, short times, a cut
@@ -708,7 +720,7 @@ def _run_at(text: str) -> datetime | None:
 
 
 @admin.register(Job)
-class JobAdmin(ReadOnlyAdmin):
+class JobAdmin(NameQueueColumns, ReadOnlyAdmin):
     # Fits 1280 px with the sidebar open: the name links the job, the state says the attempt,
     # the lease (holder and time left) is one column.
     list_display = ["name_cell", "queue_cell", "state_label", "run_at_cell", "lease"]
@@ -763,14 +775,6 @@ class JobAdmin(ReadOnlyAdmin):
     @admin.display(description=_("attempts"))
     def attempts_of(self, obj: Job) -> str:
         return f"{obj.attempts} / {obj.max_attempts}"
-
-    @admin.display(description=_("name"), ordering="name")
-    def name_cell(self, obj: Job) -> SafeString | str:
-        return cell(obj.name, 64, name=True)
-
-    @admin.display(description=_("queue"), ordering="queue")
-    def queue_cell(self, obj: Job) -> SafeString | str:
-        return cell(obj.queue, 32, name=True)
 
     @admin.display(description=_("run at"), ordering="run_at")
     def run_at_cell(self, obj: Job) -> SafeString | str:
@@ -907,7 +911,7 @@ class JobAdmin(ReadOnlyAdmin):
 
 
 @admin.register(CompletionMarker)
-class CompletionMarkerAdmin(ReadOnlyAdmin):
+class CompletionMarkerAdmin(NameQueueColumns, ReadOnlyAdmin):
     list_display = [
         "key_cell", "name_cell", "queue_cell", "attempts", "completed_at_cell", "worker_cell",
     ]  # fmt: skip
@@ -942,14 +946,6 @@ class CompletionMarkerAdmin(ReadOnlyAdmin):
     @admin.display(description=_("key"), ordering="key")
     def key_cell(self, obj: CompletionMarker) -> SafeString | str:
         return cell(obj.key, 64, name=True)
-
-    @admin.display(description=_("name"), ordering="name")
-    def name_cell(self, obj: CompletionMarker) -> SafeString | str:
-        return cell(obj.name, 64, name=True)
-
-    @admin.display(description=_("queue"), ordering="queue")
-    def queue_cell(self, obj: CompletionMarker) -> SafeString | str:
-        return cell(obj.queue, 32, name=True)
 
     @admin.display(description=_("completed at"), ordering="completed_at")
     def completed_at_cell(self, obj: CompletionMarker) -> SafeString | str:

@@ -20,7 +20,15 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
 from django_jobs import conf, control, schedules
-from django_jobs.admin import GuardedAdmin, cell, list_when, pretty_json, pretty_payload, when
+from django_jobs.admin import (
+    GuardedAdmin,
+    NameQueueColumns,
+    cell,
+    list_when,
+    pretty_json,
+    pretty_payload,
+    when,
+)
 from django_jobs.models import (
     CompletionMarker,
     DeadLetter,
@@ -291,7 +299,7 @@ def cancel_jobs(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: An
     )
 
 
-class RunningJobAdmin(_ReadOnly):
+class RunningJobAdmin(NameQueueColumns, _ReadOnly):
     # Fits 1280 px with the sidebar open: the attempt, its start and its lease in one column.
     list_display = ["name_cell", "queue_cell", "worker", "attempt"]
     list_filter = ["queue", "name"]
@@ -314,14 +322,6 @@ class RunningJobAdmin(_ReadOnly):
     @admin.display(description=_("worker"))
     def worker(self, obj: Job) -> SafeString | str:
         return cell((obj.locked_by or "").rpartition("#")[0], 48, name=True)
-
-    @admin.display(description=_("name"), ordering="name")
-    def name_cell(self, obj: Job) -> SafeString | str:
-        return cell(obj.name, 64, name=True)
-
-    @admin.display(description=_("queue"), ordering="queue")
-    def queue_cell(self, obj: Job) -> SafeString | str:
-        return cell(obj.queue, 32, name=True)
 
     @admin.display(description=_("attempt / lease"), ordering="attempted_at")
     def attempt(self, obj: Job) -> SafeString:
