@@ -156,9 +156,7 @@ _warned: set[str] = set()
 
 def _warn_undeclared(queue: str) -> None:
     """In DEBUG, say once per queue that runjobs does not serve a queue no handler declares."""
-    if queue in _warned or queue == conf.get("DEFAULT_QUEUE"):
-        return
-    if any(h.get_queue() == queue for h in registry.all_handlers().values()):
+    if queue in _warned or queue in registry.declared_queues():
         return
     _warned.add(queue)
     logger.warning(

@@ -33,6 +33,7 @@ class QueueRow:
     running: int = 0
     oldest_waiting: datetime | None = None
     now: datetime | None = None
+    declared: bool = True  # a handler (or the default) uses it: runjobs serves it by default
 
     @property
     def oldest_age(self) -> timedelta | None:
@@ -76,8 +77,11 @@ def snapshot(alias: str | None = None) -> Snapshot:
         for row in rows
     }
     # Queues the handlers use appear even when empty: "nothing waiting" is news too.
-    for handler in registry.all_handlers().values():
-        by_queue.setdefault(handler.get_queue(), QueueRow(handler.get_queue(), now=now))
+    declared = registry.declared_queues()
+    for name in declared:
+        by_queue.setdefault(name, QueueRow(name, now=now))
+    for name, row in by_queue.items():
+        row.declared = name in declared
     snap.queues = [by_queue[name] for name in sorted(by_queue)]
     snap.unknown_names = status.unknown_names(alias)
 

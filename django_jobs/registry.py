@@ -261,6 +261,11 @@ def all_handlers() -> dict[str, Handler]:
     return dict(_handlers)
 
 
+def declared_queues() -> set[str]:
+    """Return the queues runjobs serves by default: the default one and every handler's."""
+    return {conf.get("DEFAULT_QUEUE")} | {h.get_queue() for h in _handlers.values()}
+
+
 @overload
 def job(func: Callable[..., Any], /) -> Handler: ...
 @overload

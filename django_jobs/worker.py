@@ -278,10 +278,7 @@ class Worker:
             self.listen = bool(settings["LISTEN"])
         self.listen = self.listen and connections[self.database].vendor == "postgresql"
         if not self.queues:
-            self.queues = sorted(
-                {settings["DEFAULT_QUEUE"]}
-                | {h.get_queue() for h in registry.all_handlers().values()}
-            )
+            self.queues = sorted(registry.declared_queues())
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._claims = itertools.count(1)
         self._inbox: queue_module.SimpleQueue[Any] = queue_module.SimpleQueue()

@@ -98,3 +98,16 @@ def test_durations():
             d(timedelta(minutes=42)),
             d(timedelta(hours=3, minutes=5)), d(timedelta(days=2, hours=4))] == [
         "—", "5s", "3m 4s", "42m", "3h 5m", "2d 4h"]  # fmt: skip
+
+
+def test_a_queue_no_handler_declares_is_flagged(admin_client_):
+    JobFactory(queue="orphans")
+    JobFactory(queue="default")
+    rows = {row.queue: row for row in dashboard.snapshot().queues}
+    assert not rows["orphans"].declared
+    assert rows["default"].declared
+    page = admin_client_.get(url("dashboard")).content.decode()
+    orphans = page[page.index('data-queue="orphans"') :]
+    assert "no handler" in orphans[: orphans.index("</tr>")]
+    default = page[page.index('data-queue="default"') :]
+    assert "no handler" not in default[: default.index("</tr>")]

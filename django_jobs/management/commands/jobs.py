@@ -101,8 +101,7 @@ class Command(BaseCommand):
     def do_status(self, *, json: bool = False, **options: Any) -> None:
         report = status.status()
         # runjobs serves these by default; the others only with --queue NAME.
-        declared = {h.get_queue() for h in registry.all_handlers().values()}
-        declared.add(conf.get("DEFAULT_QUEUE"))
+        declared = registry.declared_queues()
         if json:
             data = report.as_dict()
             for queue in data["queues"]:
