@@ -8,6 +8,7 @@
     python3 dev.py test-pgbouncer   # only the PgBouncer (transaction pooling) run
     python3 dev.py test-mariadb     # opt-in: MariaDB at 127.0.0.1:3306 (not yet green)
     python3 dev.py bench    # install, then run the benchmarks (PostgreSQL)
+    python3 dev.py docs     # build the documentation site into docs/_build/html (strict)
 
 It finds a Python >= 3.12 (Django 6 needs it) even when `python3` is older,
 makes .venv with it, and installs the project there. Set PYTHON=/path/to/python
@@ -383,6 +384,19 @@ def bench(args: list[str]) -> int:
     ).returncode
 
 
+def docs(args: list[str]) -> int:
+    """Build docs/ with Sphinx into docs/_build/html; any warning fails the build."""
+    python = ensure_venv("docs")
+    source = os.path.join(ROOT, "docs")
+    out = os.path.join(source, "_build", "html")
+    # -E: read every page again, so that a warning of an unchanged page is not hidden.
+    command = [python, "-m", "sphinx", "-W", "--keep-going", "-E", "-q", "-b", "html"]
+    code = subprocess.run([*command, *args, source, out], check=False).returncode
+    if code == 0:
+        say(f"documentation built: {os.path.join(out, 'index.html')}")
+    return code
+
+
 COMMANDS = {
     "demo": demo,
     "test": test,
@@ -390,6 +404,7 @@ COMMANDS = {
     "test-pgbouncer": test_pgbouncer,
     "test-mariadb": test_mariadb,
     "bench": bench,
+    "docs": docs,
 }
 
 
