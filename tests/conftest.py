@@ -7,12 +7,16 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
+from django_jobs import control
 from django_jobs.worker import Worker
+from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory, WorkerBeatFactory
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,6 +60,28 @@ def run_worker():
         return worker
 
     return run
+
+
+@pytest.fixture
+def status_rows():
+    """Known rows in every table `jobs status` and the metrics read, relative to now."""
+    now = timezone.now()
+    for age in (120, 30, 5):
+        JobFactory(queue="default", run_at=now - timedelta(seconds=age))
+    JobFactory(queue="default", run_at=now + timedelta(minutes=5))
+    JobFactory(queue="default", run_at=now + timedelta(hours=2))
+    JobFactory(queue="default", leased=True)
+    JobFactory(queue="emails", run_at=now - timedelta(seconds=10))
+    for minutes in (1, 10, 59):
+        MarkerFactory(queue="default", completed_at=now - timedelta(minutes=minutes))
+    MarkerFactory(queue="emails", completed_at=now - timedelta(minutes=2))
+    MarkerFactory(queue="default", completed_at=now - timedelta(minutes=61))
+    DeadLetterFactory(queue="default", dead_at=now - timedelta(minutes=3))
+    DeadLetterFactory(queue="default", dead_at=now - timedelta(hours=3))
+    control.pause(["emails"])
+    WorkerBeatFactory(id="h:1:aa", pid=1)
+    WorkerBeatFactory(id="h:2:bb", pid=2, last_seen_at=now - timedelta(minutes=5))  # stale
+    return now
 
 
 class WorkerProcess:

@@ -6,10 +6,12 @@ import pytest
 from django.core.checks import run_checks
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
 from django.test import override_settings
 
 import django_jobs
 from django_jobs.routers import JobsRouter
+from tests.conftest import POSTGRES
 
 # Model checks ask SQLite whether it has JSON1, which needs the database.
 pytestmark = pytest.mark.django_db(databases=["default", "other"])
@@ -40,10 +42,30 @@ def test_default_configuration_is_clean():
         ({"MAX_PAYLOAD_BYTES": 0}, "django_jobs.E011"),
         ({"HEARTBEAT": 0, "TIMEOUT": 60, "LEASE": 30}, "django_jobs.W001"),
         ({"DATABASE": "other"}, "django_jobs.W003"),
+        # Operations: retention, maintenance, heartbeat expiry, the metrics token.
+        ({"KEEP_MARKERS": "soon"}, "django_jobs.E203"),
+        ({"KEEP_DEAD_LETTERS": -1}, "django_jobs.E203"),
+        ({"PRUNE_BATCH": 0}, "django_jobs.E204"),
+        ({"MAINTENANCE_INTERVAL": 0}, "django_jobs.E205"),
+        ({"MAINTENANCE_INTERVAL": 30, "WORKER_EXPIRY": 40}, "django_jobs.E206"),
+        ({"METRICS_TOKEN": "short"}, "django_jobs.E209"),
     ],
 )
 def test_checks_report_misconfiguration(settings, check_id):
     assert check_id in _ids(**settings)
+
+
+@pytest.mark.postgres
+def test_autovacuum_check_follows_the_server_setting():
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW autovacuum")
+        on = cursor.fetchone()[0] == "on"
+    ids = {m.id for m in run_checks(databases=["default"])}
+    assert ("django_jobs.W201" in ids) is (not on)
+
+
+def test_postgres_flag_matches_the_database():
+    assert POSTGRES is (connection.vendor == "postgresql")
 
 
 def test_router_sends_the_tables_to_the_jobs_database():
