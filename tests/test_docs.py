@@ -116,3 +116,14 @@ def test_every_public_attribute_of_the_job_context_is_documented() -> None:
     public = {name for name in dir(JobContext) if not name.startswith("_")} - {"cancel"}
     page = text(ROOT / "docs" / "handlers.md")
     assert sorted(name for name in public if f"`{name}" not in page) == []
+
+
+def test_every_prometheus_metric_is_documented() -> None:
+    metric = re.compile(r'"(django_jobs_[a-z_]+)"')
+    sources = [p for p in (ROOT / "django_jobs").rglob("*.py") if "prometheus_client" in text(p)]
+    in_code = {m for path in sources for m in metric.findall(text(path))}
+    page = text(ROOT / "docs" / "operations.md")
+    # prometheus_client adds _total to a counter's name.
+    documented = {m.removesuffix("_total") for m in re.findall(r"`(django_jobs_[a-z_]+)`", page)}
+    assert len(in_code) > 10
+    assert in_code == documented
