@@ -16,14 +16,9 @@ class DjangoJobsConfig(AppConfig):
         # SQLite as the jobs database: IMMEDIATE transactions and WAL on its connections.
         connection_created.connect(sqlite.configure, dispatch_uid="django_jobs.sqlite")
         registry.autodiscover()
-        # Operations: the admin pages of schedules, queues, workers and running jobs
-        # (registered here so that they coexist with admin.py), and the enqueue counter.
-        from django.apps import apps
-
+        # The enqueue counter (the admin registers itself: django_jobs.admin).
         from django_jobs import conf
 
-        if apps.is_installed("django.contrib.admin"):
-            from django_jobs import admin_ops  # noqa: F401
         if conf.get("METRICS"):
             from django_jobs import metrics
 

@@ -206,7 +206,7 @@ def test_markers_are_never_deleted_from_the_admin(admin_client_):
 
 
 def test_long_lists_are_counted_up_to_a_limit_then_estimated(admin_client_, monkeypatch):
-    from django_jobs import admin as jobs_admin
+    from django_jobs.admin import base as jobs_admin
     from tests.conftest import POSTGRES
 
     monkeypatch.setattr(jobs_admin, "EXACT_COUNT_LIMIT", 5)

@@ -110,7 +110,7 @@ def test_waiting_jobs_cancelled_through_the_action_become_dead_letters(admin_cli
     # (for the main job admin to reuse it).
     from django.contrib.admin import site
 
-    from django_jobs.admin_ops import cancel_jobs
+    from django_jobs.admin import cancel_jobs
     from django_jobs.models import RunningJob
 
     waiting = JobFactory()

@@ -1,0 +1,357 @@
+"""The dead-letter admin: inspect a letter, replay it (selected, or one with a run-at)."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.contrib.admin.models import CHANGE
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, Q, QuerySet
+from django.db.models.functions import Substr
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext_lazy as _
+from rangefilter.filters import DateRangeFilter
+
+from django_jobs import registry
+from django_jobs.admin.base import ReadOnlyAdmin, _log, _username, _uuid
+from django_jobs.admin.display import (
+    EMPTY,
+    TITLE_LIMIT,
+    attempt_history,
+    bounded_pre,
+    cell,
+    list_when,
+    pretty_payload,
+    showable,
+    when,
+)
+from django_jobs.models import CompletionMarker, DeadLetter, Job, ReplayReport
+
+
+class ReplayedFilter(admin.SimpleListFilter):
+    title = _("replayed")
+    parameter_name = "replayed"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("no", _("Not replayed")), ("yes", _("Replayed"))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        if self.value() == "no":
+            return queryset.filter(replayed_at__isnull=True)
+        if self.value() == "yes":
+            return queryset.filter(replayed_at__isnull=False)
+        return queryset
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(ReadOnlyAdmin):
+    # Fits 1280 px with the sidebar open: the name links the letter, short times, a cut
+    # error. The id (searchable), queue, enqueued-at and attempts are on the detail page.
+    list_display = ["name_cell", "reason", "dead_at_cell", "error_line", "replayed"]
+    list_display_links = ["name_cell"]
+    list_filter = [
+        "reason",
+        ReplayedFilter,
+        # Dates only: a range of days needs no times (the date-time filter refused empty ones).
+        ("dead_at", DateRangeFilter),
+        ("enqueued_at", DateRangeFilter),
+        "name",
+        "queue",
+    ]
+    # get_search_results below decides how each is matched (ids and keys exactly).
+    search_fields = ["id", "key", "name", "error"]
+    search_help_text = _("A job id or key (exact), or words of the name or the error.")
+    date_hierarchy = "dead_at"
+    ordering = ["-dead_at", "-id"]
+    actions = ["replay_selected"]
+    # The list needs none of these, and each can be megabytes per row (the error column
+    # reads only its head, see get_queryset).
+    list_deferred = ["payload", "traceback", "errors", "error"]
+    # The summary at the top of the page (see change_view) says why and what next; these follow.
+    fieldsets = [
+        (_("Job"), {"fields": [
+            ("name", "queue", "priority"), ("id", "key"), ("enqueued_at", "started_at", "dead_at"),
+        ]}),
+        (_("Payload"), {"fields": ["payload_json"]}),
+        (_("Error"), {"fields": ["error_pre", "traceback_pre", "attempt_table"]}),
+    ]  # fmt: skip
+
+    # -- columns and fields
+
+    @admin.display(description=_("name"), ordering="name")
+    def name_cell(self, obj: DeadLetter) -> SafeString | str:
+        return cell(obj.name, 64, name=True)
+
+    @admin.display(description=_("dead at"), ordering="dead_at")
+    def dead_at_cell(self, obj: DeadLetter) -> SafeString | str:
+        return list_when(obj.dead_at)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).annotate(error_head=Substr("error", 1, TITLE_LIMIT))
+
+    @admin.display(description=_("error"))
+    def error_line(self, obj: DeadLetter) -> SafeString | str:
+        return cell(obj.error_head, 90)
+
+    @admin.display(description=_("replayed"), ordering="replayed_at")
+    def replayed(self, obj: DeadLetter) -> SafeString | str:
+        # Neutral marks: not replayed yet is the normal state of a letter, not an error.
+        if obj.replayed_at is None:
+            return format_html('<span class="django-jobs-quiet" title="{}">–</span>', _("no"))
+        title = f"{when(obj.replayed_at)} {_('by')} {obj.replayed_by or EMPTY}"
+        return format_html('<span title="{}">✓ {}</span>', showable(title), _("yes"))
+
+    @admin.display(description=_("attempts"))
+    def attempts_of(self, obj: DeadLetter) -> str:
+        return f"{obj.attempts} / {obj.max_attempts}"
+
+    @admin.display(description=_("payload"))
+    def payload_json(self, obj: DeadLetter) -> SafeString:
+        return pretty_payload(obj.payload)
+
+    @admin.display(description=_("last error"))
+    def error_pre(self, obj: DeadLetter) -> SafeString | str:
+        return bounded_pre(obj.error) if obj.error else EMPTY
+
+    @admin.display(description=_("traceback"))
+    def traceback_pre(self, obj: DeadLetter) -> SafeString | str:
+        return bounded_pre(obj.traceback) if obj.traceback else EMPTY
+
+    @admin.display(description=_("every attempt"))
+    def attempt_table(self, obj: DeadLetter) -> SafeString | str:
+        return attempt_history(obj.errors)
+
+    def _replay_target(self, obj: DeadLetter) -> SafeString:
+        """Link the job the replay made: live, finished (its marker) or dead again."""
+        job_id = obj.replay_job_id
+        site = self.admin_site.name
+        if Job.objects.filter(id=job_id).exists():
+            url = reverse(f"{site}:django_jobs_job_change", args=[job_id])
+            return format_html(
+                '{} <a href="{}">{}</a> {}', _("New job"), url, job_id, _("is live.")
+            )
+        marker = CompletionMarker.objects.filter(job_id=job_id).first()
+        if marker is not None:
+            url = reverse(f"{site}:django_jobs_completionmarker_change", args=[marker.pk])
+            return format_html(
+                '{} {} {} <a href="{}">{}</a>.', _("New job"), job_id, _("completed:"), url,
+                _("its completion marker"),
+            )  # fmt: skip
+        if DeadLetter.objects.filter(id=job_id).exists():
+            url = reverse(f"{site}:django_jobs_deadletter_change", args=[job_id])
+            return format_html(
+                '{} {} {} <a href="{}">{}</a>.', _("New job"), job_id, _("died again:"), url,
+                _("its dead letter"),
+            )  # fmt: skip
+        return format_html("{} {} {}", _("New job"), job_id, _("is gone (its marker was pruned)."))
+
+    def _why_not_replayable(self, obj: DeadLetter) -> str | None:
+        """Say why a replay of this (unreplayed) letter would make no job, or None."""
+        if registry.lookup(obj.name) is None:
+            return _(
+                "No handler is registered under this name in the code this site runs, so a "
+                "replay would make no job. Deploy code that registers it, then replay."
+            )
+        if obj.key is not None:
+            if CompletionMarker.objects.filter(key=obj.key).exists():
+                return _("The work of its key has completed since: a replay would make no job.")
+            if Job.objects.filter(key=obj.key).exists():
+                return _("A live job holds its key: replay it once that job has finished.")
+        return None
+
+    # -- search
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet, search_term: str
+    ) -> tuple[QuerySet, bool]:
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        job_id = _uuid(term)
+        if job_id is not None:
+            # The letter of that job, or the letter that was replayed as that job.
+            return queryset.filter(Q(id=job_id) | Q(replay_job_id=job_id)), False
+        return queryset.filter(
+            Q(key=term) | Q(name__icontains=term) | Q(error__icontains=term)
+        ), False
+
+    # -- replay
+
+    def has_replay_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(f"{self.opts.app_label}.replay_deadletter")
+
+    @admin.action(permissions=["replay"], description=_("Replay selected dead letters"))
+    def replay_selected(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        # The change list's own queryset (filters, search, "select all"): no id list to build.
+        if request.POST.get("post") != "yes":
+            return self._replay_confirmation(request, queryset)
+        report = queryset.replay(by=_username(request))
+        self._after_replay(request, report)
+        return None
+
+    def _replay_confirmation(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
+        """Say how many letters of which handlers a replay would make jobs of, as delete does."""
+        by_name = list(
+            queryset.order_by()
+            .values("name")
+            .annotate(
+                pending=Count("pk", filter=Q(replayed_at__isnull=True)),
+                replayed=Count("pk", filter=Q(replayed_at__isnull=False)),
+            )
+            .order_by("-pending", "name")[:101]
+        )
+        totals = queryset.aggregate(
+            pending=Count("pk", filter=Q(replayed_at__isnull=True)),
+            already=Count("pk", filter=Q(replayed_at__isnull=False)),
+        )
+        unknown = (
+            queryset.filter(replayed_at__isnull=True)
+            .exclude(name__in=list(registry.all_handlers()))
+            .count()
+        )
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Replay dead letters?"),
+            "subtitle": None,
+            "opts": self.opts,
+            "app_label": self.opts.app_label,
+            "names": [
+                (
+                    cell(row["name"], 120),
+                    row["pending"],
+                    row["replayed"],
+                    registry.lookup(row["name"]) is not None,
+                )
+                for row in by_name[:100]
+            ],  # fmt: skip
+            "more_names": len(by_name) > 100,
+            "pending": totals["pending"],
+            "already": totals["already"],
+            "unknown": unknown,
+            "replayable": totals["pending"] - unknown,
+            "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
+            "select_across": request.POST.get("select_across", "0"),
+            "index": request.POST.get("index", "0"),
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(
+            request, "admin/django_jobs/deadletter/replay_confirmation.html", context
+        )
+
+    def _after_replay(self, request: HttpRequest, report: ReplayReport) -> None:
+        replayed = list(report.replayed)
+        for start in range(0, len(replayed), 500):
+            letters = DeadLetter.objects.filter(id__in=replayed[start : start + 500]).only(
+                "id", "name", "reason", "replay_job_id"
+            )
+            entries = [(x.pk, str(x), f"Replayed as job {x.replay_job_id}.") for x in letters]
+            _log(request, DeadLetter, entries, CHANGE)
+        complete = len(report.replayed) == report.total and report.total > 0
+        self.message_user(request, f"{report}.", messages.SUCCESS if complete else messages.WARNING)
+
+    def get_urls(self) -> list[Any]:
+        replay = self.admin_site.admin_view(self.replay_view)
+        return [
+            path("<path:object_id>/replay/", replay, name="django_jobs_deadletter_replay"),
+            *super().get_urls(),
+        ]
+
+    def replay_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """The detail page's Replay button (POST, with an optional run-at)."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        # Replaying needs both: the button is on a page that only viewers see.
+        if not (self.has_replay_permission(request) and self.has_view_permission(request)):
+            raise PermissionDenied
+        letter = self.get_object(request, unquote(object_id))
+        if letter is None:
+            self.message_user(
+                request,
+                _("Not replayed: there is no dead letter %s.") % showable(object_id)[:100],
+                messages.WARNING,
+            )
+            return HttpResponseRedirect(
+                reverse(f"{self.admin_site.name}:django_jobs_deadletter_changelist")
+            )
+        change_url = reverse(
+            f"{self.admin_site.name}:django_jobs_deadletter_change", args=[letter.pk]
+        )
+        run_at = None
+        if request.POST.get("run_at"):
+            run_at = _run_at(request.POST["run_at"])
+            if run_at is None:
+                self.message_user(
+                    request,
+                    _("Not replayed: the run-at time %(value)s is not a date and time.")
+                    % {"value": repr(showable(request.POST["run_at"][:40]))},
+                    messages.ERROR,
+                )
+                return HttpResponseRedirect(change_url)
+        report = DeadLetter.objects.filter(pk=letter.pk).replay(
+            by=_username(request), run_at=run_at
+        )
+        self._after_replay(request, report)
+        return HttpResponseRedirect(change_url)
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict | None = None,
+    ) -> HttpResponse:
+        extra = dict(extra_context or {})
+        letter = self.get_object(request, unquote(object_id))
+        if letter is not None and self.has_view_permission(request, letter):
+            reason = letter.get_reason_display()
+            # The title says why in words: "attempts exhausted", not "(attempts_exhausted)".
+            extra["subtitle"] = f"{cell(letter.name, 120)} · {reason}"
+            extra["summary"] = {
+                "reason": reason,
+                "attempts": self.attempts_of(letter),
+                "dead_at": when(letter.dead_at),
+                "error": cell(letter.error, 300),
+                "replayed_at": when(letter.replayed_at) if letter.replayed_at else None,
+                "replayed_by": letter.replayed_by,
+                "target": self._replay_target(letter) if letter.replayed_at else None,
+            }
+            if letter.replayed_at is None and self.has_replay_permission(request):
+                blocked = self._why_not_replayable(letter)
+                if blocked:
+                    extra["replay_blocked"] = blocked
+                else:
+                    extra["replay_url"] = reverse(
+                        f"{self.admin_site.name}:django_jobs_deadletter_replay", args=[letter.pk]
+                    )
+        return super().change_view(request, object_id, form_url, extra_context=extra)
+
+
+_RUN_AT = re.compile(r"[0-9T:.+\- Z]{10,40}")
+
+
+def _run_at(text: str) -> datetime | None:
+    """Parse the Replay form's run-at (local time unless it says otherwise); None if invalid."""
+    text = text.strip()
+    if not _RUN_AT.fullmatch(text):  # Python's parser takes "2024-01-01T10:00\x00", we don't
+        return None
+    try:
+        value = parse_datetime(text)
+        if value is None:
+            return None
+        if timezone.is_naive(value):
+            value = timezone.make_aware(value)
+        value.astimezone(UTC)  # a time the database can store (not past year 9999 in UTC)
+    except (ValueError, OverflowError):  # 2024-02-30T10:00, 2024-01-01T25:00, ...
+        return None
+    return value

@@ -1,0 +1,182 @@
+"""How the jobs admin shows values: cut cells, bounded <pre> blocks, masked JSON, times."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime
+from typing import Any
+
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+from django.utils.html import conditional_escape, format_html, format_html_join
+from django.utils.safestring import SafeString, mark_safe
+from django.utils.translation import gettext_lazy as _
+
+from django_jobs import payloads
+from django_jobs.models import error_summary
+
+EMPTY = "—"
+
+
+# A detail page shows at most this much of any one text (payload, error, traceback, result):
+# a 10 MB error makes a 64 KB page section, not a 21 MB page.
+DETAIL_LIMIT = 64 * 1024
+# Per attempt in the attempt table, and how many attempts (the latest) it lists.
+ATTEMPT_TEXT_LIMIT = 4 * 1024
+ATTEMPTS_SHOWN = 50
+# A list cell shows one line of at most this many characters; the line (up to a limit) is
+# its title.
+CELL_LIMIT = 60
+TITLE_LIMIT = 1000
+
+# NUL and lone surrogates: storable in JSON text, not in an HTML page encoded as UTF-8.
+_UNSHOWABLE = re.compile(r"[\x00\ud800-\udfff]")
+
+
+def showable(value: Any) -> str:
+    """Return str(value) with NUL and lone surrogates as their JSON escapes (\\u0000)."""
+    return _UNSHOWABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", str(value))
+
+
+def bounded_pre(value: Any, limit: int = DETAIL_LIMIT, css: str = "") -> SafeString:
+    """Return text in a <pre>, at most limit characters of it, saying so when cut."""
+    text = value if isinstance(value, str) else str(value)
+    attrs = format_html(' class="{}"', css) if css else ""
+    shown = format_html("<pre{}>{}</pre>", attrs, showable(text[:limit]))
+    if len(text) <= limit:
+        return shown
+    note = _("Cut: the first %(shown)s of %(total)s characters are shown.") % {
+        "shown": f"{limit:,}",
+        "total": f"{len(text):,}",
+    }
+    return format_html('{}<p class="help django-jobs-cut">{}</p>', shown, note)
+
+
+def cell(value: Any, limit: int = CELL_LIMIT, *, name: bool = False) -> SafeString | str:
+    """Return a list cell: the first line, cut to limit characters, the line as its title.
+
+    A name (dotted path, queue, worker id) may wrap after its dots, dashes and colons.
+    """
+    if value is None or value == "":
+        return EMPTY
+    text = value if isinstance(value, str) else str(value)
+    line = text[:TITLE_LIMIT].split("\n", 1)[0].strip()
+    short = line if len(line) <= limit else line[: limit - 1] + "…"
+    shown = conditional_escape(showable(short))
+    if name:  # escaping leaves . _ - : / alone, so a <wbr> never lands inside an entity
+        shown = mark_safe(_BREAK_AFTER.sub(r"\1<wbr>", shown))  # noqa: S308 - escaped above
+    if len(line) == len(text) and short == line:
+        return shown
+    title = showable(line if len(line) < TITLE_LIMIT else line + "…")
+    return format_html('<span title="{}">{}</span>', title, shown)
+
+
+_BREAK_AFTER = re.compile(r"([._\-:/])")
+
+
+def json_text(value: Any) -> str:
+    """Return a decoded JSON value as indented text with the MASK_KEYS masked."""
+    return json.dumps(payloads.mask(value), indent=2, ensure_ascii=False, default=str)
+
+
+def pretty_payload(text: Any) -> SafeString:
+    """Return a payload as indented JSON with the MASK_KEYS masked, in a <pre>."""
+    try:
+        shown = json_text(payloads.decode(text))
+    except (ValueError, TypeError, RecursionError):
+        return format_html(
+            '<p class="errornote">{}</p>{}',
+            _("Not valid JSON (shown as stored):"),
+            bounded_pre(text, css="django-jobs-json"),
+        )
+    return bounded_pre(shown, css="django-jobs-json")
+
+
+def pretty_json(value: Any) -> SafeString | str:
+    """Return a decoded JSON field (a result, worker stats) like a payload."""
+    if value is None:
+        return EMPTY
+    try:
+        shown = json_text(value)
+    except (ValueError, TypeError, RecursionError):
+        shown = str(value)
+    return bounded_pre(shown, css="django-jobs-json")
+
+
+def attempt_history(errors: Any) -> SafeString | str:
+    """Return every attempt's error as a table, tracebacks folded (no script needed)."""
+    if not errors:
+        return EMPTY
+    if not isinstance(errors, list):  # a hand-edited row: show what is there
+        return format_html(
+            '<p class="errornote">{}</p>{}',
+            _("Not a list of attempts (shown as stored):"),
+            pretty_json(errors),
+        )
+    hidden = max(0, len(errors) - ATTEMPTS_SHOWN)
+    rows = format_html_join(
+        "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+        (_attempt_row(error) for error in errors[hidden:]),
+    )  # fmt: skip
+    table = format_html(
+        '<table class="django-jobs-attempts"><thead><tr><th>{}</th><th>{}</th><th>{}</th>'
+        "<th>{}</th><th>{}</th></tr></thead><tbody>{}</tbody></table>",
+        _("attempt"), _("at"), _("worker"), _("error"), _("traceback"), rows,
+    )  # fmt: skip
+    if not hidden:
+        return table
+    note = _("The first %(hidden)s attempts are not shown; the latest %(shown)s are.") % {
+        "hidden": hidden,
+        "shown": ATTEMPTS_SHOWN,
+    }
+    return format_html('<p class="help">{}</p>{}', note, table)
+
+
+def _attempt_row(error: Any) -> tuple[Any, ...]:
+    limit = ATTEMPT_TEXT_LIMIT
+    if not isinstance(error, dict):
+        return ("?", EMPTY, EMPTY, bounded_pre(error, limit), EMPTY)
+    traceback = error.get("traceback")
+    return (
+        showable(error.get("attempt", ""))[:40],
+        _format_when(error.get("at")),
+        showable(error.get("worker", "") or EMPTY)[:200],
+        bounded_pre(error_summary(error) or EMPTY, limit),
+        format_html(
+            "<details><summary>{}</summary>{}</details>",
+            _("traceback"),
+            bounded_pre(traceback, 4 * limit),
+        )
+        if traceback
+        else EMPTY,
+    )
+
+
+def _format_when(value: Any) -> str:
+    if not isinstance(value, str):
+        return EMPTY
+    try:
+        parsed = parse_datetime(value[:64])
+    except ValueError:  # well-formed but impossible, such as 2024-02-30
+        parsed = None
+    if parsed is None:
+        return showable(value[:64])
+    return when(parsed)
+
+
+def list_when(value: datetime | None) -> SafeString | str:
+    """Return a time to the minute for a list column, with the seconds in its title."""
+    if value is None:
+        return EMPTY
+    full = when(value)
+    return format_html('<span title="{}">{}</span>', full, full[:16])
+
+
+def when(value: datetime | None) -> str:
+    """Return a time in the current time zone, short enough for a list column."""
+    if value is None:
+        return EMPTY
+    if timezone.is_aware(value):
+        value = timezone.localtime(value)
+    return value.strftime("%Y-%m-%d %H:%M:%S")

@@ -1,0 +1,308 @@
+"""The live-job admins: every job (run now, cancel, the dashboard) and the running ones."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.contrib.admin.models import CHANGE
+from django.core.exceptions import PermissionDenied
+from django.db.models import OuterRef, Q, QuerySet, Subquery
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext_lazy as _
+
+from django_jobs import control, dashboard
+from django_jobs.admin.base import (
+    NameQueueColumns,
+    ReadOnlyAdmin,
+    _log,
+    _ReadOnly,
+    _username,
+    _uuid,
+)
+from django_jobs.admin.display import (
+    EMPTY,
+    attempt_history,
+    cell,
+    list_when,
+    pretty_payload,
+    showable,
+    when,
+)
+from django_jobs.models import DeadLetter, Job, JobState, RunningJob, UnknownName
+
+UNKNOWN_NAME = "unknown_name"
+
+
+class StateFilter(admin.SimpleListFilter):
+    title = _("state")
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [*JobState.choices, (UNKNOWN_NAME, _("waiting: no live worker knows its name"))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        value = self.value()
+        if value == UNKNOWN_NAME:
+            return queryset.claimable().filter(unknown_since__isnull=False)
+        if value == JobState.WAITING:
+            return queryset.waiting()
+        if value == JobState.SCHEDULED:
+            return queryset.scheduled()
+        if value == JobState.RUNNING:
+            return queryset.running()
+        return queryset
+
+
+@admin.register(Job)
+class JobAdmin(NameQueueColumns, ReadOnlyAdmin):
+    # Fits 1280 px with the sidebar open: the name links the job, the state says the attempt,
+    # the lease (holder and time left) is one column.
+    list_display = ["name_cell", "queue_cell", "state_label", "run_at_cell", "lease"]
+    list_display_links = ["name_cell"]
+    list_filter = [StateFilter, "queue", "name"]
+    search_fields = ["id", "key", "name"]
+    search_help_text = _("A job id or key (exact), or words of the name.")
+    actions = ["run_now", "cancel"]
+    list_deferred = ["payload", "errors"]
+    fieldsets = [
+        (None, {"fields": [
+            ("name", "queue"), ("id", "key"), ("state_label", "priority", "attempts_of"),
+            ("run_at", "enqueued_at"), ("started_at", "attempted_at"),
+        ]}),
+        (_("Lease"), {"fields": [("lease_holder", "locked_by", "lease_expires_at")]}),
+        (_("Payload"), {"fields": ["payload_json"]}),
+        (_("Earlier attempts"), {"fields": ["attempt_table"]}),
+    ]  # fmt: skip
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        # Since when no live worker knows the job's name (a subquery: no query per row).
+        unknown = UnknownName.objects.current().filter(name=OuterRef("name")).values("since")
+        return (
+            super().get_queryset(request).with_state().annotate(unknown_since=Subquery(unknown[:1]))
+        )
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # cancel instead: the job stays inspectable and replayable
+
+    # -- columns and fields
+
+    @admin.display(description=_("state"), ordering="state")
+    def state_label(self, obj: Job) -> SafeString | str:
+        state = getattr(obj, "state", None)
+        label = str(JobState(state).label) if state else EMPTY
+        expired = (
+            state == JobState.RUNNING
+            and obj.lease_expires_at
+            and obj.lease_expires_at < timezone.now()
+        )
+        since = getattr(obj, "unknown_since", None)
+        if since is not None and (expired or state == JobState.WAITING):
+            when = timezone.localtime(since).strftime("%Y-%m-%d %H:%M")
+            label = f"{label} ({_('no live worker knows this name since')} {when})"
+        elif expired:
+            label = f"{label} ({_('lease expired: rescue is due')})"
+        if not obj.attempts:
+            return label
+        attempt = _("attempt %(n)s of %(of)s") % {"n": obj.attempts, "of": obj.max_attempts}
+        return format_html('{}<br><span class="django-jobs-quiet">{}</span>', label, attempt)
+
+    @admin.display(description=_("attempts"))
+    def attempts_of(self, obj: Job) -> str:
+        return f"{obj.attempts} / {obj.max_attempts}"
+
+    @admin.display(description=_("run at"), ordering="run_at")
+    def run_at_cell(self, obj: Job) -> SafeString | str:
+        return list_when(obj.run_at)
+
+    @admin.display(description=_("lease holder"))
+    def lease_holder(self, obj: Job) -> str:
+        return showable(obj.locked_by.rpartition("#")[0]) if obj.locked_by else EMPTY
+
+    @admin.display(description=_("lease"), ordering="lease_expires_at")
+    def lease(self, obj: Job) -> SafeString | str:
+        """The worker holding the job, and how long its lease has left (or since it expired)."""
+        if not obj.locked_by or obj.lease_expires_at is None:
+            return EMPTY
+        left = (obj.lease_expires_at - timezone.now()).total_seconds()
+        if left >= 0:
+            until = _("%(left)s left") % {"left": dashboard.duration(timedelta(seconds=left))}
+        else:
+            until = _("expired %(ago)s ago") % {"ago": dashboard.duration(timedelta(seconds=-left))}
+        holder = obj.locked_by.rpartition("#")[0]
+        return format_html(
+            '{}<br><span class="django-jobs-quiet" title="{}">{}</span>',
+            cell(holder, 48, name=True), when(obj.lease_expires_at), until,
+        )  # fmt: skip
+
+    @admin.display(description=_("payload"))
+    def payload_json(self, obj: Job) -> SafeString:
+        return pretty_payload(obj.payload)
+
+    @admin.display(description=_("errors"))
+    def attempt_table(self, obj: Job) -> SafeString | str:
+        return attempt_history(obj.errors)
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet, search_term: str
+    ) -> tuple[QuerySet, bool]:
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        job_id = _uuid(term)
+        if job_id is not None:
+            return queryset.filter(id=job_id), False
+        return queryset.filter(Q(key=term) | Q(name__icontains=term)), False
+
+    # -- actions
+
+    def has_run_now_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(f"{self.opts.app_label}.run_job_now")
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(f"{self.opts.app_label}.cancel_job")
+
+    @admin.action(permissions=["run_now"], description=_("Run selected scheduled jobs now"))
+    def run_now(self, request: HttpRequest, queryset: QuerySet) -> None:
+        selected = queryset.count()
+        scheduled = list(queryset.scheduled().values_list("id", "name"))
+        moved = queryset.run_now()
+        if moved:
+            entries = [(pk, f"{name} {pk}", "Made due now.") for pk, name in scheduled]
+            _log(request, Job, entries, CHANGE)
+        message = f"{moved} made due now"
+        if selected > moved:
+            message += f"; {selected - moved} not scheduled (already due or running), left alone"
+        level = messages.SUCCESS if moved == selected else messages.WARNING
+        self.message_user(request, f"{message}.", level)
+
+    @admin.action(
+        permissions=["cancel"],
+        description=_("Cancel selected waiting jobs (move them to the dead letters)"),
+    )
+    def cancel(self, request: HttpRequest, queryset: QuerySet) -> None:
+        names = dict(queryset.values_list("id", "name"))
+        report = queryset.cancel(by=_username(request))
+        if request.POST.get("select_across") != "1":
+            # Ticked on the page but finished before the click: no longer in the queryset.
+            ticked = {_uuid(v) for v in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)}
+            report.gone += sorted(pk for pk in ticked - set(names) if pk is not None)
+        if report.cancelled:
+            _log(
+                request, DeadLetter,
+                ((pk, f"{names[pk]} {pk} (cancelled)", "Cancelled: moved from the live jobs.")
+                 for pk in report.cancelled),
+                CHANGE,
+            )  # fmt: skip
+        message = (
+            f"{len(report.cancelled)} cancelled "
+            "(moved to the dead letters, where they can be replayed)"
+        )
+        level = messages.SUCCESS
+        if report.running:
+            level = messages.WARNING
+            message += (
+                f"; {len(report.running)} running, not cancelled: a job a worker holds cannot be "
+                "cancelled here. It ends by itself (done, retried or dead-lettered)"
+            )
+        if report.gone:
+            level = messages.WARNING
+            message += f"; {len(report.gone)} no longer live (finished meanwhile)"
+        self.message_user(request, f"{message}.", level)
+
+    # -- dashboard
+
+    def get_urls(self) -> list[Any]:
+        view = self.admin_site.admin_view(self.dashboard_view)
+        return [path("dashboard/", view, name="django_jobs_dashboard"), *super().get_urls()]
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        """The queue dashboard, for staff with any django_jobs permission."""
+        if not request.user.has_module_perms(self.opts.app_label):
+            raise PermissionDenied
+        snap = dashboard.snapshot()
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Jobs dashboard"),
+            "opts": self.opts,
+            "app_label": self.opts.app_label,
+            "snap": snap,
+            "queues": [(row, dashboard.duration(row.oldest_age)) for row in snap.queues],
+            "completed_chart": dashboard.bar_chart(
+                snap.completed, start=snap.start, title=str(_("Completions per minute")),
+                unit=str(_("completed")), color="#417690",
+            ),
+            "dead_chart": dashboard.bar_chart(
+                snap.dead, start=snap.start, title=str(_("Dead letters per minute")),
+                unit=str(_("dead-lettered")), color="#ba2121",
+            ),
+            "deadletter_url": reverse(f"{self.admin_site.name}:django_jobs_deadletter_changelist"),
+            "job_url": reverse(f"{self.admin_site.name}:django_jobs_job_changelist"),
+        }  # fmt: skip
+        return TemplateResponse(request, "admin/django_jobs/dashboard.html", context)
+
+
+@admin.action(description=_("Cancel selected jobs"), permissions=["cancel"])
+def cancel_jobs(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: Any) -> None:
+    """Cancel: waiting jobs go to the dead letters now, running ones stop at the next heartbeat."""
+    result = control.cancel(
+        list(queryset.values_list("id", flat=True)), by=request.user.get_username()
+    )
+    modeladmin.message_user(
+        request,
+        f"Cancelled {result.cancelled} waiting job(s); asked the workers of "
+        f"{result.requested} running job(s) to stop them (they end in the dead letters as "
+        "'cancelled' if their handler stops).",
+        messages.SUCCESS,
+    )
+
+
+@admin.register(RunningJob)
+class RunningJobAdmin(NameQueueColumns, _ReadOnly):
+    # Fits 1280 px with the sidebar open: the attempt, its start and its lease in one column.
+    list_display = ["name_cell", "queue_cell", "worker", "attempt"]
+    list_filter = ["queue", "name"]
+    search_fields = ["id", "name", "key"]
+    actions = [cancel_jobs]
+    readonly_fields = [
+        "id", "name", "queue", "priority", "attempts", "max_attempts", "key", "locked_by",
+        "started_at", "attempted_at", "lease_expires_at", "cancel_requested_at",
+    ]  # fmt: skip
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        return super().get_queryset(request).filter(locked_by__isnull=False)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_jobs.cancel_job")
+
+    @admin.display(description=_("worker"))
+    def worker(self, obj: Job) -> SafeString | str:
+        return cell((obj.locked_by or "").rpartition("#")[0], 48, name=True)
+
+    @admin.display(description=_("attempt / lease"), ordering="attempted_at")
+    def attempt(self, obj: Job) -> SafeString:
+        cancel = (
+            format_html(
+                '<br><strong class="django-jobs-paused" title="{}">{}</strong>',
+                when(obj.cancel_requested_at),
+                _("cancel asked"),
+            )  # fmt: skip
+            if obj.cancel_requested_at
+            else ""
+        )
+        return format_html(
+            '{}<br><span class="django-jobs-quiet">{} {}<br>{} {}</span>{}',
+            _("attempt %(n)s of %(of)s") % {"n": obj.attempts, "of": obj.max_attempts},
+            _("since"), list_when(obj.attempted_at),
+            _("lease until"), list_when(obj.lease_expires_at), cancel,
+        )  # fmt: skip

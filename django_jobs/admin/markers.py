@@ -1,0 +1,76 @@
+"""The completion-marker admin: what ran, read-only (a marker keeps its key from running twice)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext_lazy as _
+from rangefilter.filters import DateRangeFilter
+
+from django_jobs.admin.base import NameQueueColumns, ReadOnlyAdmin, _uuid
+from django_jobs.admin.display import EMPTY, cell, list_when, pretty_json
+from django_jobs.models import CompletionMarker, DeadLetter
+
+
+@admin.register(CompletionMarker)
+class CompletionMarkerAdmin(NameQueueColumns, ReadOnlyAdmin):
+    list_display = [
+        "key_cell", "name_cell", "queue_cell", "attempts", "completed_at_cell", "worker_cell",
+    ]  # fmt: skip
+    list_filter = [("completed_at", DateRangeFilter)]
+    search_fields = ["key", "job_id"]
+    search_help_text = _("A key or a job id (exact).")
+    ordering = ["-completed_at", "-job_id"]
+    list_deferred = ["result"]
+    fieldsets = [
+        (None, {"fields": [
+            "key", "job_id", "name", "queue", "attempts", "enqueued_at", "started_at",
+            "completed_at", "worker_id", "replayed_from",
+        ]}),
+        (_("Result"), {"fields": ["result_json"]}),
+    ]  # fmt: skip
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # a marker is what keeps its key from running twice
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet, search_term: str
+    ) -> tuple[QuerySet, bool]:
+        # Exact matches only: both are indexed, and a LIKE over a million keys is not.
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        job_id = _uuid(term)
+        if job_id is not None:
+            return queryset.filter(Q(job_id=job_id) | Q(key=term)), False
+        return queryset.filter(key=term), False
+
+    @admin.display(description=_("key"), ordering="key")
+    def key_cell(self, obj: CompletionMarker) -> SafeString | str:
+        return cell(obj.key, 64, name=True)
+
+    @admin.display(description=_("completed at"), ordering="completed_at")
+    def completed_at_cell(self, obj: CompletionMarker) -> SafeString | str:
+        return list_when(obj.completed_at)
+
+    @admin.display(description=_("worker"), ordering="worker_id")
+    def worker_cell(self, obj: CompletionMarker) -> SafeString | str:
+        return cell(obj.worker_id, 48, name=True)
+
+    @admin.display(description=_("result"))
+    def result_json(self, obj: CompletionMarker) -> SafeString | str:
+        return pretty_json(obj.result)
+
+    @admin.display(description=_("replayed from"))
+    def replayed_from(self, obj: CompletionMarker) -> SafeString | str:
+        letter = DeadLetter.objects.filter(replay_job_id=obj.job_id).only("id").first()
+        if letter is None:
+            return EMPTY
+        url = reverse(f"{self.admin_site.name}:django_jobs_deadletter_change", args=[letter.pk])
+        return format_html('<a href="{}">{} {}</a>', url, _("dead letter"), letter.pk)

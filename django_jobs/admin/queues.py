@@ -1,0 +1,105 @@
+"""The queue admin: counts per queue, pause and resume."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import Count, IntegerField, Min, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce, Now
+from django.http import HttpRequest
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext_lazy as _
+
+from django_jobs import control
+from django_jobs.admin.base import _ReadOnly
+from django_jobs.admin.display import cell, list_when
+from django_jobs.models import Job, QueueState
+
+
+def _count(**filters: Any) -> Coalesce:
+    rows = Job.objects.filter(queue=OuterRef("name"), **filters).order_by().values("queue")
+    return Coalesce(
+        Subquery(rows.annotate(n=Count("id")).values("n")[:1], output_field=IntegerField()), 0
+    )
+
+
+@admin.register(QueueState)
+class QueueStateAdmin(_ReadOnly):
+    list_display = ["name_cell", "paused_mark", "waiting", "scheduled", "running", "oldest_wait"]
+    list_filter = ["paused"]
+    actions = ["pause_queues", "resume_queues"]
+    readonly_fields = ["name", "paused", "paused_at", "paused_by", "reason"]
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        due = Q(locked_by__isnull=True, run_at__lte=Now())
+        oldest = (
+            Job.objects.filter(due, queue=OuterRef("name"))
+            .order_by()
+            .values("queue")
+            .annotate(m=Min("run_at"))
+        )
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                n_waiting=_count(locked_by__isnull=True, run_at__lte=Now()),
+                n_scheduled=_count(locked_by__isnull=True, run_at__gt=Now()),
+                n_running=_count(locked_by__isnull=False),
+                oldest_run_at=Subquery(oldest.values("m")[:1]),
+            )
+        )
+
+    @admin.display(description=_("name"), ordering="name")
+    def name_cell(self, obj: QueueState) -> SafeString | str:
+        return cell(obj.name, 48, name=True)
+
+    @admin.display(description=_("paused"), ordering="paused")
+    def paused_mark(self, obj: QueueState) -> SafeString | str:
+        """Neutral when running (the normal case); when paused, by whom, since when and why."""
+        if not obj.paused:
+            return format_html('<span class="django-jobs-quiet" title="{}">–</span>', _("no"))
+        who = obj.paused_by or "—"
+        since = list_when(obj.paused_at) if obj.paused_at else "—"
+        return format_html(
+            '<strong class="django-jobs-paused">{}</strong> {} {}, {}<br>{}',
+            _("paused"), _("by"), cell(who, 40), since, cell(obj.reason, 80),
+        )  # fmt: skip
+
+    @admin.display(description=_("waiting"), ordering="n_waiting")
+    def waiting(self, obj: Any) -> int:
+        return obj.n_waiting
+
+    @admin.display(description=_("scheduled"), ordering="n_scheduled")
+    def scheduled(self, obj: Any) -> int:
+        return obj.n_scheduled
+
+    @admin.display(description=_("running"), ordering="n_running")
+    def running(self, obj: Any) -> int:
+        return obj.n_running
+
+    @admin.display(description=_("oldest wait"))
+    def oldest_wait(self, obj: Any) -> str:
+        if obj.oldest_run_at is None:
+            return "-"
+        return f"{max(0.0, (timezone.now() - obj.oldest_run_at).total_seconds()):.0f}s"
+
+    @admin.action(
+        description=_("Pause selected queues (running jobs finish)"), permissions=["change"]
+    )
+    def pause_queues(self, request: HttpRequest, queryset: Any) -> None:
+        count = control.pause(
+            queryset.values_list("name", flat=True), by=request.user.get_username()
+        )
+        self.message_user(
+            request,
+            f"Paused {count} queue(s): workers stop claiming them within one poll.",
+            messages.SUCCESS,
+        )
+
+    @admin.action(description=_("Resume selected queues"), permissions=["change"])
+    def resume_queues(self, request: HttpRequest, queryset: Any) -> None:
+        count = control.resume(queryset.values_list("name", flat=True))
+        self.message_user(request, f"Resumed {count} queue(s).", messages.SUCCESS)
