@@ -57,11 +57,7 @@ class EstimatedCountPaginator(Paginator):
         return max(exact, estimate)
 
 
-def _username(request: HttpRequest) -> str:
-    return request.user.get_username()
-
-
-def _log(
+def log_changes(
     request: HttpRequest, model: type[Model], entries: Iterable[tuple[Any, str, str]], flag: int
 ) -> None:
     """Write one LogEntry per (pk, repr, message), in one INSERT."""
@@ -81,7 +77,7 @@ def _log(
     )
 
 
-def _uuid(text: str) -> uuid.UUID | None:
+def parse_uuid(text: str) -> uuid.UUID | None:
     try:
         return uuid.UUID(text.strip())
     except ValueError:
@@ -100,7 +96,7 @@ class GuardedAdmin(admin.ModelAdmin):
                 _("A NUL character is not allowed in a filter or a search.")
             )
         # Dashboard link on every change list of ours (the template shows it).
-        extra = {"django_jobs_dashboard_url": _dashboard_url(self), **(extra_context or {})}
+        extra = {"django_jobs_dashboard_url": dashboard_url(self), **(extra_context or {})}
         return super().changelist_view(request, extra_context=extra)
 
     def get_changelist_instance(self, request: HttpRequest) -> Any:
@@ -118,7 +114,7 @@ class GuardedAdmin(admin.ModelAdmin):
         return super().get_object(request, object_id, from_field)
 
 
-def _dashboard_url(model_admin: admin.ModelAdmin) -> str | None:
+def dashboard_url(model_admin: admin.ModelAdmin) -> str | None:
     try:
         return reverse(f"{model_admin.admin_site.name}:django_jobs_dashboard")
     except NoReverseMatch:  # a site without the jobs admin (and so without its dashboard)
@@ -174,7 +170,7 @@ class NameQueueColumns:
         return cell(obj.queue, 32, name=True)
 
 
-class _ReadOnly(GuardedAdmin):
+class OperationsAdmin(GuardedAdmin):
     """No adding, no deleting, no editing: the actions are the only writes."""
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:

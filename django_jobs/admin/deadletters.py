@@ -24,7 +24,7 @@ from django.utils.translation import gettext_lazy as _
 from rangefilter.filters import DateRangeFilter
 
 from django_jobs import registry
-from django_jobs.admin.base import ReadOnlyAdmin, _log, _username, _uuid
+from django_jobs.admin.base import ReadOnlyAdmin, log_changes, parse_uuid
 from django_jobs.admin.display import (
     EMPTY,
     TITLE_LIMIT,
@@ -178,7 +178,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        job_id = _uuid(term)
+        job_id = parse_uuid(term)
         if job_id is not None:
             # The letter of that job, or the letter that was replayed as that job.
             return queryset.filter(Q(id=job_id) | Q(replay_job_id=job_id)), False
@@ -196,7 +196,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         # The change list's own queryset (filters, search, "select all"): no id list to build.
         if request.POST.get("post") != "yes":
             return self._replay_confirmation(request, queryset)
-        report = queryset.replay(by=_username(request))
+        report = queryset.replay(by=request.user.get_username())
         self._after_replay(request, report)
         return None
 
@@ -256,7 +256,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
                 "id", "name", "reason", "replay_job_id"
             )
             entries = [(x.pk, str(x), f"Replayed as job {x.replay_job_id}.") for x in letters]
-            _log(request, DeadLetter, entries, CHANGE)
+            log_changes(request, DeadLetter, entries, CHANGE)
         complete = len(report.replayed) == report.total and report.total > 0
         self.message_user(request, f"{report}.", messages.SUCCESS if complete else messages.WARNING)
 
@@ -299,7 +299,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
                 )
                 return HttpResponseRedirect(change_url)
         report = DeadLetter.objects.filter(pk=letter.pk).replay(
-            by=_username(request), run_at=run_at
+            by=request.user.get_username(), run_at=run_at
         )
         self._after_replay(request, report)
         return HttpResponseRedirect(change_url)

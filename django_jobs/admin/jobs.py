@@ -21,11 +21,10 @@ from django.utils.translation import gettext_lazy as _
 from django_jobs import control, dashboard
 from django_jobs.admin.base import (
     NameQueueColumns,
+    OperationsAdmin,
     ReadOnlyAdmin,
-    _log,
-    _ReadOnly,
-    _username,
-    _uuid,
+    log_changes,
+    parse_uuid,
 )
 from django_jobs.admin.display import (
     EMPTY,
@@ -156,7 +155,7 @@ class JobAdmin(NameQueueColumns, ReadOnlyAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        job_id = _uuid(term)
+        job_id = parse_uuid(term)
         if job_id is not None:
             return queryset.filter(id=job_id), False
         return queryset.filter(Q(key=term) | Q(name__icontains=term)), False
@@ -176,7 +175,7 @@ class JobAdmin(NameQueueColumns, ReadOnlyAdmin):
         moved = queryset.run_now()
         if moved:
             entries = [(pk, f"{name} {pk}", "Made due now.") for pk, name in scheduled]
-            _log(request, Job, entries, CHANGE)
+            log_changes(request, Job, entries, CHANGE)
         message = f"{moved} made due now"
         if selected > moved:
             message += f"; {selected - moved} not scheduled (already due or running), left alone"
@@ -189,13 +188,13 @@ class JobAdmin(NameQueueColumns, ReadOnlyAdmin):
     )
     def cancel(self, request: HttpRequest, queryset: QuerySet) -> None:
         names = dict(queryset.values_list("id", "name"))
-        report = queryset.cancel(by=_username(request))
+        report = queryset.cancel(by=request.user.get_username())
         if request.POST.get("select_across") != "1":
             # Ticked on the page but finished before the click: no longer in the queryset.
-            ticked = {_uuid(v) for v in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)}
+            ticked = {parse_uuid(v) for v in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)}
             report.gone += sorted(pk for pk in ticked - set(names) if pk is not None)
         if report.cancelled:
-            _log(
+            log_changes(
                 request, DeadLetter,
                 ((pk, f"{names[pk]} {pk} (cancelled)", "Cancelled: moved from the live jobs.")
                  for pk in report.cancelled),
@@ -265,7 +264,7 @@ def cancel_jobs(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: An
 
 
 @admin.register(RunningJob)
-class RunningJobAdmin(NameQueueColumns, _ReadOnly):
+class RunningJobAdmin(NameQueueColumns, OperationsAdmin):
     # Fits 1280 px with the sidebar open: the attempt, its start and its lease in one column.
     list_display = ["name_cell", "queue_cell", "worker", "attempt"]
     list_filter = ["queue", "name"]

@@ -13,7 +13,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 from rangefilter.filters import DateRangeFilter
 
-from django_jobs.admin.base import NameQueueColumns, ReadOnlyAdmin, _uuid
+from django_jobs.admin.base import NameQueueColumns, ReadOnlyAdmin, parse_uuid
 from django_jobs.admin.display import EMPTY, cell, list_when, pretty_json
 from django_jobs.models import CompletionMarker, DeadLetter
 
@@ -46,7 +46,7 @@ class CompletionMarkerAdmin(NameQueueColumns, ReadOnlyAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        job_id = _uuid(term)
+        job_id = parse_uuid(term)
         if job_id is not None:
             return queryset.filter(Q(job_id=job_id) | Q(key=term)), False
         return queryset.filter(key=term), False

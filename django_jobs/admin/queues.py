@@ -14,7 +14,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
 from django_jobs import control
-from django_jobs.admin.base import _ReadOnly
+from django_jobs.admin.base import OperationsAdmin
 from django_jobs.admin.display import cell, list_when
 from django_jobs.models import Job, QueueState
 
@@ -27,7 +27,7 @@ def _count(**filters: Any) -> Coalesce:
 
 
 @admin.register(QueueState)
-class QueueStateAdmin(_ReadOnly):
+class QueueStateAdmin(OperationsAdmin):
     list_display = ["name_cell", "paused_mark", "waiting", "scheduled", "running", "oldest_wait"]
     list_filter = ["paused"]
     actions = ["pause_queues", "resume_queues"]

@@ -12,13 +12,13 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
 from django_jobs import schedules
-from django_jobs.admin.base import _ReadOnly
+from django_jobs.admin.base import OperationsAdmin
 from django_jobs.admin.display import cell, list_when, pretty_payload
 from django_jobs.models import CompletionMarker, DeadLetter, Job, Schedule
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(_ReadOnly):
+class ScheduleAdmin(OperationsAdmin):
     # Fits 1280 px with the sidebar open: the job under the schedule's name, one state column.
     list_display = ["name_cell", "when", "state", "next_run", "last_run"]
     list_filter = ["enabled", "declared"]

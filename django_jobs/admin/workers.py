@@ -11,13 +11,13 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
 from django_jobs import conf
-from django_jobs.admin.base import _ReadOnly
+from django_jobs.admin.base import OperationsAdmin
 from django_jobs.admin.display import cell, list_when, pretty_json
 from django_jobs.models import WorkerBeat
 
 
 @admin.register(WorkerBeat)
-class WorkerBeatAdmin(_ReadOnly):
+class WorkerBeatAdmin(OperationsAdmin):
     list_display = ["host_cell", "pid", "queues_cell", "busy", "started", "last_seen", "live"]
     readonly_fields = [
         "id",
