@@ -9,6 +9,7 @@
     python3 dev.py test-mariadb     # opt-in: MariaDB at 127.0.0.1:3306 (not yet green)
     python3 dev.py bench    # install, then run the benchmarks (PostgreSQL)
     python3 dev.py docs     # build the documentation site into docs/_build/html (strict)
+    python3 dev.py typecheck        # mypy with django-stubs over django_jobs (pyproject.toml)
 
 It finds a Python >= 3.12 (Django 6 needs it) even when `python3` is older,
 makes .venv with it, and installs the project there. Set PYTHON=/path/to/python
@@ -377,6 +378,12 @@ def test_mariadb(args: list[str]) -> int:
     return code
 
 
+def typecheck(args: list[str]) -> int:
+    """Run mypy over the package, as configured in pyproject.toml ([tool.mypy])."""
+    python = ensure_venv("test")
+    return subprocess.run([python, "-m", "mypy", *args], cwd=ROOT, check=False).returncode
+
+
 def bench(args: list[str]) -> int:
     python = ensure_venv("test")
     return subprocess.run(
@@ -405,6 +412,7 @@ COMMANDS = {
     "test-mariadb": test_mariadb,
     "bench": bench,
     "docs": docs,
+    "typecheck": typecheck,
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from types import FrameType
 from typing import Any
 
 from django.conf import settings
@@ -236,7 +237,7 @@ def check_migrations(app_configs: Any = None, databases: Any = None, **kwargs: A
 def _inside_migrate() -> bool:
     from django.core.management.commands.migrate import Command as Migrate
 
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if isinstance(frame.f_locals.get("self"), Migrate):
             return True

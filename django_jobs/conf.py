@@ -84,7 +84,8 @@ def get(name: str) -> Any:
 
 def database() -> str:
     """Return the alias of the jobs database."""
-    return get_settings()["DATABASE"]
+    alias: str = get_settings()["DATABASE"]
+    return alias
 
 
 @receiver(setting_changed)

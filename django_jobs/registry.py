@@ -10,13 +10,46 @@ import difflib
 import inspect
 import random
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, overload
 
 from django_jobs import conf, limits
 from django_jobs.exceptions import HandlerConflict, InvalidJob, UnknownJob
 from django_jobs.limits import MAX_NAME_LENGTH, MAX_PRIORITY, MAX_QUEUE_LENGTH, MIN_PRIORITY
+
+if sys.version_info >= (3, 13):
+    from typing import TypeVar
+else:  # TypeVar defaults (PEP 696); psycopg requires typing-extensions before 3.13
+    from typing_extensions import TypeVar
+
+if TYPE_CHECKING:
+    from datetime import datetime, timedelta
+    from typing import TypedDict, Unpack
+
+    from django_jobs.api import EnqueueResult
+    from django_jobs.context import JobContext
+
+    class EnqueueOptions(TypedDict, total=False):
+        """The keyword arguments of django_jobs.enqueue."""
+
+        key: str | None
+        delay: timedelta | float | None
+        run_at: datetime | None
+        priority: int | None
+        queue: str | None
+        max_attempts: int | None
+
+    class OnCommitOptions(EnqueueOptions, total=False):
+        """The keyword arguments of django_jobs.enqueue_on_commit."""
+
+        commit_of: str | None
+
+
+# A handler's payload and return types; Any for an unannotated function (and a bare `Handler`).
+P = TypeVar("P", default=Any)
+R = TypeVar("R", default=Any)
 
 # Default names are dotted paths; "<locals>" appears in those of nested functions.
 NAME_RE = re.compile(r"[A-Za-z_<][A-Za-z0-9_.:<>\-]*")
@@ -65,7 +98,7 @@ class Backoff:
         return cls("exponential", base, ceiling, jitter)
 
     @classmethod
-    def coerce(cls, value: Backoff | dict[str, Any] | float | int) -> Backoff:
+    def coerce(cls, value: object) -> Backoff:
         """Accept a Backoff, a settings dict, or a number of seconds (fixed)."""
         if isinstance(value, Backoff):
             return value
@@ -86,10 +119,10 @@ class Backoff:
 
 
 @dataclass(slots=True)
-class Handler:
-    """A registered job handler and its options."""
+class Handler(Generic[P, R]):
+    """A registered job handler and its options: what @job returns."""
 
-    func: Callable[..., Any]
+    func: Callable[[P, JobContext], R]
     name: str
     queue: str | None = None
     priority: int = 0
@@ -98,12 +131,13 @@ class Handler:
     timeout: float | None = None
     concurrency: int | None = None
     atomic: bool = False
-    validate: Callable[[Any], Any] | None = None
+    validate: Callable[[Any], object] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def __call__(self, payload: Any = None, ctx: Any = None) -> Any:
+    def __call__(self, payload: P | None = None, ctx: JobContext | None = None) -> R:
         """Call the function directly (in tests, say), bypassing the queue."""
-        return self.func(payload, ctx)
+        # Outside a worker the function may get None for either, as it always has.
+        return self.func(payload, ctx)  # type: ignore[arg-type]
 
     is_async: bool = field(init=False)
 
@@ -124,20 +158,22 @@ class Handler:
     def get_timeout(self) -> float | None:
         return self.timeout if self.timeout is not None else conf.get("TIMEOUT")
 
-    def enqueue(self, payload: Any = None, **options: Any) -> Any:
+    def enqueue(self, payload: P | None = None, **options: Unpack[EnqueueOptions]) -> EnqueueResult:
         """Shortcut for ``django_jobs.enqueue(self, payload, **options)``."""
         from django_jobs.api import enqueue
 
         return enqueue(self, payload, **options)
 
-    def enqueue_on_commit(self, payload: Any = None, **options: Any) -> Any:
+    def enqueue_on_commit(
+        self, payload: P | None = None, **options: Unpack[OnCommitOptions]
+    ) -> EnqueueResult:
         """Shortcut for ``django_jobs.enqueue_on_commit(self, payload, **options)``."""
         from django_jobs.api import enqueue_on_commit
 
         return enqueue_on_commit(self, payload, **options)
 
 
-_handlers: dict[str, Handler] = {}
+_handlers: dict[str, Handler[Any, Any]] = {}
 # Bumped whenever a name is added or removed, so that a worker notices new names cheaply.
 _generation = 0
 
@@ -196,7 +232,7 @@ def _check_identifier(what: str, value: object, pattern: re.Pattern[str], limit:
     return value
 
 
-def register(handler: Handler) -> Handler:
+def register(handler: Handler[P, R]) -> Handler[P, R]:
     """Add handler to the registry; a second function under the same name is an error."""
     existing = _handlers.get(handler.name)
     if existing is not None and _origin(existing.func) != _origin(handler.func):
@@ -267,7 +303,7 @@ def declared_queues() -> set[str]:
 
 
 @overload
-def job(func: Callable[..., Any], /) -> Handler: ...
+def job(func: Callable[[P, JobContext], R], /) -> Handler[P, R]: ...
 @overload
 def job(
     *,
@@ -279,12 +315,12 @@ def job(
     timeout: float | None = None,
     concurrency: int | None = None,
     atomic: bool = False,
-    validate: Callable[[Any], Any] | None = None,
-) -> Callable[[Callable[..., Any]], Handler]: ...
+    validate: Callable[[Any], object] | None = None,
+) -> Callable[[Callable[[P, JobContext], R]], Handler[P, R]]: ...
 
 
 def job(
-    func: Callable[..., Any] | None = None,
+    func: Callable[[P, JobContext], R] | None = None,
     /,
     *,
     name: str | None = None,
@@ -295,8 +331,8 @@ def job(
     timeout: float | None = None,
     concurrency: int | None = None,
     atomic: bool = False,
-    validate: Callable[[Any], Any] | None = None,
-) -> Handler | Callable[[Callable[..., Any]], Handler]:
+    validate: Callable[[Any], object] | None = None,
+) -> Handler[P, R] | Callable[[Callable[[P, JobContext], R]], Handler[P, R]]:
     """Declare a job handler, called as ``handler(payload, ctx)`` by the worker.
 
     Options: ``name`` (default: the function's dotted path), ``queue``,
@@ -307,7 +343,7 @@ def job(
     before running; raising ValueError/TypeError dead-letters the job).
     """
 
-    def decorate(f: Callable[..., Any]) -> Handler:
+    def decorate(f: Callable[[P, JobContext], R]) -> Handler[P, R]:
         if not callable(f):
             raise TypeError("@job decorates a function")
         handler = Handler(

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import Model
+
 from django_jobs import conf
 
 APP_LABEL = "django_jobs"
 
 
 class JobsRouter:
-    def db_for_read(self, model: type, **hints: Any) -> str | None:
+    def db_for_read(self, model: type[Model], **hints: Any) -> str | None:
         return conf.database() if model._meta.app_label == APP_LABEL else None
 
-    def db_for_write(self, model: type, **hints: Any) -> str | None:
+    def db_for_write(self, model: type[Model], **hints: Any) -> str | None:
         return conf.database() if model._meta.app_label == APP_LABEL else None
 
     def allow_relation(self, obj1: Any, obj2: Any, **hints: Any) -> bool | None:

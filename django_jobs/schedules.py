@@ -31,10 +31,11 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import cache
-from typing import Any
+from typing import Any, overload
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
@@ -43,7 +44,8 @@ from django.utils import timezone as dj_timezone
 
 from django_jobs import conf, limits, payloads
 from django_jobs.exceptions import InvalidJob, JobsError
-from django_jobs.registry import MAX_QUEUE_LENGTH, QUEUE_RE, Handler, check_priority
+from django_jobs.limits import MAX_QUEUE_LENGTH
+from django_jobs.registry import QUEUE_RE, Handler, P, R, check_priority
 
 logger = logging.getLogger(__name__)
 
@@ -182,14 +184,14 @@ def periodic(
     payload: Any = None,
     queue: str | None = None,
     priority: int | None = None,
-):
+) -> Callable[[Handler[P, R]], Handler[P, R]]:
     """Run the @job below on a schedule: a five-field cron expression, or every=seconds.
 
     ``name`` defaults to the job's name; ``payload``, ``queue`` and ``priority`` are
     those of every job the schedule enqueues. Put it above ``@job``.
     """
 
-    def decorate(handler: Handler) -> Handler:
+    def decorate(handler: Handler[P, R]) -> Handler[P, R]:
         if not isinstance(handler, Handler):
             raise TypeError("@periodic goes above @job: it schedules a registered handler")
         spec = make_spec(
@@ -259,7 +261,8 @@ def db_now(alias: str) -> datetime:
     if connections[alias].vendor == "postgresql":
         with connections[alias].cursor() as cursor:
             cursor.execute("SELECT statement_timestamp()")
-            return cursor.fetchone()[0].astimezone(UTC)
+            now: datetime = cursor.fetchone()[0]
+            return now.astimezone(UTC)
     return datetime.now(UTC)
 
 
@@ -420,6 +423,10 @@ class Ticker:
         return missed
 
 
+@overload
+def _aware(value: datetime) -> datetime: ...
+@overload
+def _aware(value: None) -> None: ...
 def _aware(value: datetime | None) -> datetime | None:
     if value is None:
         return None

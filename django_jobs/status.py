@@ -140,7 +140,9 @@ def unknown_names(alias: str | None = None, now: Any = None) -> list[UnknownName
     except ValueError:  # reported by the system checks
         grace = None
     return [
-        UnknownNameStatus(row.name, row.jobs, row.since, grace and row.since + grace)
+        UnknownNameStatus(
+            row.name, row.jobs, row.since, None if grace is None else row.since + grace
+        )
         for row in UnknownName.objects.using(alias).current(now)
     ]
 

@@ -277,6 +277,17 @@ def test_jobs_admin_and_dashboard_show_names_no_live_worker_knows(admin_client_,
     assert unknown.dead_letter_at == unknown.since + timedelta(hours=2)
 
 
+def test_with_no_grace_an_unknown_name_is_due_for_dead_letters_since_it_was_found(settings):
+    settings.DJANGO_JOBS = {**settings.DJANGO_JOBS, "UNKNOWN_NAME_GRACE": 0}
+    _unknown_row("shop.refund", minutes_ago=1)
+    [unknown] = status.unknown_names()
+    assert unknown.dead_letter_at == unknown.since  # not "never" (a zero grace is falsy)
+    report = StringIO()
+    call_command("jobs", "status", "--json", stdout=report)
+    [shown] = json.loads(report.getvalue())["unknown_names"]
+    assert shown["dead_letter_at"] == unknown.since.isoformat()
+
+
 def test_without_unknown_names_the_admin_and_status_say_nothing_of_them(admin_client_):
     JobFactory(name="tests.noop")
     page = admin_client_.get(url("job_changelist")).content.decode()

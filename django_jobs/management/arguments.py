@@ -8,19 +8,21 @@ from __future__ import annotations
 
 import argparse
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 from django_jobs import limits
 from django_jobs.registry import NAME_RE, QUEUE_RE
 
 
-def _number(text: str, kind: type, what: str) -> float:
+def _number(text: str, kind: Callable[[str], float], what: str) -> float:
     try:
         return kind(text)
     except (ValueError, OverflowError):  # also ints of more than 4,300 digits
         raise argparse.ArgumentTypeError(f"{limits.shown(text)} is not {what}") from None
 
 
-def _within(check, *args, **kwargs):
+def _within[T](check: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     try:
         return check("the value", *args, **kwargs)
     except ValueError as exc:
@@ -66,7 +68,7 @@ def job_id(text: str) -> uuid.UUID:
         raise argparse.ArgumentTypeError(f"{limits.shown(text)} is not a job id (a UUID)") from None
 
 
-def free_text(max_length: int):
+def free_text(max_length: int) -> Callable[[str], str]:
     """Return the type of free text stored in a column of max_length characters."""
 
     def parse(value: str) -> str:
