@@ -43,15 +43,13 @@ from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 
-from django_jobs import conf, limits, payloads, registry, signals
+from django_jobs import conf, lifecycle, limits, payloads, registry, signals
 from django_jobs.context import JobContext
 from django_jobs.exceptions import FatalError, JobCancelled, LeaseLost, Snooze
 from django_jobs.maintenance import WorkerOps
 from django_jobs.models import (
-    LEASE_EXPIRED,
     MAX_MESSAGE,
     ClaimedJob,
-    DeadReason,
     Job,
     JobQuerySet,
     error_record,
@@ -122,64 +120,28 @@ def _format_traceback(exc: BaseException) -> str:
     )
 
 
-# ---- outcomes an executor reports -------------------------------------------
+# ---- outcomes an executor reports (see django_jobs.lifecycle) -----------------
+
+_Succeeded = lifecycle.Succeeded
+_Failed = lifecycle.Failed
+Outcome = lifecycle.Outcome
+
+
+class _DefaultPolicy:
+    """The policy of a job settled without its handler (the settings' backoff)."""
+
+    def get_backoff(self) -> Backoff:
+        return Backoff.coerce(conf.get("BACKOFF"))
+
+
+_DEFAULT_POLICY = _DefaultPolicy()
 
 
 @dataclass(slots=True)
-class _Succeeded:
-    result: str | None
-
-
-@dataclass(slots=True)
-class _SettledAtomically:
-    """An atomic handler committed its effects, the marker and the job's deletion."""
-
-
-@dataclass(slots=True)
-class _AlreadyDone:
-    """An atomic handler found the key's marker at commit: its effects were rolled back."""
-
-
-@dataclass(slots=True)
-class _Lost:
-    """The lease was taken over before an atomic handler could commit."""
-
-
-@dataclass(slots=True)
-class _Unstarted:
-    """The worker was stopping when a thread picked the job up: it did not run."""
-
-
-@dataclass(slots=True)
-class _Failed:
-    error: dict[str, Any]
-    fatal: bool = False
-    exc: BaseException | None = None
-
-
-@dataclass(slots=True)
-class _Dead:
-    reason: str
-    error: dict[str, Any]
-
-
-@dataclass(slots=True)
-class _Refused:
+class _DbRefused:
     """The database refused a settle's statement (not a connection error): exc says why."""
 
     exc: Exception
-
-
-@dataclass(slots=True)
-class _Snoozed:
-    """The handler raised Snooze: run again after `seconds`, attempt given back."""
-
-    seconds: float
-
-
-Outcome = (
-    _Succeeded | _SettledAtomically | _AlreadyDone | _Lost | _Unstarted | _Failed | _Dead | _Snoozed
-)
 
 
 @dataclass(slots=True, eq=False)
@@ -339,8 +301,8 @@ class Worker:
         """Stop claiming, let running jobs finish within the grace period, then return."""
         self._inbox.put(_Stop())
 
-    def run(self) -> int:
-        """Work until stopped; return the process exit code (0 after a clean stop)."""
+    def run(self) -> None:
+        """Work until stopped (or, in burst mode, until nothing is due)."""
         logger.info(
             "worker %s starting: queues=%s concurrency=%d batch=%d lease=%.0fs",
             self.id, ",".join(self.queues), self.concurrency, self.batch, self.lease,
@@ -362,7 +324,6 @@ class Worker:
             self.id, stats.succeeded, stats.retried, stats.dead, stats.released,
             stats.reexecuted, stats.lost, stats.skipped,
         )  # fmt: skip
-        return 0
 
     # ---- the dispatcher loop ----------------------------------------------
 
@@ -455,7 +416,7 @@ class Worker:
         elif isinstance(event, _Extend):
             run = event.run
             if run in self._inflight and not run.abandoned:
-                self._db(lambda: self._jobs().extend_leases([run.job], event.seconds))
+                self._db(lambda: self._queryset.extend_leases([run.job], event.seconds))
         elif isinstance(event, _Stop):
             if not self._stopping:
                 logger.info(
@@ -506,7 +467,7 @@ class Worker:
         first = seq % len(self.queues)
         queues = self.queues[first:] + self.queues[:first]
         jobs = self._db(
-            lambda: self._jobs().claim(
+            lambda: self._queryset.claim(
                 queues=queues,
                 limit=asked,
                 token=token,
@@ -532,77 +493,44 @@ class Worker:
 
     def _accept(self, job: ClaimedJob) -> None:
         """Settle at once what must not run; hand the rest to the executors."""
-        if job.completed:
-            self.stats.skipped += 1
-            logger.info("job %s already completed (marker exists): settling without running",
-                        job.id, extra=_extra(job))  # fmt: skip
-            self._settle(_Run(job, None, None), _Succeeded(None), 0.0)
-            return
-        problem = job.malformed()
-        if problem is not None:
-            # A hand-edited row: say so in its letter instead of tripping over it.
-            job.make_storable()
-            error = error_record(
-                attempt=job.attempts,
-                kind="django_jobs.MalformedJob",
-                message=f"the job row cannot be run as it is: {problem}",
-                worker=self.id,
-            )
-            self._dead_letter(job, DeadReason.MALFORMED, error)
-            return
-        if (
-            job.errors
-            and job.errors[-1].get("type") == LEASE_EXPIRED
-            and job.errors[-1].get("attempt") == job.attempts - 1
-        ):
-            # The claim took this job over from a worker whose lease expired: that
-            # attempt may have had effects, and this one repeats them.
+        handler = registry.lookup(job.name) if type(job.name) is str else None
+        transition = lifecycle.on_claim(job, has_handler=handler is not None)
+        if getattr(transition, "retaken", False):
             self.stats.reexecuted += 1
             logger.warning(
                 "job %s: attempt %d's lease expired (worker %s); taking it over as attempt %d",
                 job.id, job.attempts - 1, job.errors[-1].get("worker", "?"), job.attempts,
                 extra=_extra(job),
             )  # fmt: skip
-        if job.attempts > job.max_attempts:
-            # The previous attempt was lost with its worker (killed, OOM, os._exit).
-            last = job.errors[-1] if job.errors else {}
-            error = error_record(
-                attempt=job.attempts - 1,
-                kind=last.get("type", LEASE_EXPIRED),
-                message=f"{job.max_attempts} attempts started and none settled; "
-                f"the last one: {error_summary(last) or 'worker lost'}",
-                traceback=last.get("traceback", ""),
-                worker=self.id,
+        if isinstance(transition, lifecycle.Run):
+            ctx = JobContext(
+                id=job.id,
+                name=job.name,
+                queue=job.queue,
+                attempt=job.attempts,
+                max_attempts=job.max_attempts,
+                enqueued_at=job.enqueued_at,
+                dedupe_key=job.key,
+                worker_id=self.id,
+                started_at=job.started_at,
+                errors=job.errors,
             )
-            job.errors = job.errors[:-1] if job.errors else []
-            self._dead_letter(job, DeadReason.ATTEMPTS_EXHAUSTED, error, attempts=job.attempts - 1)
-            return
-        handler = registry.lookup(job.name)
-        if handler is None:
-            # The claim takes only registered names, so the handler was removed
-            # since. One worker lacking a handler does not make the name unknown
-            # (another may have it): give the job back, attempt uncounted, and let
-            # the upkeep dead-letter it if no live worker knows it for the grace.
+            run = _Run(job, handler, ctx, timeout=self._timeout_of(handler))
+            ctx._extend = lambda seconds: self._inbox.put(_Extend(run, seconds))
+            self._hand_out(run)
+        elif isinstance(transition, lifecycle.Complete):
+            logger.info("job %s already completed (marker exists): settling without running",
+                        job.id, extra=_extra(job))  # fmt: skip
+            self._carry_out(_Run(job, None, None), transition, 0.0)
+        elif isinstance(transition, lifecycle.Release):
             logger.warning("job %s: no handler %r in this worker any more: released",
                            job.id, job.name, extra=_extra(job))  # fmt: skip
             self._to_release.append(_Run(job, None, None))
             self._names_generation = -1  # claim by the registry's names from now on
-            return
-        ctx = JobContext(
-            id=job.id,
-            name=job.name,
-            queue=job.queue,
-            attempt=job.attempts,
-            max_attempts=job.max_attempts,
-            enqueued_at=job.enqueued_at,
-            dedupe_key=job.key,
-            worker_id=self.id,
-            started_at=job.started_at,
-            errors=job.errors,
-        )
-        run = _Run(job, handler, ctx, timeout=self._timeout_of(handler))
-        ctx._extend = lambda seconds: self._inbox.put(_Extend(run, seconds))
-        self._hand_out(run)
+        else:
+            if transition.reason == lifecycle.MALFORMED:
+                job.make_storable()
+            self._carry_out(_Run(job, None, None), transition, 0.0)
 
     def _timeout_of(self, handler: Handler) -> float | None:
         try:
@@ -636,8 +564,8 @@ class Worker:
         if run.abandoned:
             return
         self._forget(run)
-        if isinstance(event.outcome, _Unstarted):
-            self._to_release.append(run)
+        if type(event.outcome) is lifecycle.Unstarted:
+            self._settle(run, event.outcome, 0.0)  # released, attempt not counted
             return
         duration = event.duration
         avg = self._avg_duration
@@ -665,102 +593,132 @@ class Worker:
                 self._release_held_back()
 
     def _settle(self, run: _Run, outcome: Outcome, duration: float) -> None:
+        """Ask the lifecycle what outcome leads to, and carry it out."""
+        if type(outcome) is _Succeeded:  # the hot path: no policy to look up
+            transition: lifecycle.Transition = lifecycle.Complete(outcome.result)
+        else:
+            transition = lifecycle.on_outcome(
+                run.job,
+                outcome,
+                policy=run.handler or _DEFAULT_POLICY,
+                cancel_requested=run.cancel_requested,
+            )
+        self._carry_out(run, transition, duration, outcome)
+
+    def _carry_out(
+        self,
+        run: _Run,
+        transition: lifecycle.Transition,
+        duration: float,
+        outcome: Outcome | None = None,
+    ) -> None:
+        """Execute transition through the store; outcome is kept to settle again later."""
         job = run.job
-        if isinstance(outcome, _Succeeded):
+        if isinstance(transition, lifecycle.Complete):
+            if transition.skipped:
+                self.stats.skipped += 1
+                if isinstance(outcome, lifecycle.AlreadyDone):
+                    logger.warning(
+                        "job %s: its key was completed by another attempt; effects rolled back",
+                        job.id, extra=_extra(job),
+                    )  # fmt: skip
             if not self._done:
                 self._done_since = time.monotonic()
-            self._done.append((run, outcome.result, duration))
-        elif isinstance(outcome, _SettledAtomically):
+            self._done.append((run, transition.result, duration))
+        elif isinstance(transition, lifecycle.Retry):
+            self._retry(run, transition, duration, outcome)
+        elif isinstance(transition, lifecycle.DeadLetter):
+            error = self._entry(transition.error, job)
+            if transition.drop_last_error:
+                job.errors = job.errors[:-1] if job.errors else []
+            written = self._dead_letter(
+                job, transition.reason, error, attempts=transition.attempts, exc=transition.exc
+            )
+            if written is None and outcome is not None:
+                # (A letter decided at claim is not kept: the lease brings the job back.)
+                self._unsettled.append((run, outcome, duration))
+            elif written and transition.reason == lifecycle.CANCELLED:
+                self.stats.cancelled += 1
+        elif isinstance(transition, lifecycle.SnoozeFor):
+            self._snooze(run, transition, duration, outcome)
+        elif isinstance(transition, lifecycle.Completed):
             self.stats.succeeded += 1
             logger.debug("job %s succeeded (atomic)", job.id, extra=_extra(job))
             self._send_finished(job, "succeeded", None, duration)
-        elif isinstance(outcome, _AlreadyDone):
-            self.stats.skipped += 1
-            logger.warning("job %s: its key was completed by another attempt; effects rolled back",
-                           job.id, extra=_extra(job))  # fmt: skip
-            self._settle(run, _Succeeded(None), duration)
-        elif isinstance(outcome, _Lost):
+        elif isinstance(transition, lifecycle.Abandon):
             self.stats.lost += 1
             logger.warning("job %s: lease lost to another worker; this attempt was rolled back",
                            job.id, extra=_extra(job))  # fmt: skip
-        elif isinstance(outcome, _Dead):
-            if self._dead_letter(job, outcome.reason, outcome.error) is None:
-                self._unsettled.append((run, outcome, duration))
-        elif isinstance(outcome, _Failed):
-            self._fail(run, outcome, duration)
-        elif isinstance(outcome, _Snoozed):
-            self._snooze(run, outcome, duration)
+        elif isinstance(transition, lifecycle.Release):
+            self._to_release.append(run)
+        elif isinstance(transition, lifecycle.Interrupt):
+            run.ctx.cancel()
+            logger.warning("job %s: cancellation requested; ctx.cancelled is set", job.id,
+                           extra=_extra(job))  # fmt: skip
 
-    def _snooze(self, run: _Run, outcome: _Snoozed, duration: float) -> None:
+    def _entry(
+        self, error: dict[str, Any] | lifecycle.Cause | BaseException, job: ClaimedJob
+    ) -> dict[str, Any]:
+        """Return the error entry a transition carries, described or written down."""
+        if isinstance(error, dict):
+            return error
+        if isinstance(error, BaseException):
+            return error_entry(error, job.attempts, self.id)
+        return error_record(
+            attempt=error.attempt,
+            kind=error.kind,
+            message=error.message,
+            traceback=error.traceback,
+            worker=self.id if error.worker is None else error.worker,
+        )
+
+    def _snooze(
+        self, run: _Run, transition: lifecycle.SnoozeFor, duration: float, outcome: Any
+    ) -> None:
         job = run.job
-        if run.cancel_requested:
-            exc = Snooze(outcome.seconds)
-            self._fail(run, _Failed(error_entry(exc, job.attempts, self.id), exc=exc), duration)
-            return
-        ok = self._db(lambda: self._jobs().snooze(job, delay=outcome.seconds), settle=True)
+        ok = self._db(lambda: self._queryset.snooze(job, delay=transition.seconds), settle=True)
         if ok is None:
             self._unsettled.append((run, outcome, duration))
-        elif isinstance(ok, _Refused):
-            self._fail(run, self._failure(job, ok.exc), duration)
+        elif isinstance(ok, _DbRefused):
+            self._settle(run, self._refused("snooze", job, ok.exc), duration)
         elif ok:
             self.stats.snoozed += 1
-            if outcome.seconds <= 0:
+            if transition.seconds <= 0:
                 self._more = True
-            logger.info("job %s snoozed for %.1fs (attempt not counted)", job.id, outcome.seconds,
-                        extra=_extra(job))  # fmt: skip
+            logger.info("job %s snoozed for %.1fs (attempt not counted)", job.id,
+                        transition.seconds, extra=_extra(job))  # fmt: skip
             self._send_finished(job, "snoozed", None, duration)
         else:
             self._note_fenced(job)
 
-    def _fail(self, run: _Run, outcome: _Failed, duration: float) -> None:
+    def _retry(self, run: _Run, transition: lifecycle.Retry, duration: float, outcome: Any) -> None:
         job = run.job
-        if run.cancel_requested:  # the handler stopped after an operator cancelled it
-            reason = DeadReason.CANCELLED
-        elif outcome.fatal:
-            reason = DeadReason.FATAL
-        elif job.attempts >= job.max_attempts:
-            reason = DeadReason.ATTEMPTS_EXHAUSTED
-        else:
-            self._retry(run, outcome, duration)
-            return
-        written = self._dead_letter(job, reason, outcome.error, exc=outcome.exc)
-        if written is None:
-            self._unsettled.append((run, outcome, duration))
-        elif written and reason == DeadReason.CANCELLED:
-            self.stats.cancelled += 1
-
-    def _retry(self, run: _Run, outcome: _Failed, duration: float) -> None:
-        job = run.job
-        backoff = run.handler.get_backoff() if run.handler else Backoff.coerce(conf.get("BACKOFF"))
-        delay = backoff.delay(job.attempts)
-        error = outcome.error
-        ok = self._db(lambda: self._jobs().retry(job, delay=delay, error=error), settle=True)
+        delay, error = transition.delay, transition.error
+        ok = self._db(lambda: self._queryset.retry(job, delay=delay, error=error), settle=True)
         if ok is None:
             self._unsettled.append((run, outcome, duration))
-        elif isinstance(ok, _Refused):
-            # The database will not take the row back: keep the true cause in a letter
-            # rather than leave the job to its lease (and the next worker to the same end).
-            error = error_record(
-                attempt=error["attempt"], kind=error["type"], traceback=error["traceback"],
-                message=f"{error['message']} (the database refused to record the retry: "
-                f"{storable_text(safe_str(ok.exc), MAX_MESSAGE)})",
-                worker=error["worker"],
+        elif isinstance(ok, _DbRefused):
+            refused = lifecycle.Refused(
+                "retry", error_entry(ok.exc, job.attempts, self.id), original=error,
+                exc=transition.exc,
             )  # fmt: skip
-            if self._dead_letter(job, DeadReason.MALFORMED, error, exc=outcome.exc) is None:
-                self._unsettled.append((run, outcome, duration))
+            self._settle(run, refused, duration)
         elif ok:
             self.stats.retried += 1
             if delay <= 0:
                 self._more = True
             logger.warning(
                 "job %s attempt %d/%d failed (%s); retrying in %.1fs%s",
-                job.id, job.attempts, job.max_attempts, error_summary(outcome.error), delay,
-                _traceback_of(outcome.error) if logger.isEnabledFor(logging.DEBUG) else "",
+                job.id, job.attempts, job.max_attempts, error_summary(error), delay,
+                _traceback_of(error) if logger.isEnabledFor(logging.DEBUG) else "",
                 extra=_extra(job),
             )  # fmt: skip
-            self._send_finished(job, "retried", outcome.exc, duration)
+            self._send_finished(job, "retried", transition.exc, duration)
         else:
             self._note_fenced(job)
+
+    def _refused(self, step: str, job: ClaimedJob, exc: Exception) -> lifecycle.Refused:
+        return lifecycle.Refused(step, error_entry(exc, job.attempts, self.id), exc=exc)
 
     def _dead_letter(
         self,
@@ -774,7 +732,7 @@ class Worker:
         """Move job to the dead letters: True if written, None to try again (database away)."""
         letter = self._db(
             lambda: (
-                self._jobs().dead_letter(job, reason=reason, error=error, attempts=attempts)
+                self._queryset.dead_letter(job, reason=reason, error=error, attempts=attempts)
                 or _FENCED
             ),
             settle=True,
@@ -783,9 +741,8 @@ class Worker:
             return None
         if letter is _FENCED:
             return False  # another worker holds it now: whoever settles it decides
-        if isinstance(letter, _Refused):
-            # Nothing this worker writes for the job is taken: its lease expires and
-            # the job comes round again, each claim counting an attempt.
+        if isinstance(letter, _DbRefused):
+            # lifecycle: Abandon. Nothing this worker writes for the job is taken.
             logger.error("job %s: its dead letter (%s) could not be written", job.id, reason,
                          extra=_extra(job))  # fmt: skip
             return False
@@ -809,7 +766,7 @@ class Worker:
     def _flush_done(self) -> None:
         batch, self._done = self._done, []
         settled = self._db(
-            lambda: self._jobs().complete(
+            lambda: self._queryset.complete(
                 [(run.job.id, run.job.token, result) for run, result, _ in batch]
             ),
             settle=True,
@@ -817,10 +774,10 @@ class Worker:
         if settled is None:
             # The database is away: settle one by one once it is back.
             self._unsettled.extend((run, _Succeeded(result), d) for run, result, d in batch)
-        elif isinstance(settled, _Refused):
+        elif isinstance(settled, _DbRefused):
             if len(batch) == 1:
                 run, _, duration = batch[0]
-                self._fail(run, self._failure(run.job, settled.exc), duration)
+                self._settle(run, self._refused("complete", run.job, settled.exc), duration)
                 return
             # One row the database refuses must not fail the others: settle each alone.
             for run, result, duration in batch:
@@ -835,14 +792,12 @@ class Worker:
     def _complete_one(self, run: _Run, result: str | None, duration: float) -> None:
         job = run.job
         settled = self._db(
-            lambda: self._jobs().complete([(job.id, job.token, result)]), settle=True
+            lambda: self._queryset.complete([(job.id, job.token, result)]), settle=True
         )
         if settled is None:
             self._unsettled.append((run, _Succeeded(result), duration))
-        elif isinstance(settled, _Refused):
-            # The done write itself fails (a trigger, a constraint, a value the database
-            # refuses): a failed attempt with the database's error, bounded by max_attempts.
-            self._fail(run, self._failure(job, settled.exc), duration)
+        elif isinstance(settled, _DbRefused):
+            self._settle(run, self._refused("complete", job, settled.exc), duration)
         elif settled:
             self._succeeded(job, duration)
         else:
@@ -905,7 +860,7 @@ class Worker:
         held = [run for run in self._inflight if not run.abandoned] + list(self._held_back)
         if not held:
             return
-        kept = self._db(lambda: self._jobs().extend_leases([run.job for run in held], self.lease))
+        kept = self._db(lambda: self._queryset.extend_leases([run.job for run in held], self.lease))
         if kept is None:
             return
         for run in held:
@@ -921,23 +876,10 @@ class Worker:
     def _cancel(self, run: _Run) -> None:
         """An operator cancelled this held job: stop it, or drop it if it has not started."""
         run.cancel_requested = True
-        if run in self._held_back:
+        started = run not in self._held_back
+        if not started:
             self._held_back.remove(run)
-            exc = JobCancelled("cancelled before it started")
-            self.stats.cancelled += 1
-            self._dead_letter(
-                run.job,
-                DeadReason.CANCELLED,
-                error_entry(exc, run.job.attempts, self.id),
-                attempts=run.job.attempts - 1,
-            )
-            return
-        run.ctx.cancel()
-        logger.warning(
-            "job %s: cancellation requested; ctx.cancelled is set",
-            run.job.id,
-            extra=_extra(run.job),
-        )
+        self._settle(run, lifecycle.CancelRequested(started=started), 0.0)
 
     def _expire_timeouts(self, now: float) -> None:
         for run in [run for run in self._timed if (d := run.deadline) and now >= d]:
@@ -948,12 +890,10 @@ class Worker:
             # The thread stays busy until the handler returns: replace it.
             self._start_executor()
             exc = TimeoutError(f"handler ran longer than its {run.timeout:g}s timeout")
-            self._fail(
-                run, _Failed(error_entry(exc, job.attempts, self.id), exc=exc), now - run.started
-            )
+            self._settle(run, self._failure(job, exc), now - run.started)
 
     def _release(self, runs: list[_Run]) -> None:
-        released = self._db(lambda: self._jobs().release(run.job for run in runs))
+        released = self._db(lambda: self._queryset.release(run.job for run in runs))
         self.stats.released += released or 0
 
     def _begin_shutdown(self) -> float:
@@ -1019,7 +959,7 @@ class Worker:
                 if run is _STOP_EXECUTOR:
                     return
                 if self._draining:
-                    self._inbox.put(_Finished(run, _Unstarted(), 0.0))
+                    self._inbox.put(_Finished(run, lifecycle.Unstarted(), 0.0))
                     continue
                 if time.monotonic() - last_job > IDLE_CHECK:
                     _check_connections(own)
@@ -1063,7 +1003,7 @@ class Worker:
                 validated = handler.validate(payload)
                 payload = payload if validated is None else validated
         except (ValueError, TypeError, ValidationError) as exc:
-            return _Dead(DeadReason.INVALID_PAYLOAD, error_entry(exc, job.attempts, self.id))
+            return lifecycle.Invalid(error_entry(exc, job.attempts, self.id))
         except BaseException as exc:  # noqa: BLE001 - a validator that breaks fails the attempt
             return self._failure(job, exc)
         try:
@@ -1078,7 +1018,7 @@ class Worker:
         except Snooze as exc:
             seconds = getattr(exc, "seconds", None)
             if type(seconds) is float and 0.0 <= seconds <= Snooze.MAX_SECONDS:
-                return _Snoozed(seconds)
+                return lifecycle.Snoozed(seconds)
             return self._failure(job, exc)  # a Snooze tampered with after it was made
         except FatalError as exc:
             return self._failure(job, exc, fatal=True)
@@ -1095,13 +1035,13 @@ class Worker:
                 result = payloads.encode_result(_call(run.handler, payload, run.ctx))
                 if run.abandoned:
                     raise LeaseLost(f"job {job.id} timed out or was released; rolling back")
-                if not self._jobs().complete_atomically(job, result):
+                if not self._queryset.complete_atomically(job, result):
                     raise _MarkerExists
         except _MarkerExists:
-            return _AlreadyDone()
+            return lifecycle.AlreadyDone()
         except LeaseLost:
-            return _Lost()
-        return _SettledAtomically()
+            return lifecycle.Lost()
+        return lifecycle.SettledAtomically()
 
     def _listen(self) -> None:
         channel = conf.get("CHANNEL")
@@ -1132,14 +1072,11 @@ class Worker:
 
     # ---- database access ------------------------------------------------------
 
-    def _jobs(self) -> JobQuerySet:
-        return self._queryset
-
     def _db(self, operation: Callable[[], Any], *, settle: bool = False) -> Any:
         """Run operation; on a connection error, reconnect later and return None.
 
         With `settle`, any other error (the database refused this row's write:
-        a value, a trigger, a constraint) comes back as a _Refused, for the
+        a value, a trigger, a constraint) comes back as a _DbRefused, for the
         caller to record against that one job instead of retrying it forever.
         """
         conn = connections[self.database]
@@ -1169,7 +1106,7 @@ class Worker:
                 self.id, _type_name(exc), storable_text(safe_str(exc), MAX_MESSAGE),
                 exc_info=not isinstance(exc, DatabaseError),
             )  # fmt: skip
-            return _Refused(exc)
+            return _DbRefused(exc)
         self._db_failures = 0
         return result
 

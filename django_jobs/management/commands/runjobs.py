@@ -131,9 +131,7 @@ class Command(BaseCommand):
         self._check_migrations(worker.database)
         self._warn_idle(queues)
         with on_stop(worker.stop):
-            code = worker.run()
-        if code:
-            sys.exit(code)
+            worker.run()
 
     def _check_migrations(self, alias: str) -> None:
         """Refuse to start on a jobs database that lacks the job tables (a forgotten migrate)."""
