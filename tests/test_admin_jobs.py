@@ -108,15 +108,20 @@ def test_cancel_action_moves_waiting_jobs_and_says_why_running_ones_stay(
 
     [message] = messages_of(response)
     assert message.startswith("2 cancelled (moved to the dead letters, where they can be replayed)")
-    assert "1 running, not cancelled: a job a worker holds cannot be cancelled here" in message
-    assert list(Job.objects.values_list("id", flat=True)) == [three_states["running"].id]
+    assert "; asked the workers of 1 running job(s) to stop them" in message
+    # The running job stays live, flagged: its worker stops it at the next heartbeat.
+    [running] = Job.objects.all()
+    assert running.id == three_states["running"].id and running.cancel_requested_at is not None
     letters = DeadLetter.objects.filter(reason=DeadReason.CANCELLED)
     assert {x.id for x in letters} == {three_states["waiting"].id, three_states["scheduled"].id}
     assert (
         letters.first().errors[-1]["message"]
         == f"cancelled by {response.wsgi_request.user.username}"
     )
-    assert LogEntry.objects.count() == 2
+    # One entry per job: two dead-lettered, one asked to stop.
+    assert sorted(LogEntry.objects.values_list("object_id", flat=True)) == sorted(
+        str(j.id) for j in three_states.values()
+    )
     # The cancelled jobs are dead letters now: inspectable and replayable.
     ids = [x.id for x in letters]
     response = action(admin_client_, "deadletter", "replay_selected", ids, post="yes")

@@ -5,7 +5,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
+from django.http import QueryDict
 from django.test import Client, override_settings
 from django.utils import timezone
 
@@ -85,6 +87,11 @@ def test_cancel_action_flags_running_jobs(admin_client):
     assert "asked the workers of 1 running job(s)" in response.content.decode()
     assert Job.objects.get(id=running.id).cancel_requested_at is not None
     assert not DeadLetter.objects.exists()  # the worker decides when the handler stops
+    entry = LogEntry.objects.get()  # recorded as on the jobs list: one action, one behaviour
+    assert (entry.object_id, entry.change_message) == (
+        str(running.id),
+        "Cancel requested: its worker stops it at its next heartbeat.",
+    )
 
 
 def test_cancel_needs_the_cancel_permission():
@@ -118,6 +125,7 @@ def test_waiting_jobs_cancelled_through_the_action_become_dead_letters(admin_cli
 
     class _Request:
         user = User.objects.get(username="root")
+        POST = QueryDict()
         _messages = []
 
     modeladmin.message_user = lambda request, message, level: _Request._messages.append(message)
@@ -127,4 +135,31 @@ def test_waiting_jobs_cancelled_through_the_action_become_dead_letters(admin_cli
         del modeladmin.message_user
     letter = DeadLetter.objects.get(id=waiting.id)
     assert letter.reason == DeadReason.CANCELLED and "by root" in letter.error
-    assert "Cancelled 1 waiting job(s)" in _Request._messages[0]
+    assert _Request._messages == [
+        "1 cancelled (moved to the dead letters, where they can be replayed)."
+    ]
+    assert LogEntry.objects.get().object_id == str(waiting.id)
+
+
+def test_queue_list_counts_each_queue_as_counts_by_queue_does(admin_client):
+    QueueState.objects.ensure(["default", "emails", "idle"])
+    now = timezone.now()
+    JobFactory.create_batch(2, queue="emails", run_at=now - timedelta(seconds=5))
+    JobFactory(queue="emails", run_at=now + timedelta(hours=1))
+    JobFactory(queue="emails", locked_by="h:1:aa#1", lease_expires_at=now + timedelta(seconds=30))
+    JobFactory(queue="default", run_at=now - timedelta(seconds=5))
+    response = admin_client.get(f"{BASE}/queuestate/")
+    shown = {
+        q.name: (q.n_waiting, q.n_scheduled, q.n_running, q.oldest_run_at is not None)
+        for q in response.context["cl"].result_list
+    }
+    assert shown == {
+        "default": (1, 0, 0, True),
+        "emails": (2, 1, 1, True),
+        "idle": (0, 0, 0, False),  # no job: zeros, not an empty cell
+    }
+    counted = {
+        row["queue"]: (row["waiting"], row["scheduled"], row["running"], row["oldest"] is not None)
+        for row in Job.objects.counts_by_queue()
+    }
+    assert {name: row for name, row in shown.items() if name != "idle"} == counted

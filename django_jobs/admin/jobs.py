@@ -18,7 +18,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
-from django_jobs import control, dashboard
+from django_jobs import dashboard
 from django_jobs.admin.base import (
     NameQueueColumns,
     OperationsAdmin,
@@ -60,8 +60,52 @@ class StateFilter(admin.SimpleListFilter):
         return queryset
 
 
+@admin.action(
+    permissions=["cancel"],
+    description=_("Cancel selected jobs (waiting: to the dead letters; running: asked to stop)"),
+)
+def cancel_jobs(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+    """Dead-letter the selected waiting jobs now; ask the workers of running ones to stop them."""
+    names = dict(queryset.values_list("id", "name"))
+    report = queryset.cancel(by=request.user.get_username())
+    # A running job's handler is stopped by its worker: flag it for the next heartbeat.
+    Job.objects.using(queryset.db).filter(id__in=report.running).request_cancel()
+    if request.POST.get("select_across") != "1":
+        # Ticked on the page but finished before the click: no longer in the queryset.
+        ticked = {parse_uuid(v) for v in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)}
+        report.gone += sorted(pk for pk in ticked - set(names) if pk is not None)
+    if report.cancelled:
+        moved = "Cancelled: moved from the live jobs."
+        entries = [(pk, f"{names[pk]} {pk} (cancelled)", moved) for pk in report.cancelled]
+        log_changes(request, DeadLetter, entries, CHANGE)
+    if report.running:
+        asked = "Cancel requested: its worker stops it at its next heartbeat."
+        entries = [(pk, f"{names[pk]} {pk}", asked) for pk in report.running]
+        log_changes(request, Job, entries, CHANGE)
+    message = (
+        f"{len(report.cancelled)} cancelled (moved to the dead letters, where they can be replayed)"
+    )
+    if report.running:
+        message += (
+            f"; asked the workers of {len(report.running)} running job(s) to stop them (they end "
+            "in the dead letters as 'cancelled' if their handler stops)"
+        )
+    level = messages.SUCCESS
+    if report.gone:
+        level = messages.WARNING
+        message += f"; {len(report.gone)} no longer live (finished meanwhile)"
+    modeladmin.message_user(request, f"{message}.", level)
+
+
+class CancelPermission:
+    """Who may run cancel_jobs: the one permission of both job lists."""
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_jobs.cancel_job")
+
+
 @admin.register(Job)
-class JobAdmin(NameQueueColumns, ReadOnlyAdmin):
+class JobAdmin(CancelPermission, NameQueueColumns, ReadOnlyAdmin):
     # Fits 1280 px with the sidebar open: the name links the job, the state says the attempt,
     # the lease (holder and time left) is one column.
     list_display = ["name_cell", "queue_cell", "state_label", "run_at_cell", "lease"]
@@ -165,9 +209,6 @@ class JobAdmin(NameQueueColumns, ReadOnlyAdmin):
     def has_run_now_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(f"{self.opts.app_label}.run_job_now")
 
-    def has_cancel_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm(f"{self.opts.app_label}.cancel_job")
-
     @admin.action(permissions=["run_now"], description=_("Run selected scheduled jobs now"))
     def run_now(self, request: HttpRequest, queryset: QuerySet) -> None:
         selected = queryset.count()
@@ -182,39 +223,7 @@ class JobAdmin(NameQueueColumns, ReadOnlyAdmin):
         level = messages.SUCCESS if moved == selected else messages.WARNING
         self.message_user(request, f"{message}.", level)
 
-    @admin.action(
-        permissions=["cancel"],
-        description=_("Cancel selected waiting jobs (move them to the dead letters)"),
-    )
-    def cancel(self, request: HttpRequest, queryset: QuerySet) -> None:
-        names = dict(queryset.values_list("id", "name"))
-        report = queryset.cancel(by=request.user.get_username())
-        if request.POST.get("select_across") != "1":
-            # Ticked on the page but finished before the click: no longer in the queryset.
-            ticked = {parse_uuid(v) for v in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)}
-            report.gone += sorted(pk for pk in ticked - set(names) if pk is not None)
-        if report.cancelled:
-            log_changes(
-                request, DeadLetter,
-                ((pk, f"{names[pk]} {pk} (cancelled)", "Cancelled: moved from the live jobs.")
-                 for pk in report.cancelled),
-                CHANGE,
-            )  # fmt: skip
-        message = (
-            f"{len(report.cancelled)} cancelled "
-            "(moved to the dead letters, where they can be replayed)"
-        )
-        level = messages.SUCCESS
-        if report.running:
-            level = messages.WARNING
-            message += (
-                f"; {len(report.running)} running, not cancelled: a job a worker holds cannot be "
-                "cancelled here. It ends by itself (done, retried or dead-lettered)"
-            )
-        if report.gone:
-            level = messages.WARNING
-            message += f"; {len(report.gone)} no longer live (finished meanwhile)"
-        self.message_user(request, f"{message}.", level)
+    cancel = cancel_jobs  # the action "cancel" of this list, "cancel_jobs" of the running jobs
 
     # -- dashboard
 
@@ -248,23 +257,8 @@ class JobAdmin(NameQueueColumns, ReadOnlyAdmin):
         return TemplateResponse(request, "admin/django_jobs/dashboard.html", context)
 
 
-@admin.action(description=_("Cancel selected jobs"), permissions=["cancel"])
-def cancel_jobs(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: Any) -> None:
-    """Cancel: waiting jobs go to the dead letters now, running ones stop at the next heartbeat."""
-    result = control.cancel(
-        list(queryset.values_list("id", flat=True)), by=request.user.get_username()
-    )
-    modeladmin.message_user(
-        request,
-        f"Cancelled {result.cancelled} waiting job(s); asked the workers of "
-        f"{result.requested} running job(s) to stop them (they end in the dead letters as "
-        "'cancelled' if their handler stops).",
-        messages.SUCCESS,
-    )
-
-
 @admin.register(RunningJob)
-class RunningJobAdmin(NameQueueColumns, OperationsAdmin):
+class RunningJobAdmin(CancelPermission, NameQueueColumns, OperationsAdmin):
     # Fits 1280 px with the sidebar open: the attempt, its start and its lease in one column.
     list_display = ["name_cell", "queue_cell", "worker", "attempt"]
     list_filter = ["queue", "name"]
@@ -280,9 +274,6 @@ class RunningJobAdmin(NameQueueColumns, OperationsAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
-
-    def has_cancel_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("django_jobs.cancel_job")
 
     @admin.display(description=_("worker"))
     def worker(self, obj: Job) -> SafeString | str:

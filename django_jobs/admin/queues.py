@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
-from django.db.models import Count, IntegerField, Min, OuterRef, Q, Subquery
-from django.db.models.functions import Coalesce, Now
+from django.db.models import OuterRef, Subquery
+from django.db.models.functions import Coalesce
 from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.html import format_html
@@ -19,11 +19,10 @@ from django_jobs.admin.display import cell, list_when
 from django_jobs.models import Job, QueueState
 
 
-def _count(**filters: Any) -> Coalesce:
-    rows = Job.objects.filter(queue=OuterRef("name"), **filters).order_by().values("queue")
-    return Coalesce(
-        Subquery(rows.annotate(n=Count("id")).values("n")[:1], output_field=IntegerField()), 0
-    )
+def _per_queue(column: str) -> Subquery:
+    """One column of Job.counts_by_queue for the queue of the row."""
+    counts = Job.objects.filter(queue=OuterRef("name")).counts_by_queue()
+    return Subquery(counts.values(column)[:1])
 
 
 @admin.register(QueueState)
@@ -34,21 +33,14 @@ class QueueStateAdmin(OperationsAdmin):
     readonly_fields = ["name", "paused", "paused_at", "paused_by", "reason"]
 
     def get_queryset(self, request: HttpRequest) -> Any:
-        due = Q(locked_by__isnull=True, run_at__lte=Now())
-        oldest = (
-            Job.objects.filter(due, queue=OuterRef("name"))
-            .order_by()
-            .values("queue")
-            .annotate(m=Min("run_at"))
-        )
         return (
             super()
             .get_queryset(request)
             .annotate(
-                n_waiting=_count(locked_by__isnull=True, run_at__lte=Now()),
-                n_scheduled=_count(locked_by__isnull=True, run_at__gt=Now()),
-                n_running=_count(locked_by__isnull=False),
-                oldest_run_at=Subquery(oldest.values("m")[:1]),
+                n_waiting=Coalesce(_per_queue("waiting"), 0),
+                n_scheduled=Coalesce(_per_queue("scheduled"), 0),
+                n_running=Coalesce(_per_queue("running"), 0),
+                oldest_run_at=_per_queue("oldest"),
             )
         )
 
