@@ -89,15 +89,12 @@ def snapshot(alias: str | None = None) -> Snapshot:
     snap.dead = _per_minute(DeadLetter.objects.using(alias), "dead_at", start)
 
     labels = dict(DeadReason.choices)
-    reasons = (
-        DeadLetter.objects.using(alias)
-        .filter(replayed_at__isnull=True)
-        .order_by()
-        .values("reason")
-        .annotate(n=Count("pk"))
-    )
+    pending = DeadLetter.objects.using(alias).filter(replayed_at__isnull=True)
     snap.dead_by_reason = sorted(
-        ((r["reason"], str(labels.get(r["reason"], r["reason"])), r["n"]) for r in reasons),
+        (
+            (reason, str(labels.get(reason, reason)), n)
+            for reason, n in status.count_by(pending, "reason").items()
+        ),
         key=lambda item: -item[2],
     )
     return snap

@@ -11,9 +11,18 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count
+from django.db.models import Count, QuerySet
 
 from django_jobs import conf, registry
+from django_jobs.models import (
+    CompletionMarker,
+    DeadLetter,
+    Job,
+    QueueState,
+    UnknownName,
+    WorkerBeat,
+)
+from django_jobs.ops_models import unknown_name_grace
 from django_jobs.schedules import db_now
 
 RECENT = timedelta(hours=1)
@@ -85,10 +94,13 @@ class Status:
         }
 
 
+def count_by(queryset: QuerySet, column: str) -> dict[Any, int]:
+    """Count the rows of queryset per value of column, in one GROUP BY."""
+    return dict(queryset.order_by().values_list(column).annotate(n=Count("pk")))
+
+
 def queue_status(alias: str | None = None, now: datetime | None = None) -> list[QueueStatus]:
     """Return per-queue figures for each queue that has jobs, recent history, a row or a handler."""
-    from django_jobs.models import CompletionMarker, DeadLetter, Job, QueueState
-
     alias = alias or conf.database()
     now = now or db_now(alias)
     queues: dict[str, QueueStatus] = {}
@@ -108,32 +120,17 @@ def queue_status(alias: str | None = None, now: datetime | None = None) -> list[
         if row["oldest"] is not None:
             q.oldest_wait = max(0.0, (now - row["oldest"]).total_seconds())
     since = now - RECENT
-    done = (
-        CompletionMarker.objects.using(alias)
-        .filter(completed_at__gte=since)
-        .order_by()
-        .values("queue")
-        .annotate(n=Count("job_id"))
-    )
-    for row in done:
-        get(row["queue"]).done_last_hour = row["n"]
-    dead = (
-        DeadLetter.objects.using(alias)
-        .filter(dead_at__gte=since)
-        .order_by()
-        .values("queue")
-        .annotate(n=Count("id"))
-    )
-    for row in dead:
-        get(row["queue"]).dead_last_hour = row["n"]
+    markers = CompletionMarker.objects.using(alias).filter(completed_at__gte=since)
+    for name, n in count_by(markers, "queue").items():
+        get(name).done_last_hour = n
+    letters = DeadLetter.objects.using(alias).filter(dead_at__gte=since)
+    for name, n in count_by(letters, "queue").items():
+        get(name).dead_last_hour = n
     return sorted(queues.values(), key=lambda q: q.name)
 
 
 def unknown_names(alias: str | None = None, now: Any = None) -> list[UnknownNameStatus]:
     """Return the job names no live worker knows, as the workers' upkeep last found them."""
-    from django_jobs.models import UnknownName
-    from django_jobs.ops_models import unknown_name_grace
-
     alias = alias or conf.database()
     try:
         grace = unknown_name_grace()
@@ -149,8 +146,6 @@ def unknown_names(alias: str | None = None, now: Any = None) -> list[UnknownName
 
 def live_workers(alias: str | None = None) -> list[WorkerStatus]:
     """Return the workers whose heartbeat row is younger than WORKER_EXPIRY."""
-    from django_jobs.models import WorkerBeat
-
     alias = alias or conf.database()
     rows = WorkerBeat.objects.using(alias).live()
     return [

@@ -14,7 +14,7 @@ from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.contenttypes.models import ContentType
 from django.core.paginator import Paginator
 from django.db import DataError, connections
-from django.db.models import Model, QuerySet
+from django.db.models import Model, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.urls import NoReverseMatch, reverse
 from django.utils.safestring import SafeString
@@ -168,6 +168,27 @@ class NameQueueColumns:
     @admin.display(description=_("queue"), ordering="queue")
     def queue_cell(self, obj: Job | CompletionMarker) -> SafeString | str:
         return cell(obj.queue, 32, name=True)
+
+
+class IdOrTermSearch:
+    """Search by a job id or by a term, each matched as the list says (ids and keys exactly)."""
+
+    def search_id(self, job_id: uuid.UUID, term: str) -> Q:
+        return Q(id=job_id)
+
+    def search_term(self, term: str) -> Q:
+        return Q(key=term)
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet, search_term: str
+    ) -> tuple[QuerySet, bool]:
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        job_id = parse_uuid(term)
+        if job_id is not None:
+            return queryset.filter(self.search_id(job_id, term)), False
+        return queryset.filter(self.search_term(term)), False
 
 
 class OperationsAdmin(GuardedAdmin):

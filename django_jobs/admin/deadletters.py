@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,7 +25,7 @@ from django.utils.translation import gettext_lazy as _
 from rangefilter.filters import DateRangeFilter
 
 from django_jobs import registry
-from django_jobs.admin.base import ReadOnlyAdmin, log_changes, parse_uuid
+from django_jobs.admin.base import IdOrTermSearch, ReadOnlyAdmin, log_changes
 from django_jobs.admin.display import (
     EMPTY,
     TITLE_LIMIT,
@@ -55,7 +56,7 @@ class ReplayedFilter(admin.SimpleListFilter):
 
 
 @admin.register(DeadLetter)
-class DeadLetterAdmin(ReadOnlyAdmin):
+class DeadLetterAdmin(IdOrTermSearch, ReadOnlyAdmin):
     # Fits 1280 px with the sidebar open: the name links the letter, short times, a cut
     # error. The id (searchable), queue, enqueued-at and attempts are on the detail page.
     list_display = ["name_cell", "reason", "dead_at_cell", "error_line", "replayed"]
@@ -172,19 +173,12 @@ class DeadLetterAdmin(ReadOnlyAdmin):
 
     # -- search
 
-    def get_search_results(
-        self, request: HttpRequest, queryset: QuerySet, search_term: str
-    ) -> tuple[QuerySet, bool]:
-        term = search_term.strip()
-        if not term:
-            return queryset, False
-        job_id = parse_uuid(term)
-        if job_id is not None:
-            # The letter of that job, or the letter that was replayed as that job.
-            return queryset.filter(Q(id=job_id) | Q(replay_job_id=job_id)), False
-        return queryset.filter(
-            Q(key=term) | Q(name__icontains=term) | Q(error__icontains=term)
-        ), False
+    def search_id(self, job_id: uuid.UUID, term: str) -> Q:
+        # The letter of that job, or the letter that was replayed as that job.
+        return Q(id=job_id) | Q(replay_job_id=job_id)
+
+    def search_term(self, term: str) -> Q:
+        return Q(key=term) | Q(name__icontains=term) | Q(error__icontains=term)
 
     # -- replay
 

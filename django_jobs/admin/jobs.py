@@ -20,6 +20,7 @@ from django.utils.translation import gettext_lazy as _
 
 from django_jobs import dashboard
 from django_jobs.admin.base import (
+    IdOrTermSearch,
     NameQueueColumns,
     OperationsAdmin,
     ReadOnlyAdmin,
@@ -105,7 +106,7 @@ class CancelPermission:
 
 
 @admin.register(Job)
-class JobAdmin(CancelPermission, NameQueueColumns, ReadOnlyAdmin):
+class JobAdmin(IdOrTermSearch, CancelPermission, NameQueueColumns, ReadOnlyAdmin):
     # Fits 1280 px with the sidebar open: the name links the job, the state says the attempt,
     # the lease (holder and time left) is one column.
     list_display = ["name_cell", "queue_cell", "state_label", "run_at_cell", "lease"]
@@ -193,16 +194,8 @@ class JobAdmin(CancelPermission, NameQueueColumns, ReadOnlyAdmin):
     def attempt_table(self, obj: Job) -> SafeString | str:
         return attempt_history(obj.errors)
 
-    def get_search_results(
-        self, request: HttpRequest, queryset: QuerySet, search_term: str
-    ) -> tuple[QuerySet, bool]:
-        term = search_term.strip()
-        if not term:
-            return queryset, False
-        job_id = parse_uuid(term)
-        if job_id is not None:
-            return queryset.filter(id=job_id), False
-        return queryset.filter(Q(key=term) | Q(name__icontains=term)), False
+    def search_term(self, term: str) -> Q:
+        return Q(key=term) | Q(name__icontains=term)
 
     # -- actions
 

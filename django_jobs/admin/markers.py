@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from django.contrib import admin
-from django.db.models import Q, QuerySet
+from django.db.models import Q
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
@@ -13,13 +14,13 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 from rangefilter.filters import DateRangeFilter
 
-from django_jobs.admin.base import NameQueueColumns, ReadOnlyAdmin, parse_uuid
+from django_jobs.admin.base import IdOrTermSearch, NameQueueColumns, ReadOnlyAdmin
 from django_jobs.admin.display import EMPTY, cell, list_when, pretty_json
 from django_jobs.models import CompletionMarker, DeadLetter
 
 
 @admin.register(CompletionMarker)
-class CompletionMarkerAdmin(NameQueueColumns, ReadOnlyAdmin):
+class CompletionMarkerAdmin(IdOrTermSearch, NameQueueColumns, ReadOnlyAdmin):
     list_display = [
         "key_cell", "name_cell", "queue_cell", "attempts", "completed_at_cell", "worker_cell",
     ]  # fmt: skip
@@ -39,17 +40,9 @@ class CompletionMarkerAdmin(NameQueueColumns, ReadOnlyAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # a marker is what keeps its key from running twice
 
-    def get_search_results(
-        self, request: HttpRequest, queryset: QuerySet, search_term: str
-    ) -> tuple[QuerySet, bool]:
-        # Exact matches only: both are indexed, and a LIKE over a million keys is not.
-        term = search_term.strip()
-        if not term:
-            return queryset, False
-        job_id = parse_uuid(term)
-        if job_id is not None:
-            return queryset.filter(Q(job_id=job_id) | Q(key=term)), False
-        return queryset.filter(key=term), False
+    # Exact matches only: both are indexed, and a LIKE over a million keys is not.
+    def search_id(self, job_id: uuid.UUID, term: str) -> Q:
+        return Q(job_id=job_id) | Q(key=term)
 
     @admin.display(description=_("key"), ordering="key")
     def key_cell(self, obj: CompletionMarker) -> SafeString | str:
