@@ -22,7 +22,7 @@ def activity():
     JobFactory.create_batch(3, queue="default", run_at=now - timedelta(minutes=5))
     JobFactory(queue="default", run_at=now - timedelta(minutes=42))  # the oldest waiting one
     JobFactory.create_batch(2, queue="emails", run_at=now + timedelta(hours=1))
-    JobFactory(queue="emails", locked_by="w:1:a#1", lease_expires_at=now + timedelta(seconds=30))
+    JobFactory(queue="emails", leased=True)
     MarkerFactory.create_batch(4, completed_at=now - timedelta(minutes=2))
     MarkerFactory.create_batch(2, completed_at=now - timedelta(minutes=30))
     MarkerFactory(completed_at=now - timedelta(hours=3))  # outside the hour

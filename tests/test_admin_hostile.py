@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-from datetime import timedelta
 
 import pytest
 from django.db import connection
-from django.utils import timezone
 
-from django_jobs.models import QueueState, Schedule, WorkerBeat
+from django_jobs.models import QueueState, Schedule
 from tests.admin_fixtures import url
 from tests.conftest import POSTGRES
-from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory
+from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory, WorkerBeatFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -72,15 +70,13 @@ HOSTILE = [
 
 @pytest.fixture
 def rows():
-    now = timezone.now()
     JobFactory()
-    JobFactory(locked_by="h:1:aa#1", lease_expires_at=now + timedelta(seconds=30), attempts=1)
+    JobFactory(leased=True, worker="h:1:aa")
     DeadLetterFactory()
     MarkerFactory()
     QueueState.objects.ensure(["default"])
     Schedule.objects.create(name="nightly", cron="0 3 * * *", job_name="tests.noop")
-    WorkerBeat.objects.create(id="h:1:aa", host="h", pid=1, queues=["default"], concurrency=1,
-                              started_at=now, last_seen_at=now)  # fmt: skip
+    WorkerBeatFactory(id="h:1:aa", pid=1, concurrency=1)
 
 
 def assert_answers(client, path):
@@ -172,7 +168,6 @@ CASES = [
 
 
 def _row(model):
-    now = timezone.now()
     if model == "deadletter":
         return DeadLetterFactory()
     if model == "job":
@@ -180,15 +175,7 @@ def _row(model):
     if model == "completionmarker":
         return MarkerFactory()
     if model == "workerbeat":
-        return WorkerBeat.objects.create(
-            id="h:1:aa",
-            host="h",
-            pid=1,
-            queues=["default"],
-            concurrency=1,
-            started_at=now,
-            last_seen_at=now,
-        )
+        return WorkerBeatFactory(id="h:1:aa", pid=1, concurrency=1)
     return Schedule.objects.create(name="nightly", cron="0 3 * * *", job_name="tests.noop")
 
 

@@ -28,11 +28,9 @@ def three_states():
         "waiting": JobFactory(name="tests.record", run_at=now - timedelta(minutes=1)),
         "scheduled": JobFactory(name="tests.noop", queue="emails", run_at=now + timedelta(hours=1)),
         "running": JobFactory(
-            name="tests.record", locked_by="web-1:4242:abc123#7",
-            lease_expires_at=now + timedelta(seconds=30),
-            attempts=1,
+            name="tests.record", leased=True, worker="web-1:4242:abc123", claim_seq=7
         ),
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.parametrize(
@@ -53,7 +51,11 @@ def test_job_filters(admin_client_, three_states, params, expected):
 
 
 def test_job_list_shows_state_and_lease_holder(admin_client_, three_states):
-    JobFactory(locked_by="web-2:1:dead#1", lease_expires_at=timezone.now() - timedelta(seconds=5))
+    JobFactory(
+        lease_expired=True,
+        worker="web-2:1:dead",
+        lease_expires_at=timezone.now() - timedelta(seconds=5),
+    )
     response = admin_client_.get(url("job_changelist"))
     assert response.context["cl"].list_display == [
         "action_checkbox", "name_cell", "queue_cell", "state_label", "run_at_cell", "lease",

@@ -2,88 +2,79 @@
 
 from __future__ import annotations
 
+import re
+import time
 from datetime import timedelta
 
 import pytest
+from django.contrib.admin import site
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import Permission, User
-from django.http import QueryDict
-from django.test import Client, override_settings
+from django.test import RequestFactory, override_settings
 from django.utils import timezone
 
 from django_jobs import schedules
-from django_jobs.models import DeadLetter, DeadReason, Job, QueueState, Schedule, WorkerBeat
-from tests.factories import JobFactory
+from django_jobs.models import DeadLetter, DeadReason, Job, QueueState, RunningJob, Schedule
+from tests.admin_fixtures import action, action_names, url
+from tests.factories import JobFactory, WorkerBeatFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-BASE = "/admin/django_jobs"
+NIGHTLY = {"SCHEDULES": {"nightly": {"cron": "0 3 * * *", "job": "tests.noop"}}}
 
 
 @pytest.fixture
-def admin_client():
-    user = User.objects.create_superuser("root", "root@example.com", "pw")
-    client = Client()
-    client.force_login(user)
+def root(make_user):
+    return make_user(superuser=True)
+
+
+@pytest.fixture
+def root_client(client, root):
+    client.force_login(root)
     return client
 
 
-def _action(client, model, action, ids):
-    return client.post(
-        f"{BASE}/{model}/",
-        {"action": action, "_selected_action": [str(i) for i in ids]},
-        follow=True,
-    )
-
-
-def test_pages_render(admin_client):
-    now = timezone.now()
-    with override_settings(
-        DJANGO_JOBS={"SCHEDULES": {"nightly": {"cron": "0 3 * * *", "job": "tests.noop"}}}
-    ):
+def test_pages_render(root_client):
+    with override_settings(DJANGO_JOBS=NIGHTLY):
         schedules.sync()
         QueueState.objects.ensure(["default"])
-        WorkerBeat.objects.create(id="h:1:aa", host="h", pid=1, queues=["default"], concurrency=4,
-                                  started_at=now, last_seen_at=now)  # fmt: skip
-        JobFactory(locked_by="h:1:aa#1", lease_expires_at=now + timedelta(seconds=30), attempts=1)
-        JobFactory(run_at=now - timedelta(seconds=90))
+        WorkerBeatFactory(id="h:1:aa", pid=1)
+        JobFactory(leased=True, worker="h:1:aa")
+        JobFactory(run_at=timezone.now() - timedelta(seconds=90))
+        created = time.monotonic()
         for model in ("schedule", "queuestate", "workerbeat", "runningjob"):
-            response = admin_client.get(f"{BASE}/{model}/")
+            response = root_client.get(url(f"{model}_changelist"))
             assert response.status_code == 200, model
-        page = admin_client.get(f"{BASE}/schedule/").content.decode()
+        page = root_client.get(url("schedule_changelist")).content.decode()
         assert "nightly" in page and "0 3 * * * (UTC)" in page
-        page = admin_client.get(f"{BASE}/queuestate/").content.decode()
-        assert "90s" in page or "91s" in page  # the oldest wait
-        assert admin_client.get(f"{BASE}/schedule/nightly/change/").status_code == 200
+        page = root_client.get(url("queuestate_changelist")).content.decode()
+        waited = int(re.search(r'class="field-oldest_wait">(\d+)s<', page)[1])
+        assert 90 <= waited <= 90 + (time.monotonic() - created) + 1
+        assert root_client.get(url("schedule_change", "nightly")).status_code == 200
 
 
-def test_pause_and_resume_actions(admin_client):
+def test_pause_and_resume_actions(root_client, root):
     QueueState.objects.ensure(["default", "emails"])
-    response = _action(admin_client, "queuestate", "pause_queues", ["emails"])
+    response = action(root_client, "queuestate", "pause_queues", ["emails"])
     assert "Paused 1 queue(s)" in response.content.decode()
     state = QueueState.objects.get(name="emails")
-    assert (state.paused, state.paused_by) == (True, "root")
+    assert (state.paused, state.paused_by) == (True, root.username)
     assert not QueueState.objects.get(name="default").paused
-    _action(admin_client, "queuestate", "resume_queues", ["emails"])
+    action(root_client, "queuestate", "resume_queues", ["emails"])
     assert not QueueState.objects.get(name="emails").paused
 
 
-def test_enable_and_disable_schedules(admin_client):
-    with override_settings(
-        DJANGO_JOBS={"SCHEDULES": {"nightly": {"cron": "0 3 * * *", "job": "tests.noop"}}}
-    ):
+def test_enable_and_disable_schedules(root_client):
+    with override_settings(DJANGO_JOBS=NIGHTLY):
         schedules.sync()
-    _action(admin_client, "schedule", "disable_schedules", ["nightly"])
+    action(root_client, "schedule", "disable_schedules", ["nightly"])
     assert Schedule.objects.get().enabled is False
-    _action(admin_client, "schedule", "enable_schedules", ["nightly"])
+    action(root_client, "schedule", "enable_schedules", ["nightly"])
     assert Schedule.objects.get().enabled is True
 
 
-def test_cancel_action_flags_running_jobs(admin_client):
-    running = JobFactory(
-        locked_by="h:1:aa#1", lease_expires_at=timezone.now() + timedelta(seconds=30), attempts=1
-    )
-    response = _action(admin_client, "runningjob", "cancel_jobs", [running.id])
+def test_cancel_action_flags_running_jobs(root_client):
+    running = JobFactory(leased=True)
+    response = action(root_client, "runningjob", "cancel_jobs", [running.id])
     assert "asked the workers of 1 running job(s)" in response.content.decode()
     assert Job.objects.get(id=running.id).cancel_requested_at is not None
     assert not DeadLetter.objects.exists()  # the worker decides when the handler stops
@@ -94,61 +85,49 @@ def test_cancel_action_flags_running_jobs(admin_client):
     )
 
 
-def test_cancel_needs_the_cancel_permission():
-    user = User.objects.create_user("viewer", password="pw", is_staff=True)
-    user.user_permissions.add(Permission.objects.get(codename="view_runningjob"))
-    client = Client()
-    client.force_login(user)
-    running = JobFactory(
-        locked_by="h:1:aa#1", lease_expires_at=timezone.now() + timedelta(seconds=30)
-    )
-    page = client.get(f"{BASE}/runningjob/")
-    assert page.status_code == 200 and "cancel_jobs" not in page.content.decode()
-    _action(client, "runningjob", "cancel_jobs", [running.id])
+def test_cancel_needs_the_cancel_permission(make_user, client):
+    viewer = make_user("view_runningjob")
+    client.force_login(viewer)
+    running = JobFactory(leased=True)
+    page = client.get(url("runningjob_changelist"))
+    assert page.status_code == 200
+    assert "cancel_jobs" not in action_names(page)
+    action(client, "runningjob", "cancel_jobs", [running.id])
     assert Job.objects.get(id=running.id).cancel_requested_at is None
-    user.user_permissions.add(Permission.objects.get(codename="cancel_job"))
-    client.force_login(User.objects.get(pk=user.pk))
-    _action(client, "runningjob", "cancel_jobs", [running.id])
+    client.force_login(make_user("view_runningjob", "cancel_job"))
+    assert "cancel_jobs" in action_names(client.get(url("runningjob_changelist")))
+    action(client, "runningjob", "cancel_jobs", [running.id])
     assert Job.objects.get(id=running.id).cancel_requested_at is not None
 
 
-def test_waiting_jobs_cancelled_through_the_action_become_dead_letters(admin_client):
+def test_waiting_jobs_cancelled_through_the_action_become_dead_letters(root, monkeypatch):
     # The running-jobs page lists leased jobs only; the action itself handles waiting ones too
     # (for the main job admin to reuse it).
-    from django.contrib.admin import site
-
-    from django_jobs.admin import cancel_jobs
-    from django_jobs.models import RunningJob
-
     waiting = JobFactory()
+    request = RequestFactory().post(url("runningjob_changelist"))
+    request.user = root
     modeladmin = site._registry[RunningJob]
-
-    class _Request:
-        user = User.objects.get(username="root")
-        POST = QueryDict()
-        _messages = []
-
-    modeladmin.message_user = lambda request, message, level: _Request._messages.append(message)
-    try:
-        cancel_jobs(modeladmin, _Request(), Job.objects.filter(id=waiting.id))
-    finally:
-        del modeladmin.message_user
+    entry = modeladmin.get_actions(request)["cancel_jobs"]
+    cancel_jobs = entry.func if hasattr(entry, "func") else entry[0]  # an Action from Django 6.1
+    messages = []
+    monkeypatch.setattr(
+        modeladmin, "message_user", lambda request, message, level: messages.append(message)
+    )
+    cancel_jobs(modeladmin, request, Job.objects.filter(id=waiting.id))
     letter = DeadLetter.objects.get(id=waiting.id)
-    assert letter.reason == DeadReason.CANCELLED and "by root" in letter.error
-    assert _Request._messages == [
-        "1 cancelled (moved to the dead letters, where they can be replayed)."
-    ]
+    assert letter.reason == DeadReason.CANCELLED and f"by {root.username}" in letter.error
+    assert messages == ["1 cancelled (moved to the dead letters, where they can be replayed)."]
     assert LogEntry.objects.get().object_id == str(waiting.id)
 
 
-def test_queue_list_counts_each_queue_as_counts_by_queue_does(admin_client):
+def test_queue_list_counts_each_queue_as_counts_by_queue_does(root_client):
     QueueState.objects.ensure(["default", "emails", "idle"])
     now = timezone.now()
     JobFactory.create_batch(2, queue="emails", run_at=now - timedelta(seconds=5))
     JobFactory(queue="emails", run_at=now + timedelta(hours=1))
-    JobFactory(queue="emails", locked_by="h:1:aa#1", lease_expires_at=now + timedelta(seconds=30))
+    JobFactory(queue="emails", leased=True)
     JobFactory(queue="default", run_at=now - timedelta(seconds=5))
-    response = admin_client.get(f"{BASE}/queuestate/")
+    response = root_client.get(url("queuestate_changelist"))
     shown = {
         q.name: (q.n_waiting, q.n_scheduled, q.n_running, q.oldest_run_at is not None)
         for q in response.context["cl"].result_list

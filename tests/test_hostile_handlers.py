@@ -344,9 +344,7 @@ def test_a_row_with_hand_edited_errors_is_dead_lettered_as_malformed(errors):
 def test_an_expired_lease_over_hand_edited_errors_is_dead_lettered_as_malformed():
     """The claim's takeover appends to errors: on a string, too (as jsonb's || does)."""
     past = "2000-01-01T00:00:00Z"
-    bad = JobFactory(
-        name="tests.record", attempts=1, locked_by="gone:1:abc#1", lease_expires_at=past
-    )
+    bad = JobFactory(name="tests.record", lease_expired=True, lease_expires_at=past)
     set_errors(bad.id, "text")
     ids = ordinary()
     burst()

@@ -228,9 +228,7 @@ def test_cancel_moves_waiting_and_scheduled_jobs_to_the_dead_letters():
                          errors=[{"attempt": 1, "type": "builtins.RuntimeError",
                                   "message": "boom"}])  # fmt: skip
     scheduled = JobFactory(run_at=timezone.now() + timedelta(hours=1))
-    running = JobFactory(
-        locked_by="host:1:abc#1", lease_expires_at=timezone.now() + timedelta(minutes=1)
-    )
+    running = JobFactory(leased=True)
 
     report = Job.objects.all().cancel(by="ada")
 
@@ -267,11 +265,7 @@ def test_a_cancelled_job_can_be_replayed(run_worker):
 def test_run_now_makes_only_scheduled_jobs_due():
     scheduled = JobFactory(run_at=timezone.now() + timedelta(hours=3))
     waiting = JobFactory(run_at=timezone.now() - timedelta(minutes=5))
-    running = JobFactory(
-        locked_by="h:1:a#1",
-        lease_expires_at=timezone.now() + timedelta(minutes=1),
-        run_at=timezone.now() + timedelta(hours=1),
-    )
+    running = JobFactory(leased=True, run_at=timezone.now() + timedelta(hours=1))
 
     moved = Job.objects.all().run_now()
 
@@ -285,7 +279,7 @@ def test_run_now_makes_only_scheduled_jobs_due():
 def test_job_states_on_the_database_clock():
     JobFactory(run_at=timezone.now() - timedelta(seconds=1))
     JobFactory(run_at=timezone.now() + timedelta(hours=1))
-    JobFactory(locked_by="h:1:a#1", lease_expires_at=timezone.now() + timedelta(minutes=1))
+    JobFactory(leased=True)
 
     states = sorted(Job.objects.with_state().values_list("state", flat=True))
     assert states == ["running", "scheduled", "waiting"]

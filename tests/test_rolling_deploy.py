@@ -35,7 +35,7 @@ from django_jobs.registry import job
 from django_jobs.worker import Worker
 from tests.admin_fixtures import url
 from tests.conftest import wait_for
-from tests.factories import JobFactory
+from tests.factories import JobFactory, WorkerBeatFactory
 from tests.testapp import jobs
 from tests.testapp.models import Audit
 
@@ -186,9 +186,7 @@ def test_a_live_worker_that_does_not_publish_its_names_keeps_every_name_waiting(
     run_worker, settings
 ):
     _fast(settings, grace=0)
-    now = timezone.now()
-    WorkerBeat.objects.create(id="h:1:old", host="h", pid=1, queues=["default"], concurrency=1,
-                              started_at=now, last_seen_at=now, handlers=None)  # fmt: skip
+    WorkerBeatFactory(id="h:1:old", pid=1, concurrency=1, handlers=None)
     row = JobFactory(name="os.system")
     run_worker()
     assert Job.objects.filter(id=row.id, attempts=0).exists()
@@ -197,8 +195,7 @@ def test_a_live_worker_that_does_not_publish_its_names_keeps_every_name_waiting(
 
 
 def test_an_expired_lease_of_an_unknown_name_is_not_taken_over_and_is_buried(run_worker, settings):
-    past = timezone.now() - timedelta(minutes=5)
-    row = JobFactory(name="os.system", locked_by="w:9:aa#3", lease_expires_at=past, attempts=1)
+    row = JobFactory(name="os.system", lease_expired=True, worker="w:9:aa", claim_seq=3)
     _fast(settings, grace=600)
     run_worker()
     assert Job.objects.get(id=row.id).locked_by == "w:9:aa#3"  # not taken over
