@@ -306,12 +306,9 @@ def _schedule(
         seconds = delay
     else:
         raise InvalidJob(f"delay must be a timedelta or a number of seconds, not {delay!r}")
-    if isinstance(seconds, int | float) and seconds > limits.MAX_SECONDS:
-        raise InvalidJob(
-            f"delay must be at most {limits.MAX_SECONDS} seconds (ten years), not "
-            f"{limits.shown(delay)}; pass run_at for far-off dates"
-        )
-    return None, limits.seconds("delay", seconds, zero=True, error=InvalidJob)
+    return None, limits.seconds(
+        "delay", seconds, zero=True, error=InvalidJob, hint="; pass run_at for far-off dates"
+    )
 
 
 def _write(job: _Prepared, alias: str) -> EnqueueResult:

@@ -19,7 +19,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
-from django_jobs import conf, registry, status
+from django_jobs import conf, limits, registry, status
 from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job
 
 WINDOW_MINUTES = 60
@@ -213,16 +213,4 @@ def _n(value: float) -> str:
 
 def duration(value: timedelta | None) -> str:
     """Return a short human duration: 45s, 12m, 3h 5m, 2d 4h."""
-    if value is None:
-        return "—"
-    seconds = int(value.total_seconds())
-    if seconds < 60:
-        return f"{seconds}s"
-    minutes, seconds = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes}m {seconds}s" if minutes < 10 and seconds else f"{minutes}m"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours}h {minutes}m" if minutes else f"{hours}h"
-    days, hours = divmod(hours, 24)
-    return f"{days}d {hours}h" if hours else f"{days}d"
+    return "—" if value is None else limits.format_duration(value)

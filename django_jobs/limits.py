@@ -8,6 +8,8 @@ before any SQL runs.
 from __future__ import annotations
 
 import math
+import re
+from datetime import timedelta
 from typing import Any
 
 # The longest duration any option takes (lease, heartbeat, grace, poll interval,
@@ -26,6 +28,16 @@ MIN_PRIORITY, MAX_PRIORITY = -100, 100
 MAX_NAME_LENGTH = 200
 MAX_QUEUE_LENGTH = 100
 MAX_KEY_LENGTH = 255
+# Schedule names (the schedule table's primary key).
+MAX_SCHEDULE_LENGTH = 100
+# Lease tokens ("<worker id>#<claim>") and worker ids.
+MAX_TOKEN_LENGTH = 160
+# Who paused a queue or replayed a letter (a username, as long as Django's).
+MAX_BY_LENGTH = 150
+# Why a queue was paused.
+MAX_REASON_LENGTH = 200
+# A payload fingerprint: a SHA-256 digest in hex.
+FINGERPRINT_LENGTH = 64
 # PostgreSQL stores at most 1 GB in one text value.
 MAX_PAYLOAD_BYTES = 2**30
 
@@ -40,7 +52,12 @@ def integer(
 
 
 def seconds(
-    what: str, value: Any, *, zero: bool = False, error: type[Exception] = ValueError
+    what: str,
+    value: Any,
+    *,
+    zero: bool = False,
+    error: type[Exception] = ValueError,
+    hint: str = "",
 ) -> float:
     """Return value as float seconds if it is a number in (0, MAX_SECONDS] ([0, ...] if zero)."""
     if isinstance(value, int | float) and not isinstance(value, bool):
@@ -53,8 +70,60 @@ def seconds(
     low = "from 0" if zero else "above 0"
     raise error(
         f"{what} must be a number of seconds {low} up to {MAX_SECONDS} (ten years), "
-        f"not {shown(value)}"
+        f"not {shown(value)}{hint}"
     )
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+# Text that means "no limit" where a duration may be None (a retention: keep everything).
+_NEVER = frozenset({"none", "forever", "keep"})
+
+
+def duration(value: Any, *, what: str = "the duration") -> timedelta | None:
+    """Return None, a timedelta, seconds or text like '7d', '12h', '90m', '45' as a timedelta.
+
+    The one duration parser: 'none' (or None) is None, anything else must come
+    to 0 .. MAX_SECONDS; raise ValueError naming `what` otherwise.
+    """
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        number: Any = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str):
+        if value.strip().lower() in _NEVER:
+            return None
+        match = _DURATION.match(value.lower())
+        if not match:
+            raise ValueError(
+                f"{what} must be a duration like 7d, 12h, 30m or 90s, or 'none'; not {shown(value)}"
+            )
+        number = float(match[1]) * _UNIT[match[2]]
+    else:
+        raise ValueError(f"{what} must be None, seconds or a timedelta, not {shown(value)}")
+    if not 0 <= number <= MAX_SECONDS:
+        raise ValueError(
+            f"{what} must be 0 to {MAX_SECONDS} seconds (ten years; 'none' keeps "
+            f"everything), not {shown(value)}"
+        )
+    return timedelta(seconds=number)
+
+
+def format_duration(value: timedelta | float) -> str:
+    """Return a short human duration: 45s, 3m 4s, 42m, 3h 5m, 2d 4h (negative as positive)."""
+    seconds = int(abs(value.total_seconds() if isinstance(value, timedelta) else value))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m {seconds}s" if minutes < 10 and seconds else f"{minutes}m"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h {minutes}m" if minutes else f"{hours}h"
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours}h" if hours else f"{days}d"
 
 
 def shown(value: Any, width: int = 60) -> str:

@@ -29,16 +29,29 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from django_jobs import conf, limits, sql
+from django_jobs.attempts import (  # noqa: F401 - LEASE_EXPIRED and MAX_TRACEBACK re-exported
+    LEASE_EXPIRED,
+    MAX_LABEL,
+    MAX_MESSAGE,
+    MAX_TRACEBACK,
+    error_entry,
+    error_summary,
+    lease_expired_entry,
+    usable_errors,
+    worker_of,
+)
 from django_jobs.exceptions import LeaseLost
-from django_jobs.limits import MAX_KEY_LENGTH, MAX_NAME_LENGTH, MAX_QUEUE_LENGTH
+from django_jobs.limits import (
+    FINGERPRINT_LENGTH,
+    MAX_BY_LENGTH,
+    MAX_KEY_LENGTH,
+    MAX_NAME_LENGTH,
+    MAX_PRIORITY,
+    MAX_QUEUE_LENGTH,
+    MAX_TOKEN_LENGTH,
+    MIN_PRIORITY,
+)
 from django_jobs.payloads import safe_str, storable_text
-
-# Longest message and traceback kept per attempt's error (characters): a handler
-# raising a 10 MB message must not make 10 MB rows, log lines or admin pages.
-MAX_MESSAGE = 2_000
-MAX_TRACEBACK = 16_000
-# Longest type name and worker id kept in an error entry.
-MAX_LABEL = 300
 
 
 def uuid7() -> uuid.UUID:
@@ -110,7 +123,7 @@ class ClaimedJob:
 
     @property
     def worker_id(self) -> str:
-        return self.token.rpartition("#")[0]
+        return worker_of(self.token)
 
     def malformed(self) -> str | None:
         """Say which column of this row no worker can use as it is, or None when all are fine."""
@@ -235,7 +248,7 @@ class JobQuerySet(models.QuerySet):
             .values_list("id", "locked_by", "attempts", "errors")[:limit]
         )
         for job_id, locked_by, attempts, errors in expired:
-            entry = lease_expired_entry(attempts, locked_by.rpartition("#")[0], timezone.now())
+            entry = lease_expired_entry(attempts, locked_by, timezone.now())
             self.filter(id=job_id, locked_by=locked_by, lease_expires_at__lt=now).update(
                 attempts=F("attempts") + 1,
                 locked_by=token,
@@ -318,7 +331,7 @@ class JobQuerySet(models.QuerySet):
                         enqueued_at=row[9],
                         started_at=row[10],
                         completed_at=now,
-                        worker_id=row[-1].rpartition("#")[0],
+                        worker_id=worker_of(row[-1]),
                         result=_json_loads(token_of[row[0]][1]),
                         fingerprint=row[8],
                     )
@@ -497,12 +510,15 @@ class JobQuerySet(models.QuerySet):
             letters = []
             for job in rows:
                 if job.locked_by is not None:
-                    lost = lease_expired_entry(job.attempts, job.locked_by.rpartition("#")[0], now)
+                    lost = lease_expired_entry(job.attempts, job.locked_by, now)
                     job.errors = [*usable_errors(job.errors), lost]
-                error = error_record(
-                    attempt=job.attempts, kind="django_jobs.UnknownJob", message=message,
-                    worker=worker, at=now,
-                )  # fmt: skip
+                error = error_entry(
+                    job.attempts,
+                    kind="django_jobs.UnknownJob",
+                    message=message,
+                    worker=worker,
+                    at=now,
+                )
                 letters.append(
                     DeadLetter.for_job(
                         job, reason=DeadReason.UNKNOWN_NAME, error=error, dead_at=now
@@ -608,59 +624,6 @@ class JobQuerySet(models.QuerySet):
         )
 
 
-def error_summary(error: dict[str, Any]) -> str:
-    kind = error.get("type", "")
-    message = error.get("message", "")
-    return f"{kind}: {message}" if kind and message else kind or message
-
-
-def error_record(
-    *,
-    attempt: int,
-    kind: str,
-    message: Any,
-    traceback: Any = "",
-    worker: str = "",
-    at: datetime | None = None,
-) -> dict[str, Any]:
-    """Return one attempt's error entry, every text storable and within its cap.
-
-    The one builder of the entries in ``Job.errors`` and ``DeadLetter.errors``
-    (SQL builds the same shape for expired leases in sql.CLAIM).
-    """
-    traceback = storable_text(traceback)
-    if len(traceback) > MAX_TRACEBACK:
-        traceback = "…" + traceback[-MAX_TRACEBACK:]
-    return {
-        "attempt": attempt,
-        "at": (at or timezone.now()).isoformat(),
-        "type": storable_text(kind, MAX_LABEL),
-        "message": storable_text(message, MAX_MESSAGE),
-        "traceback": traceback,
-        "worker": storable_text(worker, MAX_LABEL),
-    }
-
-
-LEASE_EXPIRED = "django_jobs.LeaseExpired"
-
-
-def lease_expired_entry(attempt: int, worker_id: str, at: datetime) -> dict[str, Any]:
-    return error_record(
-        attempt=attempt,
-        kind=LEASE_EXPIRED,
-        message="the lease expired before the attempt settled (worker killed, hung or cut off)",
-        worker=worker_id,
-        at=at,
-    )
-
-
-def usable_errors(errors: Any) -> list[dict[str, Any]]:
-    """Return a row's errors list, without the items a hand edit left that are not entries."""
-    if not isinstance(errors, list):
-        return []
-    return [e for e in errors if type(e) is dict]
-
-
 def _json_loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
@@ -683,8 +646,8 @@ def _chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
 
 
 def _cancelled_letter(job: Job, by: str, now: datetime) -> DeadLetter:
-    error = error_record(
-        attempt=job.attempts,
+    error = error_entry(
+        job.attempts,
         kind="django_jobs.Cancelled",
         message=f"cancelled by {by}" if by else "cancelled",
         at=now,
@@ -813,9 +776,12 @@ class Job(models.Model):
     key = models.CharField(
         max_length=MAX_KEY_LENGTH, null=True, blank=True, help_text=_("Dedupe key.")
     )
-    fingerprint = models.CharField(max_length=64, null=True, blank=True)
+    fingerprint = models.CharField(max_length=FINGERPRINT_LENGTH, null=True, blank=True)
     locked_by = models.CharField(
-        max_length=160, null=True, blank=True, help_text=_("Lease token: worker id and claim.")
+        max_length=MAX_TOKEN_LENGTH,
+        null=True,
+        blank=True,
+        help_text=_("Lease token: worker id and claim."),
     )
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True, help_text=_("First attempt."))
@@ -862,7 +828,8 @@ class Job(models.Model):
                 condition=Q(max_attempts__gte=1), name="django_jobs_job_max_attempts"
             ),
             models.CheckConstraint(
-                condition=Q(priority__gte=-100, priority__lte=100), name="django_jobs_job_priority"
+                condition=Q(priority__gte=MIN_PRIORITY, priority__lte=MAX_PRIORITY),
+                name="django_jobs_job_priority",
             ),
             models.CheckConstraint(
                 condition=Q(locked_by__isnull=True, lease_expires_at__isnull=True)
@@ -890,9 +857,9 @@ class CompletionMarker(models.Model):
     enqueued_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True, blank=True)
     completed_at = models.DateTimeField()
-    worker_id = models.CharField(max_length=160, blank=True, default="")
+    worker_id = models.CharField(max_length=MAX_TOKEN_LENGTH, blank=True, default="")
     result = models.JSONField(null=True, blank=True, help_text=_("The handler's return value."))
-    fingerprint = models.CharField(max_length=64, null=True, blank=True)
+    fingerprint = models.CharField(max_length=FINGERPRINT_LENGTH, null=True, blank=True)
 
     objects = JobsDatabaseManager()
 
@@ -917,7 +884,7 @@ class DeadLetter(models.Model):
     payload = models.TextField()
     priority = models.SmallIntegerField(default=0)
     key = models.CharField(max_length=MAX_KEY_LENGTH, null=True, blank=True)
-    fingerprint = models.CharField(max_length=64, null=True, blank=True)
+    fingerprint = models.CharField(max_length=FINGERPRINT_LENGTH, null=True, blank=True)
     attempts = models.IntegerField()
     max_attempts = models.IntegerField()
     reason = models.CharField(max_length=32, choices=DeadReason.choices)
@@ -928,7 +895,7 @@ class DeadLetter(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     dead_at = models.DateTimeField()
     replayed_at = models.DateTimeField(null=True, blank=True)
-    replayed_by = models.CharField(max_length=150, blank=True, default="")
+    replayed_by = models.CharField(max_length=MAX_BY_LENGTH, blank=True, default="")
     replay_job_id = models.UUIDField(null=True, blank=True)
 
     objects = JobsDatabaseManager.from_queryset(DeadLetterQuerySet)()
@@ -1014,7 +981,7 @@ class DeadLetter(models.Model):
                 claimed = (
                     DeadLetter.objects.using(alias)
                     .filter(id=self.id, replayed_at__isnull=True)
-                    .update(replayed_at=Now(), replayed_by=by[:150], replay_job_id=job_id)
+                    .update(replayed_at=Now(), replayed_by=by[:MAX_BY_LENGTH], replay_job_id=job_id)
                 )
                 if not claimed:
                     report.already.append(self.id)

@@ -17,8 +17,15 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
-from django_jobs import conf, retention
-from django_jobs.limits import MAX_NAME_LENGTH, MAX_QUEUE_LENGTH
+from django_jobs import conf, limits
+from django_jobs.limits import (
+    MAX_BY_LENGTH,
+    MAX_NAME_LENGTH,
+    MAX_QUEUE_LENGTH,
+    MAX_REASON_LENGTH,
+    MAX_SCHEDULE_LENGTH,
+    MAX_TOKEN_LENGTH,
+)
 from django_jobs.models import Job, JobsDatabaseManager
 
 
@@ -28,7 +35,7 @@ def _expiry() -> timedelta:
 
 def unknown_name_grace() -> timedelta | None:
     """Return UNKNOWN_NAME_GRACE, up to ten years (None: never); raise ValueError if invalid."""
-    return retention.as_timedelta(conf.get("UNKNOWN_NAME_GRACE"), what="UNKNOWN_NAME_GRACE")
+    return limits.duration(conf.get("UNKNOWN_NAME_GRACE"), what="UNKNOWN_NAME_GRACE")
 
 
 class ScheduleQuerySet(models.QuerySet):
@@ -69,7 +76,7 @@ class Schedule(models.Model):
     deploy and no tick runs twice.
     """
 
-    name = models.CharField(max_length=100, primary_key=True)
+    name = models.CharField(max_length=MAX_SCHEDULE_LENGTH, primary_key=True)
     cron = models.CharField(max_length=200, blank=True, help_text=_("Five-field cron expression."))
     every = models.PositiveIntegerField(
         null=True, blank=True, help_text=_("Or: seconds between ticks (aligned on the epoch).")
@@ -132,8 +139,8 @@ class QueueState(models.Model):
     name = models.CharField(max_length=MAX_QUEUE_LENGTH, primary_key=True)
     paused = models.BooleanField(default=False)
     paused_at = models.DateTimeField(null=True, blank=True)
-    paused_by = models.CharField(max_length=150, blank=True, default="")
-    reason = models.CharField(max_length=200, blank=True, default="")
+    paused_by = models.CharField(max_length=MAX_BY_LENGTH, blank=True, default="")
+    reason = models.CharField(max_length=MAX_REASON_LENGTH, blank=True, default="")
 
     objects = JobsDatabaseManager.from_queryset(QueueStateQuerySet)()
 
@@ -155,7 +162,9 @@ class WorkerBeatQuerySet(models.QuerySet):
 class WorkerBeat(models.Model):
     """A worker process, as its last heartbeat described it."""
 
-    id = models.CharField(max_length=160, primary_key=True, help_text=_("host:pid:random"))
+    id = models.CharField(
+        max_length=MAX_TOKEN_LENGTH, primary_key=True, help_text=_("host:pid:random")
+    )
     host = models.CharField(max_length=255)
     pid = models.IntegerField()
     queues = models.JSONField(default=list)
@@ -210,7 +219,7 @@ class UnknownName(models.Model):
     been unknown for UNKNOWN_NAME_GRACE they are dead-lettered as unknown_name.
     """
 
-    name = models.CharField(max_length=200, primary_key=True)
+    name = models.CharField(max_length=MAX_NAME_LENGTH, primary_key=True)
     since = models.DateTimeField(help_text=_("Since when no live worker has known the name."))
     seen_at = models.DateTimeField(help_text=_("When a worker last found it so."))
     jobs = models.IntegerField(default=0, help_text=_("Claimable jobs of the name then."))

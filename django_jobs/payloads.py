@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from functools import cache
 from typing import Any
@@ -190,12 +189,3 @@ def mask(value: Any, keys: frozenset[str] | None = None) -> Any:
     if isinstance(value, list):
         return [mask(v, keys) for v in value]
     return value
-
-
-def is_finite_number(value: Any) -> bool:
-    """Return True for an int or a finite float (bools excluded)."""
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, int):
-        return True
-    return isinstance(value, float) and math.isfinite(value)

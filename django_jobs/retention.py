@@ -11,7 +11,6 @@ run the work again. Such markers are never pruned, whatever their age.
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -25,35 +24,10 @@ from django_jobs import conf, limits
 # Default of the keep_* arguments: read the setting.
 SETTINGS: Any = type("FromSettings", (), {"__repr__": lambda self: "SETTINGS"})()
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
-_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
 
 def as_timedelta(value: Any, *, what: str = "retention") -> timedelta | None:
-    """Accept None, a timedelta, seconds, or text like '7d', '12h', '90m', 'none'."""
-    if value is None:
-        return None
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = value
-    elif isinstance(value, str):
-        if value.strip().lower() in ("none", "forever", "keep"):
-            return None
-        match = _DURATION.match(value.lower())
-        if not match:
-            raise ValueError(
-                f"{what} must be a duration like 7d, 12h, 30m or 90s, or 'none'; not {value!r}"
-            )
-        seconds = float(match[1]) * _UNIT[match[2]]
-    else:
-        raise ValueError(f"{what} must be None, seconds or a timedelta, not {value!r}")
-    if not 0 <= seconds <= limits.MAX_SECONDS:
-        raise ValueError(
-            f"{what} must be 0 to {limits.MAX_SECONDS} seconds (ten years; 'none' keeps "
-            f"everything), not {limits.shown(value)}"
-        )
-    return timedelta(seconds=seconds)
+    """Return value as a timedelta, None for 'none' (see limits.duration)."""
+    return limits.duration(value, what=what)
 
 
 @dataclass

@@ -49,7 +49,7 @@ from django_jobs.registry import QUEUE_RE, Handler, P, R, check_priority
 
 logger = logging.getLogger(__name__)
 
-MAX_SCHEDULE_NAME = 100
+MAX_SCHEDULE_NAME = limits.MAX_SCHEDULE_LENGTH  # kept for imports
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 

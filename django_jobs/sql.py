@@ -18,6 +18,11 @@ from typing import Any
 from django.db import connections
 
 from django_jobs import conf
+from django_jobs.attempts import LEASE_EXPIRED, LEASE_EXPIRED_MESSAGE
+
+# split_part(locked_by, '#', 1) below is the SQL twin of attempts.worker_of: the
+# worker id of a lease token (tests/test_claim.py compares the two).
+assert "'" not in LEASE_EXPIRED + LEASE_EXPIRED_MESSAGE  # noqa: S101 - spliced into CLAIM
 
 
 def run(alias: str, statement: str, params: Any = None) -> list[tuple]:
@@ -69,7 +74,9 @@ def run(alias: str, statement: str, params: Any = None) -> list[tuple]:
 # - Paused queues (django_jobs_queue.paused) are left out, and when %(beat)s
 #   the worker's heartbeat row is refreshed: a waiting worker makes this one
 #   round trip per poll and no other.
-CLAIM = """
+# - The lost attempt's entry has the shape of attempts.lease_expired_entry
+#   (tests/test_claim.py pins it), its texts spliced in from there.
+CLAIM = f"""
 WITH beat AS (
     UPDATE django_jobs_worker
     SET last_seen_at = statement_timestamp(), running = %(running)s,
@@ -120,9 +127,8 @@ claimed AS (
             jsonb_build_object(
                 'attempt', j.attempts,
                 'at', statement_timestamp(),
-                'type', 'django_jobs.LeaseExpired',
-                'message',
-                'the lease expired before the attempt settled (worker killed, hung or cut off)',
+                'type', '{LEASE_EXPIRED}',
+                'message', '{LEASE_EXPIRED_MESSAGE}',
                 'traceback', '',
                 'worker', split_part(j.locked_by, '#', 1))) END
     FROM claimable
@@ -139,7 +145,7 @@ SELECT id, name, queue, payload, priority, attempts, max_attempts, key, fingerpr
        ) AS completed
 FROM claimed
 ORDER BY priority DESC, run_at, id
-"""
+"""  # noqa: S608 - spliced: two constants of attempts.py, no input
 
 
 def claim_params(

@@ -26,6 +26,7 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.utils.dateparse import parse_datetime
 
 from django_jobs import payloads, registry
+from django_jobs.attempts import worker_of
 
 # Types the worker records for attempts that raised nothing; TaskError.exception_class
 # imports its path, so point these at real classes.
@@ -177,7 +178,7 @@ def _from_job(job: Any) -> TaskResult:
     workers = workers_of(errors)
     if job.locked_by:
         # Held, or held by a worker whose lease ran out (rescue notes that attempt later).
-        workers.append(job.locked_by.rpartition("#")[0])
+        workers.append(worker_of(job.locked_by))
     arguments = _arguments(job.payload)
     return _make(
         for_row(task, job.queue, job.priority),

@@ -33,7 +33,6 @@ import secrets
 import socket
 import threading
 import time
-import traceback
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,17 +43,17 @@ from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 
 from django_jobs import conf, lifecycle, limits, payloads, registry, signals
+from django_jobs.attempts import (
+    MAX_MESSAGE,
+    error_entry,
+    error_summary,
+    lease_token,
+    type_name,
+)
 from django_jobs.context import JobContext
 from django_jobs.exceptions import FatalError, JobCancelled, LeaseLost, Snooze
 from django_jobs.maintenance import WorkerOps
-from django_jobs.models import (
-    MAX_MESSAGE,
-    ClaimedJob,
-    Job,
-    JobQuerySet,
-    error_record,
-    error_summary,
-)
+from django_jobs.models import ClaimedJob, Job, JobQuerySet
 from django_jobs.payloads import safe_str, storable_text
 from django_jobs.registry import Backoff, Handler
 
@@ -82,42 +81,6 @@ def _extra(job: ClaimedJob) -> dict[str, Any]:
         "queue": job.queue,
         "attempt": job.attempts,
     }
-
-
-def error_entry(exc: BaseException, attempt: int, worker_id: str) -> dict[str, Any]:
-    """Describe an attempt's exception for the errors list of a job or dead letter.
-
-    It never raises: an exception whose __str__ or traceback formatting raises
-    still gets an entry, and every text is made storable and capped (see
-    models.error_record).
-    """
-    return error_record(
-        attempt=attempt,
-        kind=_type_name(exc),
-        message=safe_str(exc),
-        traceback=_format_traceback(exc),
-        worker=worker_id,
-    )
-
-
-def _type_name(exc: BaseException) -> str:
-    kind = type(exc)
-    try:
-        return f"{kind.__module__}.{kind.__qualname__}"
-    except BaseException:  # noqa: BLE001 - a hostile metaclass may break even this
-        return "<unknown exception type>"
-
-
-def _format_traceback(exc: BaseException) -> str:
-    try:
-        parts = traceback.format_exception(exc)
-    except BaseException as error:  # noqa: BLE001 - e.g. a __notes__ that raises
-        return f"<the traceback could not be formatted: {_type_name(error)}>"
-    # A part is one frame or one exception line: cut a 10 MB message here, before joining.
-    return "".join(
-        part if len(part) <= MAX_MESSAGE else f"{storable_text(part, MAX_MESSAGE)}\n"
-        for part in parts
-    )
 
 
 # ---- outcomes an executor reports (see django_jobs.lifecycle) -----------------
@@ -453,7 +416,7 @@ class Worker:
     def _claim(self) -> tuple[int, int]:
         asked = self._free_slots()
         seq = next(self._claims)
-        token = f"{self.id}#{seq}"
+        token = lease_token(self.id, seq)
         capped = [
             name
             for name, count in self._by_name.items()
@@ -663,9 +626,9 @@ class Worker:
         if isinstance(error, dict):
             return error
         if isinstance(error, BaseException):
-            return error_entry(error, job.attempts, self.id)
-        return error_record(
-            attempt=error.attempt,
+            return error_entry(job.attempts, exc=error, worker=self.id)
+        return error_entry(
+            error.attempt,
             kind=error.kind,
             message=error.message,
             traceback=error.traceback,
@@ -699,7 +662,7 @@ class Worker:
             self._unsettled.append((run, outcome, duration))
         elif isinstance(ok, _DbRefused):
             refused = lifecycle.Refused(
-                "retry", error_entry(ok.exc, job.attempts, self.id), original=error,
+                "retry", error_entry(job.attempts, exc=ok.exc, worker=self.id), original=error,
                 exc=transition.exc,
             )  # fmt: skip
             self._settle(run, refused, duration)
@@ -718,7 +681,7 @@ class Worker:
             self._note_fenced(job)
 
     def _refused(self, step: str, job: ClaimedJob, exc: Exception) -> lifecycle.Refused:
-        return lifecycle.Refused(step, error_entry(exc, job.attempts, self.id), exc=exc)
+        return lifecycle.Refused(step, error_entry(job.attempts, exc=exc, worker=self.id), exc=exc)
 
     def _dead_letter(
         self,
@@ -850,7 +813,7 @@ class Worker:
             if isinstance(response, Exception):
                 logger.error(
                     "worker %s: a receiver of a django_jobs signal (%s) raised %s: %s",
-                    self.id, safe_str(receiver), _type_name(response),
+                    self.id, safe_str(receiver), type_name(response),
                     storable_text(safe_str(response), MAX_MESSAGE),
                 )  # fmt: skip
 
@@ -1003,7 +966,7 @@ class Worker:
                 validated = handler.validate(payload)
                 payload = payload if validated is None else validated
         except (ValueError, TypeError, ValidationError) as exc:
-            return lifecycle.Invalid(error_entry(exc, job.attempts, self.id))
+            return lifecycle.Invalid(error_entry(job.attempts, exc=exc, worker=self.id))
         except BaseException as exc:  # noqa: BLE001 - a validator that breaks fails the attempt
             return self._failure(job, exc)
         try:
@@ -1026,7 +989,7 @@ class Worker:
             return self._failure(job, exc)
 
     def _failure(self, job: ClaimedJob, exc: BaseException, fatal: bool = False) -> _Failed:
-        return _Failed(error_entry(exc, job.attempts, self.id), fatal=fatal, exc=exc)
+        return _Failed(error_entry(job.attempts, exc=exc, worker=self.id), fatal=fatal, exc=exc)
 
     def _run_atomic(self, run: _Run, payload: Any) -> Outcome:
         job = run.job
@@ -1103,7 +1066,7 @@ class Worker:
             # Capped: PostgreSQL's error context can quote megabytes of the value.
             logger.error(
                 "worker %s: the database refused a settle (%s: %s)",
-                self.id, _type_name(exc), storable_text(safe_str(exc), MAX_MESSAGE),
+                self.id, type_name(exc), storable_text(safe_str(exc), MAX_MESSAGE),
                 exc_info=not isinstance(exc, DatabaseError),
             )  # fmt: skip
             return _DbRefused(exc)

@@ -11,6 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_jobs import enqueue
+from django_jobs.attempts import lease_expired_entry, lease_token, worker_of
 from django_jobs.models import Job
 from tests.conftest import POSTGRES
 from tests.factories import JobFactory
@@ -161,3 +162,27 @@ def test_the_orm_claim_locks_with_skip_locked_and_the_fast_path_is_one_statement
         assert not any(s.startswith("WITH beat AS") for s in statements)
     else:
         assert len(statements) == 1 and statements[0].startswith("WITH beat AS")
+
+
+def test_taking_over_an_expired_lease_records_the_entry_attempts_builds():
+    """The claim's SQL (and the ORM claim) build the lease-expired entry attempts.py builds."""
+    past = timezone.now() - dt.timedelta(minutes=5)
+    JobFactory(locked_by="host:9:cd#4", lease_expires_at=past, attempts=2)
+    [job] = Job.objects.claim(queues=["default"], limit=1, token="host:1:ab#1", lease=30)
+    [entry] = job.errors
+    expected = lease_expired_entry(2, "host:9:cd#4", timezone.now())
+    assert entry.keys() == expected.keys()
+    assert {k: type(v) for k, v in entry.items()} == {k: type(v) for k, v in expected.items()}
+    assert {k: v for k, v in entry.items() if k != "at"} == {
+        k: v for k, v in expected.items() if k != "at"
+    }
+    assert abs(dt.datetime.fromisoformat(entry["at"]) - timezone.now()) < dt.timedelta(minutes=1)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("token", ["", "w", "w#", "#1", "host:1:ab#12", "a#b#c", "é#ü"])
+def test_split_part_is_the_sql_twin_of_worker_of(token, claim_path):
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT split_part(%s, '#', 1)", [token])
+        assert cursor.fetchone()[0] == worker_of(token)
+    assert worker_of(lease_token("host:1:ab", 12)) == "host:1:ab"

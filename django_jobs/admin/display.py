@@ -14,7 +14,7 @@ from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext_lazy as _
 
 from django_jobs import payloads
-from django_jobs.models import error_summary
+from django_jobs.attempts import error_summary
 
 EMPTY = "—"
 

@@ -36,6 +36,7 @@ from django_jobs.admin.display import (
     showable,
     when,
 )
+from django_jobs.attempts import worker_of
 from django_jobs.models import DeadLetter, Job, JobState, RunningJob, UnknownName
 
 UNKNOWN_NAME = "unknown_name"
@@ -168,7 +169,7 @@ class JobAdmin(IdOrTermSearch, CancelPermission, NameQueueColumns, ReadOnlyAdmin
 
     @admin.display(description=_("lease holder"))
     def lease_holder(self, obj: Job) -> str:
-        return showable(obj.locked_by.rpartition("#")[0]) if obj.locked_by else EMPTY
+        return showable(worker_of(obj.locked_by)) if obj.locked_by else EMPTY
 
     @admin.display(description=_("lease"), ordering="lease_expires_at")
     def lease(self, obj: Job) -> SafeString | str:
@@ -180,7 +181,7 @@ class JobAdmin(IdOrTermSearch, CancelPermission, NameQueueColumns, ReadOnlyAdmin
             until = _("%(left)s left") % {"left": dashboard.duration(timedelta(seconds=left))}
         else:
             until = _("expired %(ago)s ago") % {"ago": dashboard.duration(timedelta(seconds=-left))}
-        holder = obj.locked_by.rpartition("#")[0]
+        holder = worker_of(obj.locked_by)
         return format_html(
             '{}<br><span class="django-jobs-quiet" title="{}">{}</span>',
             cell(holder, 48, name=True), when(obj.lease_expires_at), until,
@@ -270,7 +271,7 @@ class RunningJobAdmin(CancelPermission, NameQueueColumns, OperationsAdmin):
 
     @admin.display(description=_("worker"))
     def worker(self, obj: Job) -> SafeString | str:
-        return cell((obj.locked_by or "").rpartition("#")[0], 48, name=True)
+        return cell(worker_of(obj.locked_by or ""), 48, name=True)
 
     @admin.display(description=_("attempt / lease"), ordering="attempted_at")
     def attempt(self, obj: Job) -> SafeString:

@@ -13,7 +13,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
-from django_jobs import control
+from django_jobs import control, limits
 from django_jobs.admin.base import OperationsAdmin
 from django_jobs.admin.display import cell, list_when
 from django_jobs.models import Job, QueueState
@@ -76,7 +76,9 @@ class QueueStateAdmin(OperationsAdmin):
     def oldest_wait(self, obj: Any) -> str:
         if obj.oldest_run_at is None:
             return "-"
-        return f"{max(0.0, (timezone.now() - obj.oldest_run_at).total_seconds()):.0f}s"
+        return limits.format_duration(
+            max(0.0, (timezone.now() - obj.oldest_run_at).total_seconds())
+        )
 
     @admin.action(
         description=_("Pause selected queues (running jobs finish)"), permissions=["change"]

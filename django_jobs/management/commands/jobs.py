@@ -12,21 +12,13 @@ from zoneinfo import ZoneInfo
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from django_jobs import conf, control, registry, schedules, status
+from django_jobs import conf, control, limits, registry, schedules, status
 from django_jobs.exceptions import InvalidJob
 from django_jobs.management.arguments import free_text, job_id, queue_name
 
 
 def _seconds(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value < 120:
-        return f"{value:.1f}s"
-    if value < 7200:
-        return f"{value / 60:.1f}m"
-    if value < 172800:
-        return f"{value / 3600:.1f}h"
-    return f"{value / 86400:.1f}d"
+    return "-" if value is None else limits.format_duration(value)
 
 
 def _zone(value: datetime) -> str:
@@ -71,7 +63,7 @@ class Command(BaseCommand):
         pause.add_argument("queues", nargs="+", type=queue_name, metavar="QUEUE")
         pause.add_argument(
             "--reason",
-            type=free_text(200),
+            type=free_text(limits.MAX_REASON_LENGTH),
             default="",
             help="Shown in the admin and `jobs status`.",
         )
@@ -82,11 +74,11 @@ class Command(BaseCommand):
         )
         enable = sub.add_parser("enable", help="Enable schedules (missed ticks are not run).")
         enable.add_argument(
-            "names", nargs="+", type=free_text(schedules.MAX_SCHEDULE_NAME), metavar="SCHEDULE"
+            "names", nargs="+", type=free_text(limits.MAX_SCHEDULE_LENGTH), metavar="SCHEDULE"
         )
         disable = sub.add_parser("disable", help="Disable schedules without a deploy.")
         disable.add_argument(
-            "names", nargs="+", type=free_text(schedules.MAX_SCHEDULE_NAME), metavar="SCHEDULE"
+            "names", nargs="+", type=free_text(limits.MAX_SCHEDULE_LENGTH), metavar="SCHEDULE"
         )
         cancel = sub.add_parser(
             "cancel", help="Cancel jobs: waiting ones now, running ones at their next heartbeat."

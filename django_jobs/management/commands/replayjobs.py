@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import re
 import sys
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -28,20 +27,20 @@ from django_jobs.models import DeadLetter, DeadReason
 # Selections longer than this get a progress bar (or, when not on a terminal, progress lines).
 PROGRESS_FROM = 500
 LISTED = 20  # letters listed by --dry-run at verbosity 1 (all of them at 2)
-_RELATIVE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 def when(text: str) -> datetime:
     """Parse an ISO date or datetime (local time unless it says otherwise), or an age ('2h')."""
     text = text.strip()
-    if match := _RELATIVE.fullmatch(text):
-        age = float(match[1]) * _UNITS[match[2]]
-        if not age <= limits.MAX_SECONDS:
-            raise argparse.ArgumentTypeError(
-                f"{limits.shown(text)} is more than ten years ago; give a date instead"
-            )
-        return timezone.now() - timedelta(seconds=age)
+    if text[:1].isdigit() and text[-1:].isalpha():  # an age: 90m, 2h, 7d
+        try:
+            age = limits.duration(text, what="the age")
+        except ValueError as exc:
+            if "ten years" in str(exc):
+                exc = ValueError(f"{limits.shown(text)} is more than ten years ago; give a date")
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if age is not None:
+            return timezone.now() - age
     try:
         value = parse_datetime(text)
         if value is None and (day := parse_date(text)) is not None:
@@ -143,7 +142,9 @@ class Command(BaseCommand):
             "--run-at", type=when, metavar="WHEN", help="Make the new jobs due at WHEN."
         )
         parser.add_argument(
-            "--by", type=free_text(150), help="Who replays, as recorded on each letter."
+            "--by",
+            type=free_text(limits.MAX_BY_LENGTH),
+            help="Who replays, as recorded on each letter.",
         )
         parser.add_argument(
             "--dry-run", action="store_true", help="Show what would be replayed; change nothing."
