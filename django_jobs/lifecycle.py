@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from django_jobs import limits
-from django_jobs.attempts import LEASE_EXPIRED, error_summary
 from django_jobs.exceptions import JobCancelled, Snooze
 
 # Dead-letter reasons (the values of models.DeadReason; a test keeps them equal).
@@ -27,6 +26,8 @@ ATTEMPTS_EXHAUSTED = "attempts_exhausted"
 FATAL = "fatal"
 CANCELLED = "cancelled"
 MALFORMED = "malformed"
+# The type of the error entry the claim writes for an expired lease (models.LEASE_EXPIRED).
+LEASE_EXPIRED = "django_jobs.LeaseExpired"
 
 
 class JobView(Protocol):
@@ -370,4 +371,8 @@ def retry_delay(backoff: BackoffPolicy, attempt: int) -> float:
     return min(max(delay, 0.0), float(limits.MAX_SECONDS))
 
 
-summary = error_summary  # "type: message" of an error entry (one definition, in attempts.py)
+def summary(error: dict[str, Any]) -> str:
+    """Return "type: message" of an error entry (either alone if the other is empty)."""
+    kind = error.get("type", "")
+    message = error.get("message", "")
+    return f"{kind}: {message}" if kind and message else kind or message
