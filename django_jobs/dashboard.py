@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
-from django.db.models import Count
+from django.db.models import Count, QuerySet
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 from django.utils.html import format_html
@@ -100,7 +101,7 @@ def snapshot(alias: str | None = None) -> Snapshot:
     return snap
 
 
-def _per_minute(queryset, field_name: str, start: datetime) -> list[int]:
+def _per_minute(queryset: QuerySet[Any], field_name: str, start: datetime) -> list[int]:
     counts = [0] * WINDOW_MINUTES
     rows = (
         queryset.filter(**{f"{field_name}__gte": start})

@@ -36,7 +36,7 @@ try:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
     from prometheus_client.exposition import choose_encoder
 except ImportError:  # the optional extra is not installed
-    prometheus_client = None
+    prometheus_client = None  # type: ignore[assignment]  # checked by _require()
 
 _process_registry: Any = None
 _enqueued: Any = None

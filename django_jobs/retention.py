@@ -14,12 +14,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db.models import Exists, OuterRef, Q
 from django.db.models.functions import Now
 
 from django_jobs import conf, limits
+
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
+
+    from django_jobs.models import CompletionMarker, DeadLetter
 
 # Default of the keep_* arguments: read the setting.
 SETTINGS: Any = type("FromSettings", (), {"__repr__": lambda self: "SETTINGS"})()
@@ -43,7 +48,7 @@ class PruneResult:
         return self
 
 
-def prunable_markers(alias: str, keep: timedelta):
+def prunable_markers(alias: str, keep: timedelta) -> QuerySet[CompletionMarker]:
     """Markers older than `keep` whose key no live job holds."""
     from django_jobs.models import CompletionMarker, Job
 
@@ -55,14 +60,14 @@ def prunable_markers(alias: str, keep: timedelta):
     )
 
 
-def prunable_dead_letters(alias: str, keep: timedelta):
+def prunable_dead_letters(alias: str, keep: timedelta) -> QuerySet[DeadLetter]:
     """Dead letters older than `keep`."""
     from django_jobs.models import DeadLetter
 
     return DeadLetter.objects.using(alias).filter(dead_at__lt=Now() - keep)
 
 
-def _delete_batch(queryset, pk: str, order: str, batch: int) -> int:
+def _delete_batch(queryset: QuerySet[Any], pk: str, order: str, batch: int) -> int:
     # Two statements: pick the oldest ids along the age index, then delete those
     # still eligible (the same conditions, re-checked at delete time).
     ids = list(queryset.order_by(order).values_list(pk, flat=True)[:batch])

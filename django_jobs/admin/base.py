@@ -6,11 +6,12 @@ import json
 import uuid
 from collections.abc import Iterable
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.contrib import admin
 from django.contrib.admin.models import LogEntry
 from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.utils import flatten_fieldsets
 from django.contrib.contenttypes.models import ContentType
 from django.core.paginator import Paginator
 from django.db import DataError, connections
@@ -23,11 +24,21 @@ from django.utils.translation import gettext_lazy as _
 from django_jobs.admin.display import cell
 from django_jobs.models import CompletionMarker, Job
 
+if TYPE_CHECKING:
+    from django.contrib.admin.options import _FieldGroups
+
+    # django-stubs makes these generic in their model; Django's classes take no [...].
+    _ModelAdmin = admin.ModelAdmin[Any]
+    _Paginator = Paginator[Any]
+else:
+    _ModelAdmin = admin.ModelAdmin
+    _Paginator = Paginator
+
 # Rows counted exactly before the change lists switch to the planner's estimate.
 EXACT_COUNT_LIMIT = 10_000
 
 
-class EstimatedCountPaginator(Paginator):
+class EstimatedCountPaginator(_Paginator):
     """Count exactly up to EXACT_COUNT_LIMIT rows, then ask PostgreSQL's planner.
 
     An exact ``COUNT(*)`` reads every matching row: on a million completion
@@ -65,7 +76,7 @@ def log_changes(
     LogEntry.objects.bulk_create(
         [
             LogEntry(
-                user_id=request.user.pk,
+                user_id=cast(int, request.user.pk),  # admin views run for a signed-in user
                 content_type_id=content_type.pk,
                 object_id=str(pk),
                 object_repr=text[:200],
@@ -84,11 +95,11 @@ def parse_uuid(text: str) -> uuid.UUID | None:
         return None
 
 
-class GuardedAdmin(admin.ModelAdmin):
+class GuardedAdmin(_ModelAdmin):
     """Answer hostile query strings and object ids with a 400 or Django's "?e=1", never a 500."""
 
     def changelist_view(
-        self, request: HttpRequest, extra_context: dict | None = None
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         if any("\x00" in text for key, values in request.GET.lists() for text in (key, *values)):
             # PostgreSQL refuses NUL in any text it is sent: no row can match it anyway.
@@ -114,7 +125,7 @@ class GuardedAdmin(admin.ModelAdmin):
         return super().get_object(request, object_id, from_field)
 
 
-def dashboard_url(model_admin: admin.ModelAdmin) -> str | None:
+def dashboard_url(model_admin: admin.ModelAdmin[Any]) -> str | None:
     try:
         return reverse(f"{model_admin.admin_site.name}:django_jobs_dashboard")
     except NoReverseMatch:  # a site without the jobs admin (and so without its dashboard)
@@ -135,26 +146,27 @@ class ReadOnlyAdmin(GuardedAdmin):
         return False
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return admin.utils.flatten_fieldsets(self.get_fieldsets(request, obj))
+        return flatten_fieldsets(self.get_fieldsets(request, obj))
 
     list_deferred: list[str] = []
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         queryset = super().get_queryset(request)
         match = request.resolver_match
-        if self.list_deferred and match is not None and match.url_name.endswith("_changelist"):
+        url_name = match.url_name if match is not None else None
+        if self.list_deferred and url_name is not None and url_name.endswith("_changelist"):
             queryset = queryset.defer(*self.list_deferred)
         return queryset
 
     def changelist_view(
-        self, request: HttpRequest, extra_context: dict | None = None
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         # django-admin-rangefilter puts request.csp_nonce (django-csp's name) on its inline
         # style and script; Django's own CSP middleware keeps the nonce as _csp_nonce.
         # Hand it over, or a strict Content-Security-Policy blocks the date-range filters.
         nonce = getattr(request, "_csp_nonce", None)
         if nonce is not None and not hasattr(request, "csp_nonce"):
-            request.csp_nonce = nonce
+            request.csp_nonce = nonce  # type: ignore[attr-defined]  # django-csp's attribute
         return super().changelist_view(request, extra_context=extra_context)
 
 
@@ -204,6 +216,6 @@ class OperationsAdmin(GuardedAdmin):
         # Actions need the change permission on the list; detail pages stay read-only.
         return obj is None and super().has_change_permission(request, obj)
 
-    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> _FieldGroups:
         # Only the listed fields: the model's own JSON fields would bypass the bounded displays.
         return list(self.get_readonly_fields(request, obj))

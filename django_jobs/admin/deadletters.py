@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
@@ -37,17 +37,20 @@ from django_jobs.admin.display import (
     showable,
     when,
 )
-from django_jobs.models import CompletionMarker, DeadLetter, Job, ReplayReport
+from django_jobs.models import CompletionMarker, DeadLetter, DeadLetterQuerySet, Job, ReplayReport
+
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
 
 
 class ReplayedFilter(admin.SimpleListFilter):
     title = _("replayed")
     parameter_name = "replayed"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, StrOrPromise]]:
         return [("no", _("Not replayed")), ("yes", _("Replayed"))]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if self.value() == "no":
             return queryset.filter(replayed_at__isnull=True)
         if self.value() == "yes":
@@ -98,12 +101,14 @@ class DeadLetterAdmin(IdOrTermSearch, ReadOnlyAdmin):
     def dead_at_cell(self, obj: DeadLetter) -> SafeString | str:
         return list_when(obj.dead_at)
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return super().get_queryset(request).annotate(error_head=Substr("error", 1, TITLE_LIMIT))
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        head = Substr("error", 1, TITLE_LIMIT)
+        queryset: QuerySet[Any] = super().get_queryset(request).annotate(error_head=head)
+        return queryset
 
     @admin.display(description=_("error"))
     def error_line(self, obj: DeadLetter) -> SafeString | str:
-        return cell(obj.error_head, 90)
+        return cell(obj.error_head, 90)  # type: ignore[attr-defined]  # get_queryset's annotation
 
     @admin.display(description=_("replayed"), ordering="replayed_at")
     def replayed(self, obj: DeadLetter) -> SafeString | str:
@@ -157,7 +162,7 @@ class DeadLetterAdmin(IdOrTermSearch, ReadOnlyAdmin):
             )  # fmt: skip
         return format_html("{} {} {}", _("New job"), job_id, _("is gone (its marker was pruned)."))
 
-    def _why_not_replayable(self, obj: DeadLetter) -> str | None:
+    def _why_not_replayable(self, obj: DeadLetter) -> StrOrPromise | None:
         """Say why a replay of this (unreplayed) letter would make no job, or None."""
         if registry.lookup(obj.name) is None:
             return _(
@@ -186,7 +191,9 @@ class DeadLetterAdmin(IdOrTermSearch, ReadOnlyAdmin):
         return request.user.has_perm(f"{self.opts.app_label}.replay_deadletter")
 
     @admin.action(permissions=["replay"], description=_("Replay selected dead letters"))
-    def replay_selected(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    def replay_selected(
+        self, request: HttpRequest, queryset: DeadLetterQuerySet
+    ) -> HttpResponse | None:
         # The change list's own queryset (filters, search, "select all"): no id list to build.
         if request.POST.get("post") != "yes":
             return self._replay_confirmation(request, queryset)
@@ -194,7 +201,9 @@ class DeadLetterAdmin(IdOrTermSearch, ReadOnlyAdmin):
         self._after_replay(request, report)
         return None
 
-    def _replay_confirmation(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
+    def _replay_confirmation(
+        self, request: HttpRequest, queryset: DeadLetterQuerySet
+    ) -> HttpResponse:
         """Say how many letters of which handlers a replay would make jobs of, as delete does."""
         by_name = list(
             queryset.order_by()
@@ -303,7 +312,7 @@ class DeadLetterAdmin(IdOrTermSearch, ReadOnlyAdmin):
         request: HttpRequest,
         object_id: str,
         form_url: str = "",
-        extra_context: dict | None = None,
+        extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
         extra = dict(extra_context or {})
         letter = self.get_object(request, unquote(object_id))

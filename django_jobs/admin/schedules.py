@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.http import HttpRequest
@@ -15,6 +15,9 @@ from django_jobs import schedules
 from django_jobs.admin.base import OperationsAdmin
 from django_jobs.admin.display import cell, list_when, pretty_payload
 from django_jobs.models import CompletionMarker, DeadLetter, Job, Schedule
+
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
 
 
 @admin.register(Schedule)
@@ -46,7 +49,7 @@ class ScheduleAdmin(OperationsAdmin):
         )  # fmt: skip
 
     @admin.display(description=_("state"), ordering="enabled")
-    def state(self, obj: Schedule) -> SafeString | str:
+    def state(self, obj: Schedule) -> SafeString | StrOrPromise:
         if not obj.declared:
             return format_html(
                 '<span title="{}">{}</span>', _("No worker's code declares it: it does not tick."),

@@ -37,7 +37,7 @@ def _when(value: datetime | None, now: datetime, zone: str | None = None) -> str
     return f"{text} ({'in ' + _seconds(delta) if delta >= 0 else _seconds(-delta) + ' ago'})"
 
 
-def _table(rows: list[list[str]], header: list[str]) -> str:
+def _table(rows: list[list[object]], header: list[str]) -> str:
     widths = [max(len(str(x)) for x in column) for column in zip(header, *rows, strict=False)]
     lines = ["  ".join(str(x).ljust(w) for x, w in zip(header, widths, strict=True)).rstrip()]
     lines += [

@@ -6,6 +6,7 @@ import argparse
 import getpass
 import sys
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -233,7 +234,7 @@ class Command(BaseCommand):
         if verbosity < 2 and total > LISTED:
             self.stdout.write(f"  … and {total - LISTED} more (-v 2 lists them all)")
 
-    def _progress(self, total: int):
+    def _progress(self, total: int) -> Callable[[int, int], None]:
         out = self.stderr
         tty = sys.stderr.isatty() and out._out is sys.stderr
         last = [-1]
