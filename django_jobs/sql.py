@@ -13,7 +13,7 @@ before every job enqueued in it.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections
 
@@ -24,8 +24,11 @@ from django_jobs.attempts import LEASE_EXPIRED, LEASE_EXPIRED_MESSAGE
 # worker id of a lease token (tests/test_claim.py compares the two).
 assert "'" not in LEASE_EXPIRED + LEASE_EXPIRED_MESSAGE  # noqa: S101 - spliced into CLAIM
 
+if TYPE_CHECKING:
+    from django.db.backends.postgresql.base import DatabaseWrapper as PostgresWrapper
 
-def run(alias: str, statement: str, params: Any = None) -> list[tuple]:
+
+def run(alias: str, statement: str, params: Any = None) -> list[tuple[Any, ...]]:
     """Execute a statement of this module on alias's connection and return its rows.
 
     It uses a server-side-binding psycopg cursor, so that each statement is
@@ -44,7 +47,8 @@ def run(alias: str, statement: str, params: Any = None) -> list[tuple]:
         # One cursor per connection, kept: making one copies the adapters map each time.
         cursor = getattr(connection, "_django_jobs_cursor", None)
         if cursor is None or cursor.connection is not connection.connection or cursor.closed:
-            cursor = connection._django_jobs_cursor = psycopg.Cursor(connection.connection)
+            cursor = psycopg.Cursor(connection.connection)
+            connection._django_jobs_cursor = cursor  # type: ignore[attr-defined]  # kept on it
         cursor.execute(statement, params, prepare=conf.get("PREPARED_STATEMENTS") or None)
         rows = cursor.fetchall() if cursor.description else []
     if started:
@@ -289,7 +293,7 @@ NOTIFY = "SELECT pg_notify(%s, %s)"
 
 def dead_rows(alias: str, table: str) -> int:
     """Dead rows of table beyond its live ones, as the statistics collector counts them."""
-    if connections[alias].pg_version >= 150000:
+    if cast("PostgresWrapper", connections[alias]).pg_version >= 150000:
         # This session's own deletes reach the statistics at its next report: force it.
         run(alias, "SELECT pg_stat_force_next_flush()")
     rows = run(
@@ -308,4 +312,5 @@ def vacuum(alias: str, table: str) -> None:
 
 
 def autovacuum_on(alias: str) -> bool:
-    return run(alias, "SELECT current_setting('autovacuum') = 'on'")[0][0]
+    on: bool = run(alias, "SELECT current_setting('autovacuum') = 'on'")[0][0]
+    return on

@@ -360,7 +360,8 @@ def _aborted(conn: Any) -> bool:
         return False
     from psycopg.pq import TransactionStatus
 
-    return conn.connection.info.transaction_status == TransactionStatus.INERROR
+    status: TransactionStatus = conn.connection.info.transaction_status
+    return status == TransactionStatus.INERROR
 
 
 def _attempts(report: list[tuple[ClaimedJob, str, Any]], alias: str) -> list[Attempt]:
