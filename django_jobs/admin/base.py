@@ -192,8 +192,8 @@ class IdOrTermSearch:
         return Q(key=term)
 
     def get_search_results(
-        self, request: HttpRequest, queryset: QuerySet, search_term: str
-    ) -> tuple[QuerySet, bool]:
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
         term = search_term.strip()
         if not term:
             return queryset, False
