@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import subprocess
@@ -139,6 +140,13 @@ def worker_process(tmp_path):
     yield start
     for proc in started:
         proc.stop()
+
+
+def faketime_env(offset: str) -> dict[str, str]:
+    """Environment that runs a subprocess on a clock `offset` away ("+10m"), monotonic time kept."""
+    libraries = glob.glob("/usr/lib/*/faketime/libfaketime.so.1")
+    assert libraries, "libfaketime is needed (Debian package faketime; .ci/run installs it)"
+    return {"LD_PRELOAD": libraries[0], "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
 
 
 def wait_for(predicate, timeout=30.0, interval=0.05, message="condition"):

@@ -9,7 +9,6 @@ with pg_terminate_backend, which leaves other users of the server alone).
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import random
@@ -24,7 +23,7 @@ from django.db.models import Max
 
 from django_jobs import enqueue, enqueue_many
 from django_jobs.models import CompletionMarker, DeadLetter, Job
-from tests.conftest import CHAOS_LINES, wait_for
+from tests.conftest import CHAOS_LINES, faketime_env, wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Audit
 
@@ -416,21 +415,15 @@ def test_memory_stays_flat_and_max_jobs_exits_cleanly(worker_process, debug):
     assert growth < 10
 
 
-def _faketime(offset: str) -> dict[str, str]:
-    libraries = glob.glob("/usr/lib/*/faketime/libfaketime.so.1")
-    assert libraries, "libfaketime is needed (Debian package faketime; .ci/run installs it)"
-    return {"LD_PRELOAD": libraries[0], "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
-
-
 def test_skewed_worker_clock_neither_runs_early_nor_steals_leases(worker_process):
     later = enqueue(jobs.record, {"label": "scheduled"}, delay=60)
     enqueue(jobs.record, {"label": "held"})
     [held] = Job.objects.claim(queues=["default"], limit=1, token="healthy-worker:1:aa#1", lease=30)
     ahead = worker_process(
-        "--concurrency", "1", "--poll-interval", "0.2", extra_env=_faketime("+10m")
+        "--concurrency", "1", "--poll-interval", "0.2", extra_env=faketime_env("+10m")
     )
     behind = worker_process(
-        "--concurrency", "1", "--poll-interval", "0.2", extra_env=_faketime("-10m")
+        "--concurrency", "1", "--poll-interval", "0.2", extra_env=faketime_env("-10m")
     )
     due_label = "due-now"
     enqueue(jobs.record, {"label": due_label})

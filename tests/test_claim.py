@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
+import os
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 from django.db import connection
+from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_jobs import enqueue
 from django_jobs.attempts import lease_expired_entry, lease_token, worker_of
 from django_jobs.models import Job
-from tests.conftest import POSTGRES
+from tests.conftest import ENGINE, POSTGRES, ROOT, faketime_env
 from tests.factories import JobFactory
 from tests.testapp import jobs
 
@@ -100,12 +106,69 @@ def test_claim_takes_only_the_names_it_is_given():
     assert {j.id for j in taken} == {record.id, expired.id, due.id}
 
 
-def test_claim_uses_the_database_clock_for_due_jobs():
-    # A run_at one second ahead of the database clock is not due, whatever the worker's clock says.
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT CURRENT_TIMESTAMP")
+def test_a_job_not_yet_due_is_not_claimed():
     enqueue(jobs.noop, delay=2)
     assert Job.objects.claim(queues=["default"], limit=1, token="a#1", lease=30) == []
+
+
+# Claims in a process of its own, on a skewed clock; prints its clock and the ids claimed.
+CLAIM_ELSEWHERE = """
+import json, time, django
+django.setup()
+from django_jobs.models import Job
+claimed = Job.objects.claim(queues=["default"], limit=9, token="skewed:1:aa#1", lease=30)
+print(json.dumps({"clock": time.time(), "ids": sorted(str(job.id) for job in claimed)}))
+"""
+
+
+def _claim_on_a_clock(offset: str, claim_path: str) -> set[str]:
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "TEST_DB_NAME": str(connection.settings_dict["NAME"]),
+        "PYTHONPATH": str(ROOT),
+        "JOBS_TEST_SETTINGS": json.dumps({"CLAIM": claim_path}),
+        **faketime_env(offset),
+    }
+    command = [sys.executable, "-c", CLAIM_ELSEWHERE]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    claim = json.loads(done.stdout.splitlines()[-1])
+    # The skew took: the process's clock is `offset` away from this one's.
+    skew = claim["clock"] - time.time()
+    assert abs(skew - (600 if offset == "+10m" else -600)) < 60, skew
+    return set(claim["ids"])
+
+
+def _database_now():
+    return Job.objects.annotate(db_now=Now()).values_list("db_now", flat=True)[:1].get()
+
+
+@pytest.mark.skipif(ENGINE == "sqlite", reason="SQLite's clock is the worker process's own")
+@pytest.mark.parametrize("offset", ["+10m", "-10m"])
+def test_claim_follows_the_database_clock_not_the_workers(claim_path, offset):
+    five = dt.timedelta(minutes=5)
+    due, not_due, held, abandoned = (
+        JobFactory(),
+        JobFactory(),
+        JobFactory(leased=True, worker="alive:1:aa"),
+        JobFactory(leased=True, worker="gone:1:aa"),
+    )
+    # Times set by the database's own clock: a worker ten minutes off must not go by its own.
+    Job.objects.filter(id=due.id).update(run_at=Now() - five)
+    Job.objects.filter(id=not_due.id).update(run_at=Now() + five)
+    Job.objects.filter(id=held.id).update(lease_expires_at=Now() + five)
+    Job.objects.filter(id=abandoned.id).update(lease_expires_at=Now() - five)
+    before = _database_now()
+    claimed = _claim_on_a_clock(offset, claim_path)
+    after = _database_now()
+    assert claimed == {str(due.id), str(abandoned.id)}
+    assert Job.objects.get(id=held.id).locked_by == "alive:1:aa#1"
+    for row in Job.objects.filter(id__in=[due.id, abandoned.id]):
+        assert row.locked_by == "skewed:1:aa#1"
+        assert before <= row.attempted_at <= after
+        lease = dt.timedelta(seconds=30)
+        assert before + lease <= row.lease_expires_at <= after + lease
 
 
 @pytest.mark.postgres
