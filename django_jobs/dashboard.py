@@ -143,7 +143,7 @@ def bar_chart(
             width,
             height,
             title,
-        ),  # fmt: skip
+        ),
         format_html("<title>{}</title>", title),
         format_html('<text x="{}" y="12" font-size="12" fill="#333">{}</text>', left, title),
         # Axes: the baseline and the peak's gridline, labelled.
@@ -153,25 +153,25 @@ def bar_chart(
             top + plot_h,
             left + plot_w,
             top + plot_h,
-        ),  # fmt: skip
+        ),
         format_html(
             '<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="#ddd" stroke-width="1"/>',
             left,
             top,
             left + plot_w,
             top,
-        ),  # fmt: skip
+        ),
         format_html(
             '<text x="{}" y="{}" font-size="10" text-anchor="end" fill="#666">{}</text>',
             left - 4,
             top + 4,
             peak,
-        ),  # fmt: skip
+        ),
         format_html(
             '<text x="{}" y="{}" font-size="10" text-anchor="end" fill="#666">0</text>',
             left - 4,
             top + plot_h + 4,
-        ),  # fmt: skip
+        ),
     ]
     for i, value in enumerate(values):
         minute = (start + timedelta(minutes=i)).astimezone(tz)
@@ -188,12 +188,14 @@ def bar_chart(
                 minute.strftime("%H:%M"),
                 value,
                 unit,
-            )  # fmt: skip
+            )
         )
     # The end labels are anchored inwards, or "now" would hang off the right edge.
-    for i, label, anchor in ((0, f"-{len(values)} min", "start"),
-                             (len(values) // 2, f"-{len(values) // 2} min", "middle"),
-                             (len(values), "now", "end")):  # fmt: skip
+    for i, label, anchor in (
+        (0, f"-{len(values)} min", "start"),
+        (len(values) // 2, f"-{len(values) // 2} min", "middle"),
+        (len(values), "now", "end"),
+    ):
         parts.append(
             format_html(
                 '<text x="{}" y="{}" font-size="10" text-anchor="{}" fill="#666">{}</text>',
@@ -201,7 +203,7 @@ def bar_chart(
                 height - 4,
                 anchor,
                 label,
-            )  # fmt: skip
+            )
         )
     parts.append(mark_safe("</svg>"))  # noqa: S308 - a constant
     return mark_safe("".join(str(p) for p in parts))  # noqa: S308 - every part is escaped above

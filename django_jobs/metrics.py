@@ -187,8 +187,9 @@ def _warn_once(worker_id: str, names: list[str]) -> None:
     _warned.add(worker_id)
     logger.warning(
         "worker %s: malformed stats in its heartbeat row (%s); left out of the metrics",
-        worker_id, ", ".join(names[:10]),
-    )  # fmt: skip
+        worker_id,
+        ", ".join(names[:10]),
+    )
 
 
 def _allowed(request: HttpRequest) -> bool:

@@ -160,7 +160,7 @@ def live_workers(alias: str | None = None) -> list[WorkerStatus]:
             started_at=w.started_at,
             last_seen_at=w.last_seen_at,
             stats=w.stats,
-        )  # fmt: skip
+        )
         for w in rows
     ]
 

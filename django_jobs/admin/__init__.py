@@ -11,8 +11,6 @@ admin on ``admin.site``: each module registers its own.
 
 from __future__ import annotations
 
-from django.contrib import admin
-
 from django_jobs.admin.base import (
     EXACT_COUNT_LIMIT,
     EstimatedCountPaginator,
@@ -77,7 +75,3 @@ __all__ = [
     "showable",
     "when",
 ]
-
-# The site's index links the jobs dashboard (unless the project has an index template of its own).
-if admin.site.index_template is None:
-    admin.site.index_template = "admin/django_jobs/index.html"

@@ -84,12 +84,19 @@ class DeadLetterAdmin(IdOrTermSearch, ReadOnlyAdmin):
     list_deferred = ["payload", "traceback", "errors", "error"]
     # The summary at the top of the page (see change_view) says why and what next; these follow.
     fieldsets = [
-        (_("Job"), {"fields": [
-            ("name", "queue", "priority"), ("id", "key"), ("enqueued_at", "started_at", "dead_at"),
-        ]}),
+        (
+            _("Job"),
+            {
+                "fields": [
+                    ("name", "queue", "priority"),
+                    ("id", "key"),
+                    ("enqueued_at", "started_at", "dead_at"),
+                ]
+            },
+        ),
         (_("Payload"), {"fields": ["payload_json"]}),
         (_("Error"), {"fields": ["error_pre", "traceback_pre", "attempt_table"]}),
-    ]  # fmt: skip
+    ]
 
     # -- columns and fields
 
@@ -151,15 +158,23 @@ class DeadLetterAdmin(IdOrTermSearch, ReadOnlyAdmin):
         if marker is not None:
             url = reverse(f"{site}:django_jobs_completionmarker_change", args=[marker.pk])
             return format_html(
-                '{} {} {} <a href="{}">{}</a>.', _("New job"), job_id, _("completed:"), url,
+                '{} {} {} <a href="{}">{}</a>.',
+                _("New job"),
+                job_id,
+                _("completed:"),
+                url,
                 _("its completion marker"),
-            )  # fmt: skip
+            )
         if DeadLetter.objects.filter(id=job_id).exists():
             url = reverse(f"{site}:django_jobs_deadletter_change", args=[job_id])
             return format_html(
-                '{} {} {} <a href="{}">{}</a>.', _("New job"), job_id, _("died again:"), url,
+                '{} {} {} <a href="{}">{}</a>.',
+                _("New job"),
+                job_id,
+                _("died again:"),
+                url,
                 _("its dead letter"),
-            )  # fmt: skip
+            )
         return format_html("{} {} {}", _("New job"), job_id, _("is gone (its marker was pruned)."))
 
     def _why_not_replayable(self, obj: DeadLetter) -> StrOrPromise | None:
@@ -237,7 +252,7 @@ class DeadLetterAdmin(IdOrTermSearch, ReadOnlyAdmin):
                     registry.lookup(row["name"]) is not None,
                 )
                 for row in by_name[:100]
-            ],  # fmt: skip
+            ],
             "more_names": len(by_name) > 100,
             "pending": totals["pending"],
             "already": totals["already"],

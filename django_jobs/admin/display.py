@@ -116,14 +116,20 @@ def attempt_history(errors: Any) -> SafeString | str:
         )
     hidden = max(0, len(errors) - ATTEMPTS_SHOWN)
     rows = format_html_join(
-        "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+        "",
+        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
         (_attempt_row(error) for error in errors[hidden:]),
-    )  # fmt: skip
+    )
     table = format_html(
         '<table class="django-jobs-attempts"><thead><tr><th>{}</th><th>{}</th><th>{}</th>'
         "<th>{}</th><th>{}</th></tr></thead><tbody>{}</tbody></table>",
-        _("attempt"), _("at"), _("worker"), _("error"), _("traceback"), rows,
-    )  # fmt: skip
+        _("attempt"),
+        _("at"),
+        _("worker"),
+        _("error"),
+        _("traceback"),
+        rows,
+    )
     if not hidden:
         return table
     note = _("The first %(hidden)s attempts are not shown; the latest %(shown)s are.") % {

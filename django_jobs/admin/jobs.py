@@ -8,11 +8,8 @@ from typing import Any
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE
-from django.core.exceptions import PermissionDenied
 from django.db.models import OuterRef, Q, QuerySet, Subquery
-from django.http import HttpRequest, HttpResponse
-from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
@@ -27,6 +24,7 @@ from django_jobs.admin.base import (
     log_changes,
     parse_uuid,
 )
+from django_jobs.admin.dashboard import DashboardView
 from django_jobs.admin.display import (
     EMPTY,
     attempt_history,
@@ -107,7 +105,7 @@ class CancelPermission:
 
 
 @admin.register(Job)
-class JobAdmin(IdOrTermSearch, CancelPermission, NameQueueColumns, ReadOnlyAdmin):
+class JobAdmin(DashboardView, IdOrTermSearch, CancelPermission, NameQueueColumns, ReadOnlyAdmin):
     # Fits 1280 px with the sidebar open: the name links the job, the state says the attempt,
     # the lease (holder and time left) is one column.
     list_display = ["name_cell", "queue_cell", "state_label", "run_at_cell", "lease"]
@@ -118,14 +116,22 @@ class JobAdmin(IdOrTermSearch, CancelPermission, NameQueueColumns, ReadOnlyAdmin
     actions = ["run_now", "cancel"]
     list_deferred = ["payload", "errors"]
     fieldsets = [
-        (None, {"fields": [
-            ("name", "queue"), ("id", "key"), ("state_label", "priority", "attempts_of"),
-            ("run_at", "enqueued_at"), ("started_at", "attempted_at"),
-        ]}),
+        (
+            None,
+            {
+                "fields": [
+                    ("name", "queue"),
+                    ("id", "key"),
+                    ("state_label", "priority", "attempts_of"),
+                    ("run_at", "enqueued_at"),
+                    ("started_at", "attempted_at"),
+                ]
+            },
+        ),
         (_("Lease"), {"fields": [("lease_holder", "locked_by", "lease_expires_at")]}),
         (_("Payload"), {"fields": ["payload_json"]}),
         (_("Earlier attempts"), {"fields": ["attempt_table"]}),
-    ]  # fmt: skip
+    ]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         # Since when no live worker knows the job's name (a subquery: no query per row).
@@ -184,8 +190,10 @@ class JobAdmin(IdOrTermSearch, CancelPermission, NameQueueColumns, ReadOnlyAdmin
         holder = worker_of(obj.locked_by)
         return format_html(
             '{}<br><span class="django-jobs-quiet" title="{}">{}</span>',
-            cell(holder, 48, name=True), when(obj.lease_expires_at), until,
-        )  # fmt: skip
+            cell(holder, 48, name=True),
+            when(obj.lease_expires_at),
+            until,
+        )
 
     @admin.display(description=_("payload"))
     def payload_json(self, obj: Job) -> SafeString:
@@ -219,37 +227,6 @@ class JobAdmin(IdOrTermSearch, CancelPermission, NameQueueColumns, ReadOnlyAdmin
 
     cancel = cancel_jobs  # the action "cancel" of this list, "cancel_jobs" of the running jobs
 
-    # -- dashboard
-
-    def get_urls(self) -> list[Any]:
-        view = self.admin_site.admin_view(self.dashboard_view)
-        return [path("dashboard/", view, name="django_jobs_dashboard"), *super().get_urls()]
-
-    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
-        """The queue dashboard, for staff with any django_jobs permission."""
-        if not request.user.has_module_perms(self.opts.app_label):
-            raise PermissionDenied
-        snap = dashboard.snapshot()
-        context = {
-            **self.admin_site.each_context(request),
-            "title": _("Jobs dashboard"),
-            "opts": self.opts,
-            "app_label": self.opts.app_label,
-            "snap": snap,
-            "queues": [(row, dashboard.duration(row.oldest_age)) for row in snap.queues],
-            "completed_chart": dashboard.bar_chart(
-                snap.completed, start=snap.start, title=str(_("Completions per minute")),
-                unit=str(_("completed")), color="#417690",
-            ),
-            "dead_chart": dashboard.bar_chart(
-                snap.dead, start=snap.start, title=str(_("Dead letters per minute")),
-                unit=str(_("dead-lettered")), color="#ba2121",
-            ),
-            "deadletter_url": reverse(f"{self.admin_site.name}:django_jobs_deadletter_changelist"),
-            "job_url": reverse(f"{self.admin_site.name}:django_jobs_job_changelist"),
-        }  # fmt: skip
-        return TemplateResponse(request, "admin/django_jobs/dashboard.html", context)
-
 
 @admin.register(RunningJob)
 class RunningJobAdmin(CancelPermission, NameQueueColumns, OperationsAdmin):
@@ -259,9 +236,19 @@ class RunningJobAdmin(CancelPermission, NameQueueColumns, OperationsAdmin):
     search_fields = ["id", "name", "key"]
     actions = [cancel_jobs]
     readonly_fields = [
-        "id", "name", "queue", "priority", "attempts", "max_attempts", "key", "locked_by",
-        "started_at", "attempted_at", "lease_expires_at", "cancel_requested_at",
-    ]  # fmt: skip
+        "id",
+        "name",
+        "queue",
+        "priority",
+        "attempts",
+        "max_attempts",
+        "key",
+        "locked_by",
+        "started_at",
+        "attempted_at",
+        "lease_expires_at",
+        "cancel_requested_at",
+    ]
 
     def get_queryset(self, request: HttpRequest) -> Any:
         return super().get_queryset(request).filter(locked_by__isnull=False)
@@ -280,13 +267,16 @@ class RunningJobAdmin(CancelPermission, NameQueueColumns, OperationsAdmin):
                 '<br><strong class="django-jobs-paused" title="{}">{}</strong>',
                 when(obj.cancel_requested_at),
                 _("cancel asked"),
-            )  # fmt: skip
+            )
             if obj.cancel_requested_at
             else ""
         )
         return format_html(
             '{}<br><span class="django-jobs-quiet">{} {}<br>{} {}</span>{}',
             _("attempt %(n)s of %(of)s") % {"n": obj.attempts, "of": obj.max_attempts},
-            _("since"), list_when(obj.attempted_at),
-            _("lease until"), list_when(obj.lease_expires_at), cancel,
-        )  # fmt: skip
+            _("since"),
+            list_when(obj.attempted_at),
+            _("lease until"),
+            list_when(obj.lease_expires_at),
+            cancel,
+        )

@@ -22,20 +22,38 @@ from django_jobs.models import CompletionMarker, DeadLetter
 @admin.register(CompletionMarker)
 class CompletionMarkerAdmin(IdOrTermSearch, NameQueueColumns, ReadOnlyAdmin):
     list_display = [
-        "key_cell", "name_cell", "queue_cell", "attempts", "completed_at_cell", "worker_cell",
-    ]  # fmt: skip
+        "key_cell",
+        "name_cell",
+        "queue_cell",
+        "attempts",
+        "completed_at_cell",
+        "worker_cell",
+    ]
     list_filter = [("completed_at", DateRangeFilter)]
     search_fields = ["key", "job_id"]
     search_help_text = _("A key or a job id (exact).")
     ordering = ["-completed_at", "-job_id"]
     list_deferred = ["result"]
     fieldsets = [
-        (None, {"fields": [
-            "key", "job_id", "name", "queue", "attempts", "enqueued_at", "started_at",
-            "completed_at", "worker_id", "replayed_from",
-        ]}),
+        (
+            None,
+            {
+                "fields": [
+                    "key",
+                    "job_id",
+                    "name",
+                    "queue",
+                    "attempts",
+                    "enqueued_at",
+                    "started_at",
+                    "completed_at",
+                    "worker_id",
+                    "replayed_from",
+                ]
+            },
+        ),
         (_("Result"), {"fields": ["result_json"]}),
-    ]  # fmt: skip
+    ]
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # a marker is what keeps its key from running twice

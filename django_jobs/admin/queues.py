@@ -57,8 +57,12 @@ class QueueStateAdmin(OperationsAdmin):
         since = list_when(obj.paused_at) if obj.paused_at else "—"
         return format_html(
             '<strong class="django-jobs-paused">{}</strong> {} {}, {}<br>{}',
-            _("paused"), _("by"), cell(who, 40), since, cell(obj.reason, 80),
-        )  # fmt: skip
+            _("paused"),
+            _("by"),
+            cell(who, 40),
+            since,
+            cell(obj.reason, 80),
+        )
 
     @admin.display(description=_("waiting"), ordering="n_waiting")
     def waiting(self, obj: Any) -> int:

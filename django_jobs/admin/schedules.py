@@ -28,10 +28,22 @@ class ScheduleAdmin(OperationsAdmin):
     search_fields = ["name", "job_name"]
     actions = ["enable_schedules", "disable_schedules"]
     readonly_fields = [
-        "name", "cron", "every", "timezone", "job_name", "payload_json", "queue", "priority",
-        "enabled", "declared", "created_at", "updated_at", "last_tick_at", "last_enqueued_at",
+        "name",
+        "cron",
+        "every",
+        "timezone",
+        "job_name",
+        "payload_json",
+        "queue",
+        "priority",
+        "enabled",
+        "declared",
+        "created_at",
+        "updated_at",
+        "last_tick_at",
+        "last_enqueued_at",
         "last_job_id",
-    ]  # fmt: skip
+    ]
 
     @admin.display(description=_("payload"))
     def payload_json(self, obj: Schedule) -> SafeString:
@@ -45,16 +57,18 @@ class ScheduleAdmin(OperationsAdmin):
     def name_cell(self, obj: Schedule) -> SafeString:
         return format_html(
             '{}<br><span class="django-jobs-quiet">{}</span>',
-            cell(obj.name, 48, name=True), cell(obj.job_name, 64, name=True),
-        )  # fmt: skip
+            cell(obj.name, 48, name=True),
+            cell(obj.job_name, 64, name=True),
+        )
 
     @admin.display(description=_("state"), ordering="enabled")
     def state(self, obj: Schedule) -> SafeString | StrOrPromise:
         if not obj.declared:
             return format_html(
-                '<span title="{}">{}</span>', _("No worker's code declares it: it does not tick."),
+                '<span title="{}">{}</span>',
+                _("No worker's code declares it: it does not tick."),
                 _("not declared"),
-            )  # fmt: skip
+            )
         if not obj.enabled:
             return format_html('<strong class="django-jobs-paused">{}</strong>', _("disabled"))
         return _("enabled")

@@ -110,7 +110,7 @@ class Command(BaseCommand):
                 _seconds(q.oldest_wait),
                 q.done_last_hour,
                 q.dead_last_hour,
-            ]  # fmt: skip
+            ]
             for q in report.queues
         ]
         header = [
@@ -136,10 +136,14 @@ class Command(BaseCommand):
                 "or a handler removed); their jobs are dead-lettered as unknown_name from then on"
             )
             rows = [
-                [u.name, u.jobs, _when(u.since, report.now),
-                 _when(u.dead_letter_at, report.now) if u.dead_letter_at else "never"]
+                [
+                    u.name,
+                    u.jobs,
+                    _when(u.since, report.now),
+                    _when(u.dead_letter_at, report.now) if u.dead_letter_at else "never",
+                ]
                 for u in report.unknown_names
-            ]  # fmt: skip
+            ]
             self.stdout.write(_table(rows, ["name", "jobs", "unknown since", "dead-lettered"]))
         self.stdout.write("")
         self.stdout.write(f"{len(report.workers)} live worker(s)")
@@ -153,7 +157,7 @@ class Command(BaseCommand):
                     w.running,
                     _when(w.started_at, report.now),
                     _when(w.last_seen_at, report.now),
-                ]  # fmt: skip
+                ]
                 for w in report.workers
             ]
             self.stdout.write(
@@ -189,11 +193,17 @@ class Command(BaseCommand):
             state = "enabled" if row.enabled else "disabled"
             if not row.declared:
                 state = "not declared"
-            rows.append([
-                row.name, spec.describe() if spec else row.cron or f"every {row.every}s",
-                row.job_name, state, _when(upcoming, now, zone), _when(row.last_tick_at, now, zone),
-                row.last_job_id or "-",
-            ])  # fmt: skip
+            rows.append(
+                [
+                    row.name,
+                    spec.describe() if spec else row.cron or f"every {row.every}s",
+                    row.job_name,
+                    state,
+                    _when(upcoming, now, zone),
+                    _when(row.last_tick_at, now, zone),
+                    row.last_job_id or "-",
+                ]
+            )
         self.stdout.write(
             _table(rows, ["schedule", "when", "job", "state", "next run", "last tick", "last job"])
         )

@@ -29,14 +29,20 @@ class Command(BaseCommand):
             "--dry-run", action="store_true", help="Count what would be deleted; delete nothing."
         )
         parser.add_argument(
-            "--markers", type=duration, default=retention.SETTINGS, metavar="AGE",
+            "--markers",
+            type=duration,
+            default=retention.SETTINGS,
+            metavar="AGE",
             help="Keep markers this long (7d, 12h, 30m, 90s or 'none' to keep all). "
             "Default: KEEP_MARKERS.",
-        )  # fmt: skip
+        )
         parser.add_argument(
-            "--dead-letters", type=duration, default=retention.SETTINGS, metavar="AGE",
+            "--dead-letters",
+            type=duration,
+            default=retention.SETTINGS,
+            metavar="AGE",
             help="Keep dead letters this long. Default: KEEP_DEAD_LETTERS.",
-        )  # fmt: skip
+        )
         parser.add_argument(
             "--batch", type=positive_int, help="Rows per DELETE (default PRUNE_BATCH)."
         )

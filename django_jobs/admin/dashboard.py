@@ -1,0 +1,62 @@
+"""The jobs dashboard page: queues, the last hour's completions and dead letters, at a glance.
+
+The figures and the chart come from django_jobs.dashboard; this is its admin view, mounted
+under the jobs list (``admin:django_jobs_dashboard``) and linked from the site's index.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.translation import gettext_lazy as _
+
+from django_jobs import dashboard
+
+
+class DashboardView(admin.ModelAdmin):
+    """Mount the dashboard under the jobs list's URLs."""
+
+    def get_urls(self) -> list[Any]:
+        view = self.admin_site.admin_view(self.dashboard_view)
+        return [path("dashboard/", view, name="django_jobs_dashboard"), *super().get_urls()]
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        """The queue dashboard, for staff with any django_jobs permission."""
+        if not request.user.has_module_perms(self.opts.app_label):
+            raise PermissionDenied
+        snap = dashboard.snapshot()
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Jobs dashboard"),
+            "opts": self.opts,
+            "app_label": self.opts.app_label,
+            "snap": snap,
+            "queues": [(row, dashboard.duration(row.oldest_age)) for row in snap.queues],
+            "completed_chart": dashboard.bar_chart(
+                snap.completed,
+                start=snap.start,
+                title=str(_("Completions per minute")),
+                unit=str(_("completed")),
+                color="#417690",
+            ),
+            "dead_chart": dashboard.bar_chart(
+                snap.dead,
+                start=snap.start,
+                title=str(_("Dead letters per minute")),
+                unit=str(_("dead-lettered")),
+                color="#ba2121",
+            ),
+            "deadletter_url": reverse(f"{self.admin_site.name}:django_jobs_deadletter_changelist"),
+            "job_url": reverse(f"{self.admin_site.name}:django_jobs_job_changelist"),
+        }
+        return TemplateResponse(request, "admin/django_jobs/dashboard.html", context)
+
+
+# The site's index links the jobs dashboard (unless the project has an index template of its own).
+if admin.site.index_template is None:
+    admin.site.index_template = "admin/django_jobs/index.html"
