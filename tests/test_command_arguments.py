@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from django_jobs import limits
 from django_jobs.management import arguments
-from django_jobs.management.commands import prunejobs, replayjobs
+from django_jobs.management.commands import replayjobs
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.django_db(databases=["default", "other"])
@@ -183,8 +183,8 @@ def test_the_limits_themselves_are_accepted():
     assert options.grace == 0
     assert options.batch == limits.MAX_INT
     assert options.concurrency == limits.MAX_CONCURRENCY
-    assert prunejobs.duration("520w") == timedelta(weeks=520)
-    assert prunejobs.duration("none") is None
+    assert arguments.duration_or_none("520w") == timedelta(weeks=520)
+    assert arguments.duration_or_none("none") is None
     assert replayjobs.when("520w") < datetime.now(UTC) - timedelta(weeks=519)
     assert replayjobs.when("9999-12-31T23:59") == datetime(9999, 12, 31, 23, 59, tzinfo=UTC)
 
@@ -223,7 +223,7 @@ def _within_limits(name, value):
         return _number_in_range(value, 0, limits.MAX_SECONDS, integer=False) and value > 0
     if name == "seconds_or_zero":
         return _number_in_range(value, 0, limits.MAX_SECONDS, integer=False)
-    if name == "duration":
+    if name == "duration_or_none":
         return value is None or timedelta(0) <= value <= timedelta(seconds=limits.MAX_SECONDS)
     if name == "when":
         return value.tzinfo is not None and value.astimezone(UTC).year >= 1
@@ -243,7 +243,7 @@ TYPES = {
     "job_name": arguments.job_name,
     "job_id": arguments.job_id,
     "free_text": arguments.free_text(150),
-    "duration": prunejobs.duration,
+    "duration_or_none": arguments.duration_or_none,
     "when": replayjobs.when,
     "reason": replayjobs.reason,
 }

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from django.contrib import admin, messages
@@ -15,7 +14,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
-from django_jobs import dashboard
+from django_jobs import limits
 from django_jobs.admin.base import (
     IdOrTermSearch,
     NameQueueColumns,
@@ -184,9 +183,9 @@ class JobAdmin(DashboardView, IdOrTermSearch, CancelPermission, NameQueueColumns
             return EMPTY
         left = (obj.lease_expires_at - timezone.now()).total_seconds()
         if left >= 0:
-            until = _("%(left)s left") % {"left": dashboard.duration(timedelta(seconds=left))}
+            until = _("%(left)s left") % {"left": limits.format_duration(left)}
         else:
-            until = _("expired %(ago)s ago") % {"ago": dashboard.duration(timedelta(seconds=-left))}
+            until = _("expired %(ago)s ago") % {"ago": limits.format_duration(left)}
         holder = worker_of(obj.locked_by)
         return format_html(
             '{}<br><span class="django-jobs-quiet" title="{}">{}</span>',

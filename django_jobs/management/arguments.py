@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import uuid
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from django_jobs import limits
@@ -47,6 +48,14 @@ def seconds(text: str) -> float:
 def seconds_or_zero(text: str) -> float:
     """A duration of 0 to ten years."""
     return _within(limits.seconds, _number(text, float, "a number of seconds"), zero=True)
+
+
+def duration_or_none(text: str) -> timedelta | None:
+    """A duration like 7d, 12h, 30m or 90s (up to ten years), or 'none' (no limit)."""
+    try:
+        return limits.duration(text, what="the age")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def queue_name(text: str) -> str:

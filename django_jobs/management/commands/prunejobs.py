@@ -8,14 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from django_jobs import conf, retention
-from django_jobs.management.arguments import positive_int
-
-
-def duration(text: str) -> Any:
-    try:
-        return retention.as_timedelta(text, what="the age")
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+from django_jobs.management.arguments import duration_or_none, positive_int
 
 
 class Command(BaseCommand):
@@ -30,7 +23,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--markers",
-            type=duration,
+            type=duration_or_none,
             default=retention.SETTINGS,
             metavar="AGE",
             help="Keep markers this long (7d, 12h, 30m, 90s or 'none' to keep all). "
@@ -38,7 +31,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--dead-letters",
-            type=duration,
+            type=duration_or_none,
             default=retention.SETTINGS,
             metavar="AGE",
             help="Keep dead letters this long. Default: KEEP_DEAD_LETTERS.",
