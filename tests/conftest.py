@@ -93,8 +93,11 @@ class WorkerProcess:
         self.log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "django", "runjobs", *args],
-            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            cwd=ROOT,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
 
     @property
     def pid(self):

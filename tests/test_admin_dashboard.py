@@ -29,8 +29,12 @@ def activity():
     MarkerFactory(completed_at=now - timedelta(hours=3))  # outside the hour
     DeadLetterFactory.create_batch(2, reason=DeadReason.FATAL, dead_at=now - timedelta(minutes=1))
     DeadLetterFactory(reason=DeadReason.ATTEMPTS_EXHAUSTED, dead_at=now - timedelta(days=2))
-    DeadLetterFactory(reason=DeadReason.FATAL, dead_at=now - timedelta(days=1), replayed_at=now,
-                      replay_job_id=JobFactory(queue="x").id)  # fmt: skip
+    DeadLetterFactory(
+        reason=DeadReason.FATAL,
+        dead_at=now - timedelta(days=1),
+        replayed_at=now,
+        replay_job_id=JobFactory(queue="x").id,
+    )
 
 
 def test_snapshot_counts(activity):
@@ -95,10 +99,14 @@ def test_an_empty_installation(admin_client_):
 
 def test_durations():
     d = dashboard.duration
-    assert [d(None), d(timedelta(seconds=5)), d(timedelta(minutes=3, seconds=4)),
-            d(timedelta(minutes=42)),
-            d(timedelta(hours=3, minutes=5)), d(timedelta(days=2, hours=4))] == [
-        "—", "5s", "3m 4s", "42m", "3h 5m", "2d 4h"]  # fmt: skip
+    assert [
+        d(None),
+        d(timedelta(seconds=5)),
+        d(timedelta(minutes=3, seconds=4)),
+        d(timedelta(minutes=42)),
+        d(timedelta(hours=3, minutes=5)),
+        d(timedelta(days=2, hours=4)),
+    ] == ["—", "5s", "3m 4s", "42m", "3h 5m", "2d 4h"]
 
 
 def test_a_queue_no_handler_declares_is_flagged(admin_client_):

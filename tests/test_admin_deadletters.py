@@ -33,8 +33,13 @@ def test_change_list_columns_newest_first(admin_client_):
     assert shown(response) == [new.id, mid.id, old.id]
     text = response.content.decode()
     assert response.context["cl"].list_display == [
-        "action_checkbox", "name_cell", "reason", "dead_at_cell", "error_line", "replayed",
-    ]  # fmt: skip
+        "action_checkbox",
+        "name_cell",
+        "reason",
+        "dead_at_cell",
+        "error_line",
+        "replayed",
+    ]
     for header in ("Name", "Reason", "Dead at", "Error", "Replayed"):
         assert f">{header}</" in text, header
     # Neutral marks: "not replayed" is no error (no red icon), "replayed" says by whom in a title.
@@ -137,16 +142,34 @@ def test_detail_page_is_read_only_with_masked_pretty_payload_and_every_error(adm
             {"user": 7, "password": "hunter2", "nested": {"api_key": "sk-123", "n": [1, 2]}}
         ),
         error="builtins.RuntimeError: third",
-        traceback="Traceback (most recent call last):\n  File \"x.py\"\nRuntimeError: third",
+        traceback='Traceback (most recent call last):\n  File "x.py"\nRuntimeError: third',
         errors=[
-            {"attempt": 1, "at": "2026-01-02T03:04:05+00:00", "type": "builtins.RuntimeError",
-             "message": "first <b>", "traceback": "TB-ONE", "worker": "host:1:aa"},
-            {"attempt": 2, "at": "2026-01-02T03:05:05+00:00", "type": "builtins.RuntimeError",
-             "message": "second", "traceback": "TB-TWO", "worker": "host:1:aa"},
-            {"attempt": 3, "at": "2026-01-02T03:06:05+00:00", "type": "builtins.RuntimeError",
-             "message": "third", "traceback": "TB-THREE", "worker": "host:2:bb"},
+            {
+                "attempt": 1,
+                "at": "2026-01-02T03:04:05+00:00",
+                "type": "builtins.RuntimeError",
+                "message": "first <b>",
+                "traceback": "TB-ONE",
+                "worker": "host:1:aa",
+            },
+            {
+                "attempt": 2,
+                "at": "2026-01-02T03:05:05+00:00",
+                "type": "builtins.RuntimeError",
+                "message": "second",
+                "traceback": "TB-TWO",
+                "worker": "host:1:aa",
+            },
+            {
+                "attempt": 3,
+                "at": "2026-01-02T03:06:05+00:00",
+                "type": "builtins.RuntimeError",
+                "message": "third",
+                "traceback": "TB-THREE",
+                "worker": "host:2:bb",
+            },
         ],
-    )  # fmt: skip
+    )
     response = admin_client_.get(url("deadletter_change", letter.pk))
     text = response.content.decode()
 
@@ -264,11 +287,17 @@ def test_replay_button_refuses_a_bad_time_and_a_get(admin_client_):
 @pytest.mark.parametrize(
     "run_at",
     [
-        "2024-02-30T10:00", "2024-13-01T00:00", "2024-01-01T25:00", "2024-01-01T10:61",
-        "0001-01-01T00:00+05:00", "9999-12-31T23:59-05:00", "2024-01-01T10:00\x00",
-        "99999-01-01T00:00", "2024-01-01T10:00" + "0" * 10_000,
+        "2024-02-30T10:00",
+        "2024-13-01T00:00",
+        "2024-01-01T25:00",
+        "2024-01-01T10:61",
+        "0001-01-01T00:00+05:00",
+        "9999-12-31T23:59-05:00",
+        "2024-01-01T10:00\x00",
+        "99999-01-01T00:00",
+        "2024-01-01T10:00" + "0" * 10_000,
     ],
-)  # fmt: skip
+)
 def test_replay_button_answers_an_impossible_time_with_an_error(admin_client_, run_at):
     letter = DeadLetterFactory()
     response = admin_client_.post(

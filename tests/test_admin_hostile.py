@@ -15,8 +15,14 @@ from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory, Worker
 pytestmark = pytest.mark.django_db
 
 CHANGELISTS = [
-    "deadletter", "job", "completionmarker", "schedule", "queuestate", "workerbeat", "runningjob",
-]  # fmt: skip
+    "deadletter",
+    "job",
+    "completionmarker",
+    "schedule",
+    "queuestate",
+    "workerbeat",
+    "runningjob",
+]
 
 # Query strings as typed (or forged) in the address bar, percent-encoded as sent.
 HOSTILE = [
@@ -153,12 +159,17 @@ JSONS = {  # for errors, result, queues and stats columns (json / jsonb)
 SQLITE_ONLY = {"raw NUL", "escaped surrogates", "malformed JSON"}  # PostgreSQL refuses these
 
 COLUMNS = [
-    ("deadletter", "payload", TEXTS), ("deadletter", "error", TEXTS),
-    ("deadletter", "traceback", TEXTS), ("deadletter", "errors", JSONS),
-    ("job", "payload", TEXTS), ("job", "errors", JSONS),
-    ("completionmarker", "result", JSONS), ("workerbeat", "queues", JSONS),
-    ("workerbeat", "stats", JSONS), ("schedule", "payload", TEXTS),
-]  # fmt: skip
+    ("deadletter", "payload", TEXTS),
+    ("deadletter", "error", TEXTS),
+    ("deadletter", "traceback", TEXTS),
+    ("deadletter", "errors", JSONS),
+    ("job", "payload", TEXTS),
+    ("job", "errors", JSONS),
+    ("completionmarker", "result", JSONS),
+    ("workerbeat", "queues", JSONS),
+    ("workerbeat", "stats", JSONS),
+    ("schedule", "payload", TEXTS),
+]
 CASES = [
     pytest.param(model, column, name, values[name], id=f"{model}.{column}-{name}")
     for model, column, values in COLUMNS

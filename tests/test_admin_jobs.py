@@ -58,8 +58,13 @@ def test_job_list_shows_state_and_lease_holder(admin_client_, three_states):
     )
     response = admin_client_.get(url("job_changelist"))
     assert response.context["cl"].list_display == [
-        "action_checkbox", "name_cell", "queue_cell", "state_label", "run_at_cell", "lease",
-    ]  # fmt: skip
+        "action_checkbox",
+        "name_cell",
+        "queue_cell",
+        "state_label",
+        "run_at_cell",
+        "lease",
+    ]
     text = response.content.decode().replace("<wbr>", "")  # names may wrap after . - :
     # Each row's state cell, its first word (the state filter's links name them all, too).
     cells = re.findall(r'<td class="field-state_label">(.*?)</td>', text, re.S)
@@ -161,10 +166,12 @@ def test_marker_search_by_key_or_job_id_and_date_range(admin_client_):
     assert get({"q": "invoice"}) == set()  # exact: a LIKE would read every marker
     start = timezone.localtime(now - timedelta(days=4))
     end = timezone.localtime(now - timedelta(days=2))
-    assert get({
-        "completed_at__range__gte": start.strftime("%Y-%m-%d"),
-        "completed_at__range__lte": end.strftime("%Y-%m-%d"),
-    }) == {old.pk}  # fmt: skip
+    assert get(
+        {
+            "completed_at__range__gte": start.strftime("%Y-%m-%d"),
+            "completed_at__range__lte": end.strftime("%Y-%m-%d"),
+        }
+    ) == {old.pk}
     text = admin_client_.get(url("completionmarker_change", old.pk)).content.decode()
     assert "&quot;password&quot;: &quot;********&quot;" in text
     assert 'name="_save"' not in text

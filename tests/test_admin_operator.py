@@ -27,9 +27,12 @@ def content_main(response):
 
 def test_summary_comes_first_with_reason_attempts_and_last_error(admin_client_):
     letter = DeadLetterFactory(
-        reason=DeadReason.ATTEMPTS_EXHAUSTED, attempts=3, max_attempts=3,
-        error="builtins.RuntimeError: card declined", payload='{"order": 7}',
-    )  # fmt: skip
+        reason=DeadReason.ATTEMPTS_EXHAUSTED,
+        attempts=3,
+        max_attempts=3,
+        error="builtins.RuntimeError: card declined",
+        payload='{"order": 7}',
+    )
     response = admin_client_.get(url("deadletter_change", letter.pk))
     text = content_main(response)
 
@@ -110,8 +113,9 @@ def test_the_replay_action_asks_first_with_counts_per_handler(admin_client_):
     records = DeadLetterFactory.create_batch(3, name="tests.record")
     fatal = DeadLetterFactory.create_batch(2, name="tests.fatal")
     gone = DeadLetterFactory(name="shop.jobs.gone")
-    done = DeadLetterFactory(name="tests.record", replayed_at=timezone.now(),
-                             replay_job_id=records[0].id)  # fmt: skip
+    done = DeadLetterFactory(
+        name="tests.record", replayed_at=timezone.now(), replay_job_id=records[0].id
+    )
     ids = [str(x.id) for x in (*records, *fatal, gone, done)]
 
     data = {"action": "replay_selected", "_selected_action": ids}
@@ -129,8 +133,10 @@ def test_the_replay_action_asks_first_with_counts_per_handler(admin_client_):
         text,
     )
     assert [(n.strip(), int(a), int(b)) for n, a, b in rows] == [
-        ("tests.record", 3, 1), ("tests.fatal", 2, 0), ("shop.jobs.gone", 1, 0),
-    ]  # fmt: skip
+        ("tests.record", 3, 1),
+        ("tests.fatal", 2, 0),
+        ("shop.jobs.gone", 1, 0),
+    ]
     assert "(no handler registered)" in text
     for pk in ids:
         assert f'name="_selected_action" value="{pk}"' in text
@@ -149,8 +155,11 @@ def test_the_confirmation_keeps_select_across_and_the_filter(admin_client_):
     fatal = DeadLetterFactory.create_batch(3, reason=DeadReason.FATAL)
     other = DeadLetterFactory(reason=DeadReason.ATTEMPTS_EXHAUSTED)
     target = url("deadletter_changelist") + "?reason=fatal"
-    data = {"action": "replay_selected", "_selected_action": [str(fatal[0].id)],
-            "select_across": "1"}  # fmt: skip
+    data = {
+        "action": "replay_selected",
+        "_selected_action": [str(fatal[0].id)],
+        "select_across": "1",
+    }
 
     text = content_main(admin_client_.post(target, data))
     assert "Replay 3 dead letters?" in text
@@ -159,8 +168,9 @@ def test_the_confirmation_keeps_select_across_and_the_filter(admin_client_):
     assert f'href="{target}"' in text  # "No, take me back" keeps the filter
 
     admin_client_.post(target, {**data, "post": "yes"})
-    assert set(DeadLetter.objects.filter(replayed_at__isnull=False).values_list("id", flat=True)) \
-        == {x.id for x in fatal}  # fmt: skip
+    assert set(
+        DeadLetter.objects.filter(replayed_at__isnull=False).values_list("id", flat=True)
+    ) == {x.id for x in fatal}
     assert DeadLetter.objects.get(pk=other.pk).replayed_at is None
 
 
@@ -218,9 +228,8 @@ def test_queues_show_a_neutral_mark_when_not_paused(admin_client_):
 
 @pytest.mark.parametrize(
     "page",
-    ["schedule", "queuestate", "workerbeat", "runningjob", "deadletter", "job",
-     "completionmarker"],
-)  # fmt: skip
+    ["schedule", "queuestate", "workerbeat", "runningjob", "deadletter", "job", "completionmarker"],
+)
 def test_every_list_links_the_dashboard(admin_client_, page):
     text = content_main(admin_client_.get(url(f"{page}_changelist")))
     assert f'href="{url("dashboard")}"' in text
@@ -258,8 +267,13 @@ def test_schedules_say_their_state_in_words_with_the_job_under_the_name(admin_cl
     response = admin_client_.get(url("schedule_changelist"))
     text = content_main(response).replace("<wbr>", "")
     assert response.context["cl"].list_display == [
-        "action_checkbox", "name_cell", "when", "state", "next_run", "last_run",
-    ]  # fmt: skip
+        "action_checkbox",
+        "name_cell",
+        "when",
+        "state",
+        "next_run",
+        "last_run",
+    ]
     assert "icon-no" not in text and "icon-yes" not in text
     assert '<strong class="django-jobs-paused">disabled</strong>' in text
     assert ">not declared</span>" in text and ">enabled<" in text

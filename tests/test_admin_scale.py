@@ -95,7 +95,7 @@ def test_dashboard_and_change_lists_stay_fast_on_a_big_installation(
                 "dead_at__range__lte": "2100-01-01",
             },
             9,
-        ),  # fmt: skip
+        ),
         ("dead letters, name", url("deadletter_changelist"), {"name": "tests.fatal"}, 9),
         (
             "dead letters, search id",

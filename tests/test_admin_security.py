@@ -76,8 +76,9 @@ def test_delete_permission_without_replay(login):
 
 def test_superuser_has_every_action(admin_client_):
     assert sorted(action_names(admin_client_.get(url("deadletter_changelist")))) == [
-        "delete_selected", "replay_selected",
-    ]  # fmt: skip
+        "delete_selected",
+        "replay_selected",
+    ]
     assert sorted(action_names(admin_client_.get(url("job_changelist")))) == ["cancel", "run_now"]
     assert action_names(admin_client_.get(url("completionmarker_changelist"))) == []
 

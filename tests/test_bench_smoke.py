@@ -16,8 +16,12 @@ def test_quick_benchmark_runs_and_prints_its_table():
     env.pop("DJANGO_SETTINGS_MODULE", None)
     out = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "run.py"), "--quick"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     table = out.stdout.split("| figure |", 1)[1]
     for figure in ("E1 ", "E2 ", "D1 ", "D2 ", "L1 ", "IDLE ", "SCALE ", "MEM ", "PGB "):

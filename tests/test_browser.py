@@ -67,10 +67,11 @@ def example_env(tmp_path):
 
     name = f"{os.environ.get('JOBS_TEST_DB', 'django_jobs')}_browser"
     server = {
-        "host": os.environ.get("PGHOST", "127.0.0.1"), "port": os.environ.get("PGPORT", "5432"),
+        "host": os.environ.get("PGHOST", "127.0.0.1"),
+        "port": os.environ.get("PGPORT", "5432"),
         "user": os.environ.get("PGUSER", "postgres"),
         "password": os.environ.get("PGPASSWORD") or None,
-    }  # fmt: skip
+    }
     with psycopg.connect(dbname="postgres", autocommit=True, **server) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
@@ -82,9 +83,13 @@ def example_env(tmp_path):
 
 def manage(env, *args, timeout=180):
     out = subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=EXAMPLE, env=env, capture_output=True, text=True,
+        [sys.executable, "manage.py", *args],
+        cwd=EXAMPLE,
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=timeout,
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout
 
@@ -99,8 +104,11 @@ def live_server_url(example_env, tmp_path):
     log = open(tmp_path / "runserver.log", "wb")  # noqa: SIM115 - closed below
     server = subprocess.Popen(
         [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
-        cwd=EXAMPLE, env=example_env, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        cwd=EXAMPLE,
+        env=example_env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -127,8 +135,14 @@ def browser(tmp_path):
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1280,1000", f"--user-data-dir={tmp_path / 'chromium'}"):  # fmt: skip
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1280,1000",
+        f"--user-data-dir={tmp_path / 'chromium'}",
+    ):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
@@ -332,8 +346,15 @@ def test_operator_pages_fit_1280_px_with_the_sidebar_open(
             assert fits["tallest"] < 240, (path, "a row is too tall", fits)
         return fits
 
-    lists = ["deadletter", "job", "completionmarker", "queuestate", "workerbeat", "schedule",
-             "runningjob"]  # fmt: skip
+    lists = [
+        "deadletter",
+        "job",
+        "completionmarker",
+        "queuestate",
+        "workerbeat",
+        "schedule",
+        "runningjob",
+    ]
     for model in lists:
         fits = check(f"/admin/django_jobs/{model}/", f"list-{model}")
         assert fits["sidebar"] > 200, "the navigation sidebar is open"

@@ -103,10 +103,15 @@ def test_kill_storm_loses_nothing_and_doubles_no_effect(worker_process):
     assert [w.wait(timeout=30) for w in workers] == [0, 0, 0]
     audits = Audit.objects.count()
     report(
-        "kill-storm", jobs=total, kills=kills, restarts=kills, duplicates=audits - total,
-        lost=total - CompletionMarker.objects.count(), seconds=f"{elapsed:.1f}",
+        "kill-storm",
+        jobs=total,
+        kills=kills,
+        restarts=kills,
+        duplicates=audits - total,
+        lost=total - CompletionMarker.objects.count(),
+        seconds=f"{elapsed:.1f}",
         max_attempts=CompletionMarker.objects.aggregate(m=Max("attempts"))["m"],
-    )  # fmt: skip
+    )
     assert kills >= min(5, seconds / 2 - 1)
     assert Job.objects.count() == 0
     assert DeadLetter.objects.count() == 0
@@ -138,11 +143,15 @@ def test_forced_duplicates_are_counted_and_atomic_effects_stay_single(worker_pro
     plain_effects = Audit.objects.filter(label__startswith="plain-").count()
     slow_atomic_ids = Audit.objects.filter(label__in=[p["label"] for p in atomic if p["slow"]])
     report(
-        "forced-duplicates", jobs=2 * n, slow=n // 5, reexecuted=reexecuted, fenced=fenced,
+        "forced-duplicates",
+        jobs=2 * n,
+        slow=n // 5,
+        reexecuted=reexecuted,
+        fenced=fenced,
         duplicate_plain_effects=plain_effects - n,
         atomic_effects=Audit.objects.filter(label__startswith="atomic-").count(),
         seconds=f"{time.monotonic() - started:.1f}",
-    )  # fmt: skip
+    )
     assert CompletionMarker.objects.count() == 2 * n  # exactly one marker per job
     assert CompletionMarker.objects.values("key").distinct().count() == 2 * n
     # No handler fails here, so every attempt beyond the first is a takeover of an
@@ -230,10 +239,14 @@ def test_database_restart_mid_run(worker_process):
         worker.signal(signal.SIGTERM)
     assert [w.wait(timeout=30) for w in workers] == [0, 0]
     outputs = "".join(w.output() for w in workers)
-    report("database-" + mode, jobs=total, markers=markers, left=left,
-           recovered_s=f"{recovered:.1f}",
-           errors_logged=outputs.count("database error")
-           + outputs.count("lost its connection"))  # fmt: skip
+    report(
+        "database-" + mode,
+        jobs=total,
+        markers=markers,
+        left=left,
+        recovered_s=f"{recovered:.1f}",
+        errors_logged=outputs.count("database error") + outputs.count("lost its connection"),
+    )
     assert markers == total
     assert left == 0  # nothing left leased
 
@@ -263,10 +276,8 @@ def test_failing_done_write_neither_loses_nor_sticks_jobs(worker_process):
         # Each refused done write is a failed attempt of its job (issue 10): retry every
         # 0.5 s, so that 30 attempts outlast the few seconds of failure.
         backoff = {"BACKOFF": {"kind": "fixed", "base": 0.5, "ceiling": 0.5, "jitter": 0.0}}
-        worker = worker_process(
-            "--concurrency", "2", "--lease", "1",
-            extra_env={"JOBS_TEST_SETTINGS": json.dumps(backoff)},
-        )  # fmt: skip
+        env = {"JOBS_TEST_SETTINGS": json.dumps(backoff)}
+        worker = worker_process("--concurrency", "2", "--lease", "1", extra_env=env)
         wait_for(lambda: Audit.objects.exists(), message="the first attempts")
         started = time.monotonic()
         longest_lease, retaken = 0.0, 0
@@ -298,9 +309,16 @@ def test_failing_done_write_neither_loses_nor_sticks_jobs(worker_process):
             cursor.execute("DROP FUNCTION IF EXISTS chaos_fail_marker()")
             cursor.execute("DROP TABLE IF EXISTS chaos_fail")
     atomic_effects = Audit.objects.filter(label__startswith="atomic-").count()
-    report("failing-done-write", jobs=20, during_jobs=during[0], during_markers=during[1],
-           retaken=retaken, longest_lease_s=f"{longest_lease:.1f}", atomic_effects=atomic_effects,
-           plain_effects=Audit.objects.filter(label__startswith="plain-").count())  # fmt: skip
+    report(
+        "failing-done-write",
+        jobs=20,
+        during_jobs=during[0],
+        during_markers=during[1],
+        retaken=retaken,
+        longest_lease_s=f"{longest_lease:.1f}",
+        atomic_effects=atomic_effects,
+        plain_effects=Audit.objects.filter(label__startswith="plain-").count(),
+    )
     assert during == (20, 0)  # nothing lost, nothing marked while the write failed
     assert any("chaos: the marker write fails" in c for c in causes)  # the true cause
     assert longest_lease <= 1.5  # no lease was extended past the lease length
@@ -339,9 +357,14 @@ def test_lost_listener_connection_is_replaced_and_polling_covers_the_gap(worker_
     renotified = _start_latency("after")
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0
-    report("lost-wakeup", notified_ms=f"{notified * 1000:.0f}", gap_ms=f"{gap * 1000:.0f}",
-           renotified_ms=f"{renotified * 1000:.0f}", poll_s=3,
-           listener_pids=f"{first}->{second}")  # fmt: skip
+    report(
+        "lost-wakeup",
+        notified_ms=f"{notified * 1000:.0f}",
+        gap_ms=f"{gap * 1000:.0f}",
+        renotified_ms=f"{renotified * 1000:.0f}",
+        poll_s=3,
+        listener_pids=f"{first}->{second}",
+    )
     assert notified < 1.0
     assert gap < 3.5  # within the poll interval
     assert renotified < 1.0  # listening again: no poll needed
@@ -369,9 +392,13 @@ def test_connections_stay_within_bounds(worker_process):
     )
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0
-    report("connections", concurrency=concurrency, most_connections=most,
-           idle_in_transaction_over_1s=stuck,
-           after_idle_attempts=CompletionMarker.objects.get(job_id=late.id).attempts)  # fmt: skip
+    report(
+        "connections",
+        concurrency=concurrency,
+        most_connections=most,
+        idle_in_transaction_over_1s=stuck,
+        after_idle_attempts=CompletionMarker.objects.get(job_id=late.id).attempts,
+    )
     assert most <= concurrency + 2
     assert stuck == 0
     assert CompletionMarker.objects.get(job_id=late.id).attempts == 1
@@ -383,13 +410,8 @@ def test_memory_stays_flat_and_max_jobs_exits_cleanly(worker_process, debug):
     warm = total // 10
     for start in range(0, total, 10_000):
         enqueue_many(jobs.query, [{"n": i} for i in range(start, min(total, start + 10_000))])
-    worker = worker_process(
-        "--concurrency",
-        "4",
-        "--max-jobs",
-        str(total),
-        extra_env={"JOBS_DEBUG": "1" if debug else "0"},
-    )
+    env = {"JOBS_DEBUG": "1" if debug else "0"}
+    worker = worker_process("--concurrency", "4", "--max-jobs", str(total), extra_env=env)
     wait_for(
         lambda: CompletionMarker.objects.count() >= warm,
         timeout=120,
@@ -406,9 +428,14 @@ def test_memory_stays_flat_and_max_jobs_exits_cleanly(worker_process, debug):
         time.sleep(0.05)
     code = worker.wait(timeout=120)
     growth = (at_end - at_warm) / at_warm * 100
-    report("memory" + ("-debug" if debug else ""), jobs=total,
-           rss_at_warmup_mb=f"{at_warm / 1024:.1f}", rss_at_end_mb=f"{at_end / 1024:.1f}",
-           growth_pct=f"{growth:.1f}", exit=code)  # fmt: skip
+    report(
+        "memory" + ("-debug" if debug else ""),
+        jobs=total,
+        rss_at_warmup_mb=f"{at_warm / 1024:.1f}",
+        rss_at_end_mb=f"{at_end / 1024:.1f}",
+        growth_pct=f"{growth:.1f}",
+        exit=code,
+    )
     assert code == 0
     assert CompletionMarker.objects.count() == total
     assert not Job.objects.filter(locked_by__isnull=False).exists()
@@ -433,9 +460,12 @@ def test_skewed_worker_clock_neither_runs_early_nor_steals_leases(worker_process
         worker.signal(signal.SIGTERM)
     assert [w.wait(timeout=20) for w in (ahead, behind)] == [0, 0]
     still_held = Job.objects.get(id=held.id)
-    report("clock-skew", skew="+-10m",
-           scheduled_run=Audit.objects.filter(label="scheduled").exists(),
-           lease_stolen=still_held.locked_by != held.token)  # fmt: skip
+    report(
+        "clock-skew",
+        skew="+-10m",
+        scheduled_run=Audit.objects.filter(label="scheduled").exists(),
+        lease_stolen=still_held.locked_by != held.token,
+    )
     assert not Audit.objects.filter(label__in=["scheduled", "held"]).exists()
     assert Job.objects.filter(id=later.id, attempts=0).exists()
     assert still_held.locked_by == held.token and still_held.attempts == 1

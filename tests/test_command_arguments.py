@@ -73,7 +73,7 @@ CASES = [
             "9999-12-31T23:59-14:00",
             NOT_UTF8,
         ]
-    ],  # fmt: skip
+    ],
     *[("replayjobs", "--all", "--dead-before", v) for v in ["999999999999d", "2024-02-30"]],
     *[("replayjobs", "--all", "--run-at", v) for v in ["9999999d", "soon", "2024-02-30T10:00"]],
     *[("replayjobs", "--all", "--delay", v) for v in [*NOT_NUMBERS, *HUGE, "-5"]],
@@ -162,8 +162,11 @@ def test_real_processes_answer_bad_values_with_exit_code_2(argv, message):
     }
     out = subprocess.run(
         [sys.executable, "-m", "django", *argv],
-        cwd=ROOT, env=env, capture_output=True, timeout=60,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
     stderr = out.stderr.decode("utf-8", "replace")
     assert out.returncode == 2, stderr
     assert out.stdout == b""

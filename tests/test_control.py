@@ -85,8 +85,9 @@ def test_cancelling_a_waiting_job_dead_letters_it_at_once(capsys):
     assert not Job.objects.exists()
     letters = DeadLetter.objects.order_by("id")
     assert [(d.id, d.reason, d.attempts) for d in letters] == [
-        (waiting.id, DeadReason.CANCELLED, 0), (later.id, DeadReason.CANCELLED, 0)
-    ]  # fmt: skip
+        (waiting.id, DeadReason.CANCELLED, 0),
+        (later.id, DeadReason.CANCELLED, 0),
+    ]
     assert letters[0].errors[-1]["type"] == "django_jobs.Cancelled"
     assert "manage.py jobs" in letters[0].error
 

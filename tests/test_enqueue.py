@@ -413,9 +413,12 @@ def test_enqueue_notifies_listeners_at_commit_with_the_queue_only():
 
     settings = connection.settings_dict
     with psycopg.connect(
-        host=settings["HOST"], port=settings["PORT"], user=settings["USER"],
-        dbname=settings["NAME"], autocommit=True,
-    ) as listener:  # fmt: skip
+        host=settings["HOST"],
+        port=settings["PORT"],
+        user=settings["USER"],
+        dbname=settings["NAME"],
+        autocommit=True,
+    ) as listener:
         listener.execute("LISTEN django_jobs")
         with transaction.atomic():
             enqueue_on_commit(jobs.other_queue, {"secret": "not in the notification"})
@@ -445,9 +448,10 @@ class TestEnqueueMany:
 
         first = enqueue(jobs.record, {"label": "a"}, key="a")
         results = enqueue_many(
-            jobs.record, [{"label": "a"}, {"label": "b"}, {"label": "b"}, {"label": "c"}],
+            jobs.record,
+            [{"label": "a"}, {"label": "b"}, {"label": "b"}, {"label": "c"}],
             keys=["a", "b", "b", None],
-        )  # fmt: skip
+        )
         assert [r.duplicate for r in results] == [True, False, True, False]
         assert results[0].id == first.id
         assert results[2].id == results[1].id

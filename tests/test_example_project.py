@@ -20,9 +20,13 @@ def test_demo_shows_jobs_done_and_a_dead_letter(tmp_path):
     env.pop("DJANGO_SETTINGS_MODULE", None)
     env.pop("EXAMPLE_DB", None)
     out = subprocess.run(
-        [sys.executable, "manage.py", "demo"], cwd=ROOT / "example_project", env=env,
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [sys.executable, "manage.py", "demo"],
+        cwd=ROOT / "example_project",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "live jobs left: 0" in out.stdout
     assert "completion markers: 11" in out.stdout  # 8 jobs and 3 Django tasks
@@ -58,8 +62,12 @@ def test_the_example_projects_own_tests_pass(command, passed, tmp_path):
         env["EXAMPLE_DB"] = "postgres"
         env["PGDATABASE"] = os.environ.get("JOBS_TEST_DB", "django_jobs") + "_example"
     out = subprocess.run(
-        [sys.executable, *command], cwd=ROOT / "example_project", env=env,
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [sys.executable, *command],
+        cwd=ROOT / "example_project",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-5000:]
     assert passed in out.stdout + out.stderr

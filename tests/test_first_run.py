@@ -53,8 +53,13 @@ def manage(database, *args, timeout=60, extra_env=None):
     }
     return subprocess.run(
         [sys.executable, "-m", "django", *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def test_runjobs_refuses_an_unmigrated_database_with_one_line(fresh_database):
@@ -157,22 +162,32 @@ def test_sqlite_without_options_shares_the_file_between_web_and_workers(tmp_path
     settings = {"DJANGO_SETTINGS_MODULE": "tests.plain_sqlite_settings"}
     assert manage(path, "migrate", "-v", "0", extra_env=settings).returncode == 0
     env = {
-        **os.environ, **settings, "TEST_DB_NAME": path, "PYTHONPATH": str(ROOT),
+        **os.environ,
+        **settings,
+        "TEST_DB_NAME": path,
+        "PYTHONPATH": str(ROOT),
         "JOBS_TEST_SETTINGS": '{"BACKOFF": 0.5}',
-    }  # fmt: skip
+    }
     workers = [
         WorkerProcess(["--concurrency", "4", "-v", "0"], tmp_path / f"worker-{n}.log", env)
         for n in range(2)
     ]
     try:
-        done = manage(path, "shell", "-c", ORDERS.format(threads=4, per_thread=50),
-                      extra_env=settings, timeout=180)  # fmt: skip
+        done = manage(
+            path,
+            "shell",
+            "-c",
+            ORDERS.format(threads=4, per_thread=50),
+            extra_env=settings,
+            timeout=180,
+        )
         assert done.returncode == 0, done.stderr
         assert "errors 0 []" in done.stdout, done.stdout
         wait_for(
             lambda: _sqlite_count(path, "SELECT count(*) FROM django_jobs_marker") == 400,
-            timeout=120, message="400 completion markers",
-        )  # fmt: skip
+            timeout=120,
+            message="400 completion markers",
+        )
     finally:
         for worker in workers:
             worker.signal(__import__("signal").SIGTERM)
@@ -200,12 +215,13 @@ def test_check_warns_about_sqlite_options_that_undo_concurrency(tmp_path, option
     import json
 
     done = manage(
-        str(tmp_path / "db.sqlite3"), "check",
+        str(tmp_path / "db.sqlite3"),
+        "check",
         extra_env={
             "DJANGO_SETTINGS_MODULE": "tests.plain_sqlite_settings",
             "JOBS_SQLITE_OPTIONS": json.dumps(options),
         },
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr
     assert ("django_jobs.W021" in done.stderr) is warned, done.stderr
     if warned:
@@ -221,9 +237,10 @@ def test_check_warns_about_sqlite_options_that_undo_concurrency(tmp_path, option
 )
 def test_check_says_django_jobs_is_missing_from_installed_apps(tmp_path):
     done = manage(
-        str(tmp_path / "db.sqlite3"), "check",
+        str(tmp_path / "db.sqlite3"),
+        "check",
         extra_env={"DJANGO_SETTINGS_MODULE": "tests.no_app_settings"},
-    )  # fmt: skip
+    )
     assert done.returncode == 1
     assert "System check identified no issues" not in done.stdout
     last = done.stderr.strip().splitlines()[-1]
@@ -268,9 +285,12 @@ def test_runjobs_warns_about_served_queues_no_handler_declares(tmp_path):
 
 def test_importing_the_enqueue_api_without_the_app_names_the_fix(tmp_path):
     done = manage(
-        str(tmp_path / "db.sqlite3"), "shell", "-c", "from django_jobs import enqueue_on_commit",
+        str(tmp_path / "db.sqlite3"),
+        "shell",
+        "-c",
+        "from django_jobs import enqueue_on_commit",
         extra_env={"DJANGO_SETTINGS_MODULE": "tests.no_app_settings"},
-    )  # fmt: skip
+    )
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1] == (
         "django.core.exceptions.ImproperlyConfigured: 'django_jobs' is not in INSTALLED_APPS: "

@@ -197,11 +197,17 @@ def test_fuzzed_rows_are_dead_lettered_or_run_and_never_crash_the_worker(batch):
                 "VALUES (%s, %s, 'default', %s, %s, %s, %s, %s, %s, %s, %s)",
                 [
                     Job._meta.pk.get_db_prep_value(uuid.uuid4(), connection),
-                    row["name"], row["payload"], row["priority"],
-                    past, past, row["attempts"], row["max_attempts"],
-                    row["key"], "[]",
+                    row["name"],
+                    row["payload"],
+                    row["priority"],
+                    past,
+                    past,
+                    row["attempts"],
+                    row["max_attempts"],
+                    row["key"],
+                    "[]",
                 ],
-            )  # fmt: skip
+            )
     # Rows naming no handler wait for UNKNOWN_NAME_GRACE: here none, so they end too.
     with override_settings(DJANGO_JOBS={**django_settings.DJANGO_JOBS, "UNKNOWN_NAME_GRACE": 0}):
         worker = Worker(burst=True, concurrency=2, queues=["default"])

@@ -140,9 +140,10 @@ def test_a_base_exception_raised_by_an_async_handler_is_a_failed_attempt():
 def test_a_validator_raising_a_base_exception_fails_the_attempt():
     # Enqueued as a row: enqueue() runs the validator too, in the caller's process.
     job = JobFactory(
-        name="tests.hostile_validated", max_attempts=2,
+        name="tests.hostile_validated",
+        max_attempts=2,
         payload='{"validator": "raise", "raise": "KeyboardInterrupt"}',
-    )  # fmt: skip
+    )
     ids = ordinary()
     burst()
     letter = DeadLetter.objects.get(id=job.id)

@@ -328,9 +328,14 @@ def test_snooze_and_extend_lease_refuse_durations_out_of_range(seconds):
         Snooze(seconds)
     extended = []
     ctx = JobContext(
-        id=uuid.uuid4(), name="n", queue="q", attempt=1, max_attempts=1,
-        enqueued_at=timezone.now(), _extend=extended.append,
-    )  # fmt: skip
+        id=uuid.uuid4(),
+        name="n",
+        queue="q",
+        attempt=1,
+        max_attempts=1,
+        enqueued_at=timezone.now(),
+        _extend=extended.append,
+    )
     with pytest.raises(ValueError, match="extend_lease"):
         ctx.extend_lease(seconds)
     assert extended == []

@@ -23,8 +23,11 @@ def _check(dist):
 def test_the_built_wheel_holds_django_jobs_only_and_installs_into_a_fresh_venv(tmp_path):
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(tmp_path), ROOT],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert built.returncode == 0, built.stderr
     (wheel,) = tmp_path.glob("django_durable_jobs-*.whl")
     names = zipfile.ZipFile(wheel).namelist()

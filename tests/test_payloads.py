@@ -54,8 +54,10 @@ def test_fingerprint_ignores_key_order_but_not_name_or_values():
 def test_mask_hides_configured_keys_at_any_depth():
     value = {"user": 1, "Password": "hunter2", "nested": [{"token": "abc", "ok": True}]}
     assert payloads.mask(value) == {
-        "user": 1, "Password": payloads.MASK, "nested": [{"token": payloads.MASK, "ok": True}],
-    }  # fmt: skip
+        "user": 1,
+        "Password": payloads.MASK,
+        "nested": [{"token": payloads.MASK, "ok": True}],
+    }
 
 
 def test_error_messages_say_what_is_wrong():

@@ -29,8 +29,16 @@ def test_default_name_is_the_dotted_path(cleanup):
 
 
 def test_options_are_kept(cleanup):
-    @job(name="tests.opts", queue="mail", priority=5, max_attempts=7, backoff=10, timeout=3,
-         concurrency=2, atomic=True)  # fmt: skip
+    @job(
+        name="tests.opts",
+        queue="mail",
+        priority=5,
+        max_attempts=7,
+        backoff=10,
+        timeout=3,
+        concurrency=2,
+        atomic=True,
+    )
     def handler(payload, ctx):
         pass
 

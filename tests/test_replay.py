@@ -20,9 +20,14 @@ pytestmark = pytest.mark.django_db
 
 def test_replay_makes_one_fresh_job_with_the_letters_work():
     letter = DeadLetterFactory(
-        name="tests.record", queue="emails", priority=7, key="k-1",
-        payload='{"label": "again", "b": 1}', attempts=3, max_attempts=4,
-    )  # fmt: skip
+        name="tests.record",
+        queue="emails",
+        priority=7,
+        key="k-1",
+        payload='{"label": "again", "b": 1}',
+        attempts=3,
+        max_attempts=4,
+    )
     report = DeadLetter.objects.filter(pk=letter.pk).replay(by="ada")
 
     assert str(report) == "1 replayed"
@@ -211,9 +216,13 @@ def test_replay_wakes_listening_workers_of_the_queue(transactional_db):
     letter = DeadLetterFactory(queue="emails")
     params = connection.get_connection_params()
     with psycopg.connect(
-        host=params.get("host"), port=params.get("port"), user=params.get("user"),
-        password=params.get("password") or None, dbname=params["dbname"], autocommit=True,
-    ) as listener:  # fmt: skip
+        host=params.get("host"),
+        port=params.get("port"),
+        user=params.get("user"),
+        password=params.get("password") or None,
+        dbname=params["dbname"],
+        autocommit=True,
+    ) as listener:
         listener.execute("LISTEN django_jobs")
         DeadLetter.objects.filter(pk=letter.pk).replay()
         notes = list(listener.notifies(timeout=2, stop_after=1))
@@ -224,9 +233,13 @@ def test_replay_wakes_listening_workers_of_the_queue(transactional_db):
 
 
 def test_cancel_moves_waiting_and_scheduled_jobs_to_the_dead_letters():
-    waiting = JobFactory(name="tests.record", payload='{"label": "x"}', key="c-1", attempts=1,
-                         errors=[{"attempt": 1, "type": "builtins.RuntimeError",
-                                  "message": "boom"}])  # fmt: skip
+    waiting = JobFactory(
+        name="tests.record",
+        payload='{"label": "x"}',
+        key="c-1",
+        attempts=1,
+        errors=[{"attempt": 1, "type": "builtins.RuntimeError", "message": "boom"}],
+    )
     scheduled = JobFactory(run_at=timezone.now() + timedelta(hours=1))
     running = JobFactory(leased=True)
 

@@ -33,11 +33,16 @@ def letters():
         "fatal-new": DeadLetterFactory(
             name="tests.fatal", reason=DeadReason.FATAL, dead_at=now - timedelta(minutes=5)
         ),
-        "exhausted": DeadLetterFactory(reason=DeadReason.ATTEMPTS_EXHAUSTED, queue="emails",
-                                       dead_at=now - timedelta(hours=5)),
-        "replayed": DeadLetterFactory(reason=DeadReason.FATAL, dead_at=now - timedelta(hours=1),
-                                      replayed_at=now, replay_job_id=JobFactory().id),
-    }  # fmt: skip
+        "exhausted": DeadLetterFactory(
+            reason=DeadReason.ATTEMPTS_EXHAUSTED, queue="emails", dead_at=now - timedelta(hours=5)
+        ),
+        "replayed": DeadLetterFactory(
+            reason=DeadReason.FATAL,
+            dead_at=now - timedelta(hours=1),
+            replayed_at=now,
+            replay_job_id=JobFactory().id,
+        ),
+    }
 
 
 def replayed(letters):
@@ -146,10 +151,6 @@ def test_bad_input_is_refused_and_changes_nothing(letters, args, message):
 def test_replay_later(letters):
     run("--reason", "fatal", "--delay", "3600")
     assert Job.objects.scheduled().count() == 2
-    run(
-        "--queue",
-        "emails",
-        "--run-at",
-        (timezone.localtime() + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M"),
-    )
+    tomorrow = (timezone.localtime() + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M")
+    run("--queue", "emails", "--run-at", tomorrow)
     assert Job.objects.scheduled().count() == 3

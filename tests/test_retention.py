@@ -118,9 +118,12 @@ def test_workers_prune_by_themselves_in_batches(worker_process):
         enqueue(jobs.record, {"label": f"r{i}"})
     DeadLetterFactory(dead_at=timezone.now() - 40 * DAY)
     young_letter = DeadLetterFactory()
-    env = {"JOBS_TEST_SETTINGS": json.dumps(
-        {"KEEP_MARKERS": 1, "PRUNE_BATCH": 7, "MAINTENANCE_INTERVAL": 0.3, "WORKER_EXPIRY": 5}
-    ), "JOBS_LOG_LEVEL": "INFO"}  # fmt: skip
+    env = {
+        "JOBS_TEST_SETTINGS": json.dumps(
+            {"KEEP_MARKERS": 1, "PRUNE_BATCH": 7, "MAINTENANCE_INTERVAL": 0.3, "WORKER_EXPIRY": 5}
+        ),
+        "JOBS_LOG_LEVEL": "INFO",
+    }
     worker = worker_process("--concurrency", "2", extra_env=env)
     wait_for(lambda: Job.objects.count() == 0, message="the jobs to run")
     wait_for(
@@ -178,8 +181,10 @@ def test_jobs_table_and_its_indexes_do_not_grow_as_jobs_go_through(run_worker):
         run_worker(concurrency=4, batch=200)
         assert Job.objects.count() == 0
         sizes.append(size())
-    print(f"\ndjango_jobs_job after each of {rounds} rounds of {per_round} jobs "
-          f"(heap bytes, index file bytes, index pages in use): {sizes}")  # fmt: skip
+    print(
+        f"\ndjango_jobs_job after each of {rounds} rounds of {per_round} jobs "
+        f"(heap bytes, index file bytes, index pages in use): {sizes}"
+    )
     start, end = sizes[0], sizes[-1]
     assert end[0] <= start[0]  # the heap: empty
     assert end[2] <= start[2], sizes  # the index pages in use

@@ -241,8 +241,11 @@ def test_disabled_schedules_do_not_tick_and_enabling_skips_what_was_missed():
 
 @pytestmark_db
 def test_jobs_command_lists_enables_and_disables_schedules(capsys):
-    with jobs_settings(SCHEDULES={"nightly": {"cron": "0 3 * * *", "job": "tests.record_key",
-                                              "timezone": "Europe/Paris"}}):  # fmt: skip
+    with jobs_settings(
+        SCHEDULES={
+            "nightly": {"cron": "0 3 * * *", "job": "tests.record_key", "timezone": "Europe/Paris"}
+        }
+    ):
         call_command("jobs", "schedules")
         out = capsys.readouterr().out
         assert "nightly" in out and "0 3 * * * (Europe/Paris)" in out and "enabled" in out
@@ -269,13 +272,21 @@ def _ticks(name):
 @pytest.mark.slow
 @pytestmark_db
 def test_two_workers_one_schedule_exactly_one_job_per_tick(worker_process):
-    env = {"JOBS_TEST_SETTINGS": json.dumps({
-        "SCHEDULES": {"every-second": {"every": 1, "job": "tests.record_key"}},
-        "MAINTENANCE_INTERVAL": 0.5, "WORKER_EXPIRY": 5,
-    })}  # fmt: skip
+    env = {
+        "JOBS_TEST_SETTINGS": json.dumps(
+            {
+                "SCHEDULES": {"every-second": {"every": 1, "job": "tests.record_key"}},
+                "MAINTENANCE_INTERVAL": 0.5,
+                "WORKER_EXPIRY": 5,
+            }
+        )
+    }
     workers = [worker_process("--concurrency", "2", extra_env=env) for _ in range(2)]
-    wait_for(lambda: Audit.objects.filter(label__startswith="schedule:").count() >= 6, timeout=40,
-             message="six ticks to run")  # fmt: skip
+    wait_for(
+        lambda: Audit.objects.filter(label__startswith="schedule:").count() >= 6,
+        timeout=40,
+        message="six ticks to run",
+    )
     for worker in workers:
         worker.signal(signal.SIGTERM)
     assert [w.wait(timeout=20) for w in workers] == [0, 0], [w.output()[-2000:] for w in workers]
@@ -299,10 +310,15 @@ def test_two_workers_one_schedule_exactly_one_job_per_tick(worker_process):
 @pytest.mark.slow
 @pytestmark_db
 def test_cron_schedule_after_downtime_enqueues_the_latest_tick_once_across_workers(worker_process):
-    env = {"JOBS_TEST_SETTINGS": json.dumps({
-        "SCHEDULES": {"minutely": {"cron": "* * * * *", "job": "tests.record_key"}},
-        "MAINTENANCE_INTERVAL": 0.3, "WORKER_EXPIRY": 5,
-    })}  # fmt: skip
+    env = {
+        "JOBS_TEST_SETTINGS": json.dumps(
+            {
+                "SCHEDULES": {"minutely": {"cron": "* * * * *", "job": "tests.record_key"}},
+                "MAINTENANCE_INTERVAL": 0.3,
+                "WORKER_EXPIRY": 5,
+            }
+        )
+    }
     with jobs_settings(SCHEDULES={"minutely": {"cron": "* * * * *", "job": "tests.record_key"}}):
         schedules.sync()
     now = _now()

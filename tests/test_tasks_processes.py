@@ -75,11 +75,13 @@ def test_signals_come_from_the_worker_process_and_refresh_sees_its_results(worke
     assert dead.status == TaskResultStatus.FAILED and len(dead.errors) == 2
     assert [e.exception_class for e in dead.errors] == [ValueError, ValueError]
     pid = worker.pid
-    assert _labels("signal:") == sorted([
-        f"signal:started:RUNNING:{ok.id}:{pid}",
-        f"signal:finished:SUCCESSFUL:{ok.id}:{pid}",
-        f"signal:started:RUNNING:{dead.id}:{pid}",
-        f"signal:started:RUNNING:{dead.id}:{pid}",
-        f"signal:finished:FAILED:{dead.id}:{pid}",
-    ])  # fmt: skip
+    assert _labels("signal:") == sorted(
+        [
+            f"signal:started:RUNNING:{ok.id}:{pid}",
+            f"signal:finished:SUCCESSFUL:{ok.id}:{pid}",
+            f"signal:started:RUNNING:{dead.id}:{pid}",
+            f"signal:started:RUNNING:{dead.id}:{pid}",
+            f"signal:finished:FAILED:{dead.id}:{pid}",
+        ]
+    )
     assert CompletionMarker.objects.count() == 1

@@ -31,7 +31,7 @@ def _import_backend_without_django_tasks():
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT)}
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 

@@ -43,8 +43,12 @@ def test_higher_priority_runs_first(run_worker):
         tasks.record.using(priority=priority).enqueue(label)
     run_worker(concurrency=1)
     assert list(Audit.objects.order_by("id").values_list("label", flat=True)) == [
-        "highest", "urgent", "normal", "low", "lowest",
-    ]  # fmt: skip
+        "highest",
+        "urgent",
+        "normal",
+        "low",
+        "lowest",
+    ]
 
 
 def test_run_after_is_honoured(run_worker):

@@ -208,8 +208,10 @@ def test_retries_and_dead_letters_through_drain():
     fatal = enqueue(handlers.fatal, {})
     summary = drain()  # the tests' backoff is 0s: retries are due at once
     assert [(a.id, a.attempt) for a in summary.retried] == [
-        (flaky.id, 1), (doomed.id, 1), (doomed.id, 2)
-    ]  # fmt: skip
+        (flaky.id, 1),
+        (doomed.id, 1),
+        (doomed.id, 2),
+    ]
     assert all(isinstance(a.error, RuntimeError) for a in summary.retried)
     assert [(a.id, a.result) for a in summary.succeeded] == [(flaky.id, 2)]
     dead = {a.id: a for a in summary.dead}
@@ -334,8 +336,10 @@ def test_a_settle_the_database_refuses_fails_only_its_job():
     fine = enqueue(returns, "fine")
     summary = drain()
     assert [(a.id, a.outcome) for a in summary.attempts] == [
-        (poisoned.id, "retried"), (fine.id, "succeeded"), (poisoned.id, "dead")
-    ]  # fmt: skip
+        (poisoned.id, "retried"),
+        (fine.id, "succeeded"),
+        (poisoned.id, "dead"),
+    ]
     assert "poisoned result" in DeadLetter.objects.get(id=poisoned.id).error
     assert CompletionMarker.objects.get().result == "fine"
 
@@ -472,8 +476,11 @@ def test_perform_runs_a_handler_without_enqueueing():
     assert Audit.objects.get().label == "p"
     assert not Job.objects.exists() and not CompletionMarker.objects.exists()
     assert perform(context, None, key="k", attempt=3, max_attempts=4) == {
-        "attempt": 3, "max": 4, "key": "k", "q": "emails"
-    }  # fmt: skip
+        "attempt": 3,
+        "max": 4,
+        "key": "k",
+        "q": "emails",
+    }
     assert perform("tests.helpers.context", queue="default")["q"] == "default"
 
 
@@ -626,7 +633,11 @@ def test_the_pytest_fixtures_in_a_real_pytest_run(tmp_path):
         env["TEST_DB_NAME"] = str(tmp_path / "plugin.sqlite3")
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-5000:]
     assert "4 passed" in out.stdout

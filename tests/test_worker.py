@@ -210,8 +210,11 @@ def test_priority_then_run_at_order(run_worker):
     enqueue(jobs.record, {"label": "normal-2"})
     run_worker(concurrency=1, batch=1)
     assert list(Audit.objects.order_by("id").values_list("label", flat=True)) == [
-        "high", "normal-1", "normal-2", "low",
-    ]  # fmt: skip
+        "high",
+        "normal-1",
+        "normal-2",
+        "low",
+    ]
 
 
 def test_scheduled_jobs_wait(run_worker):
