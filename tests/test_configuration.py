@@ -103,7 +103,7 @@ def test_managers_default_to_the_jobs_database():
     ],
 )
 def test_runjobs_refuses_bad_options(argv):
-    with pytest.raises(CommandError):
+    with pytest.raises(CommandError, match=f"argument {argv[0]}"):  # refused for this option
         call_command("runjobs", *argv)
 
 

@@ -41,7 +41,7 @@ def test_paused_queue_is_not_claimed_and_resume_lets_it_run(run_worker, capsys):
 
 
 def test_pause_refuses_bad_queue_names():
-    with pytest.raises(CommandError):
+    with pytest.raises(CommandError, match="'bad queue' is not a valid queue name"):
         call_command("jobs", "pause", "bad queue")
     assert not QueueState.objects.exists()
 
@@ -93,7 +93,7 @@ def test_cancelling_a_waiting_job_dead_letters_it_at_once(capsys):
 
 
 def test_cancel_command_refuses_bad_ids():
-    with pytest.raises(CommandError):
+    with pytest.raises(CommandError, match="'not-a-uuid' is not a job id"):
         call_command("jobs", "cancel", "not-a-uuid")
 
 

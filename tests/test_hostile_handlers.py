@@ -270,7 +270,10 @@ def test_ten_megabyte_messages_are_capped_in_rows_and_logs(caplog):
     ]
     with caplog.at_level(logging.DEBUG, logger="django_jobs"):
         burst()
-    for letter in DeadLetter.objects.filter(id__in=ids):
+    letters = list(DeadLetter.objects.filter(id__in=ids))
+    assert len(letters) == len(ids)  # else the loop below would check nothing
+    for letter in letters:
+        assert letter.errors
         assert len(letter.error) <= CAPPED
         assert "more characters cut" in letter.error
         assert len(letter.traceback) <= MAX_TRACEBACK + 1

@@ -98,7 +98,7 @@ def test_prunejobs_dry_run_counts_and_deletes_nothing(capsys):
 )
 def test_prunejobs_refuses_bad_input(argv):
     _markers(2, 8 * DAY)
-    with pytest.raises(CommandError):
+    with pytest.raises(CommandError, match=f"argument {argv[0]}"):  # refused for this option
         call_command("prunejobs", *argv)
     assert CompletionMarker.objects.count() == 2
 
