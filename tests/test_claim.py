@@ -164,7 +164,9 @@ def test_claim_follows_the_database_clock_not_the_workers(claim_path, offset):
     after = _database_now()
     assert claimed == {str(due.id), str(abandoned.id)}
     assert Job.objects.get(id=held.id).locked_by == "alive:1:aa#1"
-    for row in Job.objects.filter(id__in=[due.id, abandoned.id]):
+    rows = Job.objects.filter(id__in=[due.id, abandoned.id])
+    assert len(rows) == 2
+    for row in rows:
         assert row.locked_by == "skewed:1:aa#1"
         assert before <= row.attempted_at <= after
         lease = dt.timedelta(seconds=30)

@@ -1,4 +1,4 @@
-"""Control: pausing and resuming queues, cancelling waiting and running jobs."""
+"""Pausing and resuming queues: paused queues are not claimed, running jobs finish."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from django_jobs import control, enqueue
-from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job, QueueState
+from django_jobs.models import CompletionMarker, Job, QueueState
 from tests.conftest import wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Audit
@@ -70,69 +70,5 @@ def test_a_running_worker_honours_a_pause_within_one_poll_and_finishes_running_j
         lambda: CompletionMarker.objects.filter(job_id=late.id).exists(),
         message="the job after resume",
     )
-    worker.signal(signal.SIGTERM)
-    assert worker.wait(timeout=20) == 0
-
-
-# ---- cancel --------------------------------------------------------------------------------------
-
-
-def test_cancelling_a_waiting_job_dead_letters_it_at_once(capsys):
-    waiting = enqueue(jobs.record, {"label": "never"})
-    later = enqueue(jobs.record, {"label": "later"}, delay=600)
-    call_command("jobs", "cancel", str(waiting.id), str(later.id))
-    assert "cancelled 2 waiting job(s)" in capsys.readouterr().out
-    assert not Job.objects.exists()
-    letters = DeadLetter.objects.order_by("id")
-    assert [(d.id, d.reason, d.attempts) for d in letters] == [
-        (waiting.id, DeadReason.CANCELLED, 0),
-        (later.id, DeadReason.CANCELLED, 0),
-    ]
-    assert letters[0].errors[-1]["type"] == "django_jobs.Cancelled"
-    assert "manage.py jobs" in letters[0].error
-
-
-def test_cancel_command_refuses_bad_ids():
-    with pytest.raises(CommandError, match="'not-a-uuid' is not a job id"):
-        call_command("jobs", "cancel", "not-a-uuid")
-
-
-@pytest.mark.slow
-def test_cancelling_a_running_job_stops_it_at_the_next_heartbeat(worker_process):
-    result = enqueue(jobs.until_cancelled, {"seconds": 60, "label": "c"})
-    worker = worker_process("--concurrency", "1", "--lease", "1.5")  # heartbeat every 0.5 s
-    wait_for(lambda: Audit.objects.filter(label="start-c").exists(), message="the job to start")
-    outcome = control.cancel([result.id], by="alice")
-    assert (outcome.cancelled, outcome.requested) == (0, 1)
-    asked = time.monotonic()
-    letter = wait_for(
-        lambda: DeadLetter.objects.filter(id=result.id).first(),
-        timeout=10,
-        message="the dead letter",
-    )
-    assert time.monotonic() - asked < 3  # a heartbeat (0.5 s) and a little
-    assert (letter.reason, letter.attempts) == (DeadReason.CANCELLED, 1)
-    assert "stopped: cancelled" in letter.error
-    assert not Job.objects.exists()
-    assert Audit.objects.filter(label="start-c").count() == 1  # not retried
-    worker.signal(signal.SIGTERM)
-    assert worker.wait(timeout=20) == 0
-
-
-@pytest.mark.slow
-def test_a_running_job_that_ignores_cancellation_completes(worker_process):
-    result = enqueue(
-        jobs.sleep, {"seconds": 1.5, "label": "stubborn"}
-    )  # never looks at ctx.cancelled
-    worker = worker_process("--concurrency", "1", "--lease", "1.5")
-    wait_for(
-        lambda: Audit.objects.filter(label="start-stubborn").exists(), message="the job to start"
-    )
-    control.cancel([result.id])
-    wait_for(
-        lambda: CompletionMarker.objects.filter(job_id=result.id).exists(),
-        message="the job to complete",
-    )
-    assert not DeadLetter.objects.exists()
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0

@@ -1,4 +1,4 @@
-"""Operators' state changes: replay dead letters, cancel waiting jobs, make scheduled jobs due."""
+"""Operators' state changes: replay dead letters, make scheduled jobs due (cancel: test_cancel)."""
 
 from __future__ import annotations
 
@@ -229,50 +229,7 @@ def test_replay_wakes_listening_workers_of_the_queue(transactional_db):
     assert [n.payload for n in notes] == ["emails"]
 
 
-# ---- cancel and run now -------------------------------------------------------
-
-
-def test_cancel_moves_waiting_and_scheduled_jobs_to_the_dead_letters():
-    waiting = JobFactory(
-        name="tests.record",
-        payload='{"label": "x"}',
-        key="c-1",
-        attempts=1,
-        errors=[{"attempt": 1, "type": "builtins.RuntimeError", "message": "boom"}],
-    )
-    scheduled = JobFactory(run_at=timezone.now() + timedelta(hours=1))
-    running = JobFactory(leased=True)
-
-    report = Job.objects.all().cancel(by="ada")
-
-    assert sorted(report.cancelled) == sorted([waiting.id, scheduled.id])
-    assert report.running == [running.id]
-    assert str(report) == "2 cancelled, 1 running (not cancelled)"
-    assert list(Job.objects.values_list("id", flat=True)) == [running.id]
-    letter = DeadLetter.objects.get(id=waiting.id)
-    assert letter.reason == DeadReason.CANCELLED
-    assert (letter.name, letter.payload, letter.key, letter.attempts) == (
-        "tests.record",
-        '{"label": "x"}',
-        "c-1",
-        1,
-    )
-    assert letter.error == "django_jobs.Cancelled: cancelled by ada"
-    assert [e["type"] for e in letter.errors] == ["builtins.RuntimeError", "django_jobs.Cancelled"]
-
-
-@pytest.mark.django_db(transaction=True)
-def test_a_cancelled_job_can_be_replayed(run_worker):
-    job = JobFactory(name="tests.record", payload='{"label": "back"}', key="c-2")
-    Job.objects.filter(pk=job.pk).cancel()
-    assert not Job.objects.exists()
-
-    report = DeadLetter.objects.filter(pk=job.pk).replay()
-    run_worker()
-
-    assert len(report.replayed) == 1
-    assert Audit.objects.get().label == "back"
-    assert CompletionMarker.objects.filter(key="c-2").exists()
+# ---- run now, states ----------------------------------------------------------
 
 
 def test_run_now_makes_only_scheduled_jobs_due():
