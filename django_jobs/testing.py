@@ -42,6 +42,7 @@ from django_jobs import conf, payloads, registry
 from django_jobs.api import _prepare
 from django_jobs.context import JobContext
 from django_jobs.exceptions import InvalidJob, InvalidPayload
+from django_jobs.lifecycle import Failed
 from django_jobs.models import (
     ClaimedJob,
     CompletionMarker,
@@ -51,7 +52,8 @@ from django_jobs.models import (
     uuid7,
 )
 from django_jobs.registry import Handler
-from django_jobs.worker import Worker, _call, _Failed
+from django_jobs.worker import Worker
+from django_jobs.worker.executor import _call
 
 __all__ = [
     "MAX_ROUNDS",
@@ -266,7 +268,7 @@ class _InlineWorker(Worker):
                 timer.cancel()
         self._drain_inbox(0)  # what the handler asked for meanwhile (ctx.extend_lease)
         outcome = finished.outcome
-        if isinstance(outcome, _Failed) and not run.abandoned:
+        if isinstance(outcome, Failed) and not run.abandoned:
             # The worker records any BaseException as a failed attempt; a test stops on
             # Ctrl-C, and with raise_errors on the handler's exception.
             if raise_errors or isinstance(outcome.exc, KeyboardInterrupt):

@@ -3,9 +3,9 @@
 import pytest
 from django.db import connection
 
-from django_jobs import enqueue_many, maintenance
+from django_jobs import enqueue_many
 from django_jobs.models import CompletionMarker
-from django_jobs.worker import Worker
+from django_jobs.worker import Worker, upkeep
 from tests.testapp import jobs
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
@@ -20,8 +20,8 @@ def _vacuums() -> int:
 
 
 def test_a_busy_worker_vacuums_the_jobs_table_when_dead_rows_pile_up(monkeypatch):
-    monkeypatch.setattr(maintenance, "VACUUM_CHECK_JOBS", 1000)
-    monkeypatch.setattr(maintenance, "VACUUM_MIN_DEAD", 500)
+    monkeypatch.setattr(upkeep, "VACUUM_CHECK_JOBS", 1000)
+    monkeypatch.setattr(upkeep, "VACUUM_MIN_DEAD", 500)
     before = _vacuums()
     enqueue_many(jobs.noop, [{"i": i} for i in range(3000)])
     worker = Worker(burst=True, concurrency=2)
@@ -33,6 +33,6 @@ def test_a_busy_worker_vacuums_the_jobs_table_when_dead_rows_pile_up(monkeypatch
 
 def test_an_idle_worker_does_not_look(monkeypatch):
     looked = []
-    monkeypatch.setattr(maintenance.sql, "dead_rows", lambda *a: looked.append(a) or 0)
+    monkeypatch.setattr(upkeep.sql, "dead_rows", lambda *a: looked.append(a) or 0)
     Worker(burst=True, concurrency=1).run()
     assert looked == []

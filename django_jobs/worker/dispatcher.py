@@ -1,0 +1,578 @@
+"""The dispatcher: the loop that claims jobs, hands them to the executors and settles them.
+
+The thread that calls ``Worker.run`` owns one database connection and does every
+claim, settle and heartbeat. Upkeep (heartbeat row, schedules, pruning) is a
+separate service (django_jobs.worker.upkeep) that the loop ticks; it sees the
+worker only through UpkeepHost.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import queue as queue_module
+import secrets
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError, InterfaceError, OperationalError, connections
+
+from django_jobs import conf, lifecycle, limits, registry
+from django_jobs.attempts import MAX_MESSAGE, lease_token, type_name
+from django_jobs.context import JobContext
+from django_jobs.lifecycle import Outcome
+from django_jobs.models import ClaimedJob, Job, JobQuerySet
+from django_jobs.payloads import safe_str, storable_text
+from django_jobs.registry import Handler
+from django_jobs.worker.executor import ExecutorThreads, _close_quietly
+from django_jobs.worker.listener import RETRY_MAX, RETRY_MIN, Listener
+from django_jobs.worker.runs import Extend, Finished, Run, Stop, Wake, WorkerStats, log_extra
+from django_jobs.worker.settle import DbRefused, Settler
+from django_jobs.worker.upkeep import Upkeep
+
+logger = logging.getLogger("django_jobs.worker")
+
+# Successes wait at most this long (or for a full batch) before being settled together.
+FLUSH_INTERVAL = 0.01
+# How much work to queue beyond free threads: enough to keep them busy this long.
+LOOKAHEAD = 0.02
+
+_DB_ERRORS = (OperationalError, InterfaceError)
+
+
+@dataclass
+class Worker(Settler, ExecutorThreads):
+    """Run jobs until stopped (or, in burst mode, until nothing is due)."""
+
+    queues: list[str] | None = None
+    concurrency: int | None = None
+    batch: int | None = None
+    lease: float | None = None
+    heartbeat: float | None = None
+    grace: float | None = None
+    poll_interval: float | None = None
+    listen: bool | None = None
+    burst: bool = False
+    max_jobs: int | None = None
+    database: str | None = None
+    stats: WorkerStats = field(default_factory=WorkerStats)
+
+    def __post_init__(self) -> None:
+        settings = conf.get_settings()
+        self.database = self.database or settings["DATABASE"]
+        try:  # before any SQL: a lease of 1e13 s would fail every claim
+            self._check_options(settings)
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"Worker: {exc}") from None
+        if self.listen is None:
+            self.listen = bool(settings["LISTEN"])
+        self.listen = self.listen and connections[self.database].vendor == "postgresql"
+        if not self.queues:
+            self.queues = sorted(registry.declared_queues())
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self._claims = itertools.count(1)
+        self._inbox: queue_module.SimpleQueue[Any] = queue_module.SimpleQueue()
+        self._work: queue_module.SimpleQueue[Any] = queue_module.SimpleQueue()
+        # Runs handed to the executors (queued or running), and those a per-handler cap holds back.
+        self._inflight: set[Run] = set()
+        self._held_back: deque[Run] = deque()
+        self._by_name: dict[str, int] = {}
+        self._timed: set[Run] = set()  # in-flight runs that have a timeout
+        self._done: list[tuple[Run, str | None, float]] = []
+        self._done_since = 0.0
+        self._unsettled: list[tuple[Run, Outcome, float]] = []  # settles that hit a DB error
+        self._next_unsettled_retry = 0.0
+        self._to_release: list[Run] = []
+        self._threads: list[threading.Thread] = []
+        self._stopping = False
+        self._draining = False  # executors hand queued runs back instead of starting them
+        self._closing = threading.Event()
+        self._more = True  # jobs may be due: claim without waiting for the poll
+        self._avg_duration: float | None = None
+        self._target = self.concurrency  # in-flight jobs to aim for
+        self._claimed_total = 0
+        self._db_failures = 0
+        self._queryset: JobQuerySet = Job.objects.using(self.database)
+        self._timeouts: dict[str, float | None] = {}
+        self._excluded: set[str] = set()  # capped handlers the last claim left out
+        # The job names this worker claims (and publishes in its heartbeat row).
+        self.names = sorted(registry.all_handlers())
+        self._names_generation = registry.generation()
+        self._ops = Upkeep(self)  # heartbeat row, schedules, pruning, counters
+
+    def _check_options(self, settings: dict[str, Any]) -> None:
+        """Fill unset options from settings; raise ValueError for any outside django_jobs.limits."""
+        self.concurrency = limits.integer(
+            "concurrency", self.concurrency or settings["CONCURRENCY"], 1, limits.MAX_CONCURRENCY
+        )
+        self.batch = limits.integer("batch", self.batch or settings["BATCH"], 1, limits.MAX_INT)
+        if self.max_jobs is not None:
+            limits.integer("max_jobs", self.max_jobs, 1, limits.MAX_INT)
+        self.lease = limits.seconds("lease", self.lease or settings["LEASE"])
+        if self.heartbeat is None:
+            self.heartbeat = settings["HEARTBEAT"]
+        if self.heartbeat is None:
+            self.heartbeat = self.lease / 3
+        self.heartbeat = limits.seconds("heartbeat", self.heartbeat, zero=True)
+        if self.heartbeat >= self.lease:
+            raise ValueError(f"heartbeat ({self.heartbeat:g}s) must be shorter than the lease")
+        grace = self.grace if self.grace is not None else settings["GRACE"]
+        self.grace = limits.seconds("grace", grace, zero=True)
+        poll = self.poll_interval or settings["POLL_INTERVAL"]
+        self.poll_interval = limits.seconds("poll_interval", poll)
+        for name in self.queues or ():
+            registry.check_queue(name, allowlist=False)
+
+    # ---- public -----------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop claiming, let running jobs finish within the grace period, then return."""
+        self._inbox.put(Stop())
+
+    def run(self) -> None:
+        """Work until stopped (or, in burst mode, until nothing is due)."""
+        logger.info(
+            "worker %s starting: queues=%s concurrency=%d batch=%d lease=%.0fs",
+            self.id, ",".join(self.queues), self.concurrency, self.batch, self.lease,
+        )  # fmt: skip
+        for _ in range(self.concurrency):
+            self._start_executor()
+        if self.listen and not self.burst:  # burst mode drains and leaves: nothing to wait for
+            listener = Listener(
+                database=self.database,
+                channel=conf.get("CHANNEL"),
+                wake=lambda queue: self._inbox.put(Wake(queue)),
+                closing=self._closing,
+                worker_id=self.id,
+            )
+            self._start_thread(listener.run, "django-jobs-listener")
+        try:
+            self._ops.start()
+            self._loop()
+        finally:
+            self._ops.stopped()
+            self._shutdown_threads()
+        stats = self.stats
+        logger.info(
+            "worker %s stopped: %d succeeded, %d retried, %d dead, %d released, "
+            "%d re-executed after an expired lease, %d late settles fenced out, %d skipped",
+            self.id, stats.succeeded, stats.retried, stats.dead, stats.released,
+            stats.reexecuted, stats.lost, stats.skipped,
+        )  # fmt: skip
+
+    # ---- what upkeep sees (UpkeepHost) -------------------------------------
+
+    def running(self) -> int:
+        """Return how many jobs this worker has handed to its executors."""
+        return len(self._inflight)
+
+    def guarded(self, operation: Callable[[], Any]) -> Any:
+        """Run operation on the dispatcher's connection; None after a database error."""
+        return self._db(operation)
+
+    # ---- the dispatcher loop ----------------------------------------------
+
+    def _loop(self) -> None:
+        now = time.monotonic()
+        next_poll = now
+        next_heartbeat = now + self.heartbeat if self.heartbeat else float("inf")
+        grace_deadline: float | None = None
+        while True:
+            now = time.monotonic()
+            self._drain_inbox(self._next_timeout(now, next_poll, next_heartbeat, grace_deadline))
+            if self._stopping and grace_deadline is None:
+                grace_deadline = self._begin_shutdown()
+            now = time.monotonic()
+
+            if self._timed:
+                self._expire_timeouts(now)
+            if self._to_release:
+                self._release(self._to_release)
+                self._to_release = []
+            if self._done and (
+                len(self._done) >= self.batch
+                or now - self._done_since >= FLUSH_INTERVAL
+                or self._stopping
+                or not (self._inflight or self._more)
+            ):
+                self._flush_done()
+            if self._unsettled and now >= self._next_unsettled_retry:
+                self._retry_unsettled()
+                self._next_unsettled_retry = now + 1.0
+
+            if self._stopping:
+                if not self._inflight or now >= grace_deadline:
+                    self._finish_shutdown()
+                    return
+                continue
+
+            self._ops.tick(now)
+            if self._want_claim(now >= next_poll) or self._ops.beat_due(now):
+                got, asked = self._claim()
+                if asked:
+                    self._more = got >= asked
+                next_poll = time.monotonic() + self.poll_interval
+
+            if self.heartbeat and now >= next_heartbeat:
+                self._heartbeat()
+                next_heartbeat = now + self.heartbeat
+            self._clear_query_log()
+
+            if self._finished_work():
+                self._flush_done()
+                if not self._unsettled:
+                    return
+
+    def _next_timeout(
+        self, now: float, next_poll: float, next_heartbeat: float, grace_deadline: float | None
+    ) -> float:
+        if not self._stopping and self._want_claim(poll_due=False):
+            return 0.0
+        deadlines = [next_poll]
+        if self._inflight or self._held_back:
+            deadlines.append(next_heartbeat)
+        if self._done:
+            deadlines.append(self._done_since + FLUSH_INTERVAL)
+        if self._unsettled:
+            deadlines.append(self._next_unsettled_retry)
+        if grace_deadline is not None:
+            deadlines.append(grace_deadline)
+        deadlines.extend(d for run in self._timed if (d := run.deadline))
+        return max(0.0, min(deadlines) - now)
+
+    def _drain_inbox(self, timeout: float) -> None:
+        try:
+            event = self._inbox.get(timeout=timeout) if timeout > 0 else self._inbox.get_nowait()
+        except queue_module.Empty:
+            return
+        while True:
+            self._handle(event)
+            try:
+                event = self._inbox.get_nowait()
+            except queue_module.Empty:
+                return
+
+    def _handle(self, event: Any) -> None:
+        if isinstance(event, Finished):
+            self._on_finished(event)
+        elif isinstance(event, Wake):
+            if event.queue is None or event.queue in self.queues:
+                self._more = True
+        elif isinstance(event, Extend):
+            run = event.run
+            if run in self._inflight and not run.abandoned:
+                self._db(lambda: self._queryset.extend_leases([run.job], event.seconds))
+        elif isinstance(event, Stop):
+            if not self._stopping:
+                logger.info(
+                    "worker %s stopping: finishing running jobs (grace %.0fs)", self.id, self.grace
+                )
+            self._stopping = True
+
+    def _finished_work(self) -> bool:
+        """In burst or max-jobs mode: True once there is nothing left to do."""
+        if self._inflight or self._held_back or self._done or self._to_release:
+            return False
+        if self.max_jobs is not None and self._claimed_total >= self.max_jobs:
+            return True
+        return self.burst and not self._more
+
+    # ---- claiming ---------------------------------------------------------
+
+    def _free_slots(self) -> int:
+        free = self._target - len(self._inflight) - len(self._held_back)
+        if self.max_jobs is not None:
+            free = min(free, self.max_jobs - self._claimed_total)
+        return max(0, min(free, self.batch))
+
+    def _want_claim(self, poll_due: bool) -> bool:
+        if not (self._more or poll_due):
+            return False
+        free = self._free_slots()
+        if free <= 0:
+            return False
+        # Claim at once when threads would idle; otherwise wait until half the
+        # look-ahead is free rather than claiming a job at a time.
+        return len(self._inflight) < self.concurrency or free >= self._target // 2
+
+    def _claim(self) -> tuple[int, int]:
+        asked = self._free_slots()
+        seq = next(self._claims)
+        token = lease_token(self.id, seq)
+        capped = [
+            name
+            for name, count in self._by_name.items()
+            if (h := registry.lookup(name)) and h.concurrency and count >= h.concurrency
+        ]
+        self._excluded = set(capped)
+        if registry.generation() != self._names_generation:
+            self._names_changed()
+        beat = self._ops.beat(time.monotonic())
+        # Rotate the queues so that a busy one does not always come first.
+        first = seq % len(self.queues)
+        queues = self.queues[first:] + self.queues[:first]
+        jobs = self._db(
+            lambda: self._queryset.claim(
+                queues=queues,
+                limit=asked,
+                token=token,
+                lease=self.lease,
+                exclude_names=capped,
+                beat=beat,
+                names=self.names,
+            )
+        )
+        if jobs is None:
+            return asked, asked  # the database is away: try again, do not conclude "idle"
+        self._claimed_total += len(jobs)
+        self.stats.claimed += len(jobs)
+        for job in jobs:
+            self._accept(job)
+        return len(jobs), asked
+
+    def _names_changed(self) -> None:
+        self._names_generation = registry.generation()
+        self.names = sorted(registry.all_handlers())
+        self._ops.names_changed()
+        logger.info("worker %s: now claims %d job name(s)", self.id, len(self.names))
+
+    def _accept(self, job: ClaimedJob) -> None:
+        """Settle at once what must not run; hand the rest to the executors."""
+        handler = registry.lookup(job.name) if type(job.name) is str else None
+        transition = lifecycle.on_claim(job, has_handler=handler is not None)
+        if getattr(transition, "retaken", False):
+            self.stats.reexecuted += 1
+            logger.warning(
+                "job %s: attempt %d's lease expired (worker %s); taking it over as attempt %d",
+                job.id, job.attempts - 1, job.errors[-1].get("worker", "?"), job.attempts,
+                extra=log_extra(job),
+            )  # fmt: skip
+        if isinstance(transition, lifecycle.Run):
+            ctx = JobContext(
+                id=job.id,
+                name=job.name,
+                queue=job.queue,
+                attempt=job.attempts,
+                max_attempts=job.max_attempts,
+                enqueued_at=job.enqueued_at,
+                dedupe_key=job.key,
+                worker_id=self.id,
+                started_at=job.started_at,
+                errors=job.errors,
+            )
+            run = Run(job, handler, ctx, timeout=self._timeout_of(handler))
+            ctx._extend = lambda seconds: self._inbox.put(Extend(run, seconds))
+            self._hand_out(run)
+        elif isinstance(transition, lifecycle.Complete):
+            logger.info("job %s already completed (marker exists): settling without running",
+                        job.id, extra=log_extra(job))  # fmt: skip
+            self._carry_out(Run(job, None, None), transition, 0.0)
+        elif isinstance(transition, lifecycle.Release):
+            logger.warning("job %s: no handler %r in this worker any more: released",
+                           job.id, job.name, extra=log_extra(job))  # fmt: skip
+            self._to_release.append(Run(job, None, None))
+            self._names_generation = -1  # claim by the registry's names from now on
+        else:
+            if transition.reason == lifecycle.MALFORMED:
+                job.make_storable()
+            self._carry_out(Run(job, None, None), transition, 0.0)
+
+    def _timeout_of(self, handler: Handler) -> float | None:
+        try:
+            return self._timeouts[handler.name]
+        except KeyError:
+            return self._timeouts.setdefault(handler.name, handler.get_timeout())
+
+    def _hand_out(self, run: Run) -> None:
+        """Queue run for the executors, unless its handler's cap is reached."""
+        name = run.job.name
+        cap = run.handler.concurrency
+        if cap and self._by_name.get(name, 0) >= cap:
+            self._held_back.append(run)
+            return
+        self._inflight.add(run)
+        self._ops.started()
+        self._by_name[name] = self._by_name.get(name, 0) + 1
+        if run.timeout:
+            self._timed.add(run)
+        self._work.put(run)
+
+    def _release_held_back(self) -> None:
+        waiting, self._held_back = self._held_back, deque()
+        for run in waiting:
+            self._hand_out(run)
+
+    # ---- outcomes -----------------------------------------------------------
+
+    def _on_finished(self, event: Finished) -> None:
+        run = event.run
+        if run.abandoned:
+            return
+        self._forget(run)
+        if type(event.outcome) is lifecycle.Unstarted:
+            self._settle(run, event.outcome, 0.0)  # released, attempt not counted
+            return
+        duration = event.duration
+        avg = self._avg_duration
+        self._avg_duration = avg = duration if avg is None else 0.9 * avg + 0.1 * duration
+        # Short jobs are queued ahead of free threads so that claims stay few;
+        # long ones only as threads free up, so one worker does not hoard them.
+        self._target = self.concurrency + min(
+            self.batch, int(self.concurrency * LOOKAHEAD / max(avg, 1e-6))
+        )
+        self._settle(run, event.outcome, duration)
+
+    def _forget(self, run: Run) -> None:
+        if run in self._inflight:
+            self._inflight.discard(run)
+            self._timed.discard(run)
+            name = run.job.name
+            left = self._by_name.get(name, 1) - 1
+            if left:
+                self._by_name[name] = left
+            else:
+                self._by_name.pop(name, None)
+            if name in self._excluded:
+                self._more = True  # the last claim skipped this capped handler's jobs
+            if self._held_back and not self._stopping:
+                self._release_held_back()
+
+    # ---- leases, timeouts and shutdown --------------------------------------
+
+    def _heartbeat(self) -> None:
+        held = [run for run in self._inflight if not run.abandoned] + list(self._held_back)
+        if not held:
+            return
+        kept = self._db(lambda: self._queryset.extend_leases([run.job for run in held], self.lease))
+        if kept is None:
+            return
+        for run in held:
+            cancel = kept.get(run.job.id)
+            if cancel is None:
+                if run.ctx is not None:
+                    run.ctx.cancel()
+                logger.warning("job %s: lease lost (another worker took it over)", run.job.id,
+                               extra=log_extra(run.job))  # fmt: skip
+            elif cancel and not run.cancel_requested:
+                self._cancel(run)
+
+    def _cancel(self, run: Run) -> None:
+        """An operator cancelled this held job: stop it, or drop it if it has not started."""
+        run.cancel_requested = True
+        started = run not in self._held_back
+        if not started:
+            self._held_back.remove(run)
+        self._settle(run, lifecycle.CancelRequested(started=started), 0.0)
+
+    def _expire_timeouts(self, now: float) -> None:
+        for run in [run for run in self._timed if (d := run.deadline) and now >= d]:
+            job = run.job
+            run.abandoned = run.timed_out = True
+            run.ctx.cancel()
+            self._forget(run)
+            # The thread stays busy until the handler returns: replace it.
+            self._start_executor()
+            exc = TimeoutError(f"handler ran longer than its {run.timeout:g}s timeout")
+            self._settle(run, self._failure(job, exc), now - run.started)
+
+    def _release(self, runs: list[Run]) -> None:
+        released = self._db(lambda: self._queryset.release(run.job for run in runs))
+        self.stats.released += released or 0
+
+    def _begin_shutdown(self) -> float:
+        # Queued runs come back from the executors unstarted and are released.
+        self._draining = True
+        if self._held_back:
+            self._release(list(self._held_back))
+            self._held_back.clear()
+        return time.monotonic() + self.grace
+
+    def _finish_shutdown(self) -> None:
+        # Settle what threads reported since the last look: only a job a thread is
+        # still running (or never started) may be released with its attempt given back.
+        self._drain_inbox(0)
+        if self._to_release:
+            self._release(self._to_release)
+            self._to_release = []
+        unfinished = [run for run in self._inflight if not run.abandoned]
+        for run in unfinished:
+            run.abandoned = True
+            run.ctx.cancel()
+        if unfinished:
+            self._release(unfinished)
+            logger.warning(
+                "worker %s: %d job(s) still running after the grace period were released "
+                "without consuming an attempt", self.id, len(unfinished),
+            )  # fmt: skip
+        self._inflight.clear()
+        self._timed.clear()
+        if self._done:
+            self._flush_done()
+        for _ in range(3):
+            if not self._unsettled:
+                break
+            self._retry_unsettled()
+
+    # ---- database access ------------------------------------------------------
+
+    def _db(self, operation: Callable[[], Any], *, settle: bool = False) -> Any:
+        """Run operation; on a connection error, reconnect later and return None.
+
+        With `settle`, any other error (the database refused this row's write:
+        a value, a trigger, a constraint) comes back as a DbRefused, for the
+        caller to record against that one job instead of retrying it forever.
+        """
+        conn = connections[self.database]
+        try:
+            result = operation()
+        except _DB_ERRORS as exc:
+            self._db_failures += 1
+            pause = min(RETRY_MAX, RETRY_MIN * 2 ** min(self._db_failures - 1, 10))
+            logger.warning(
+                "worker %s: database error (%s); retrying in %.1fs",
+                self.id, storable_text(safe_str(exc), MAX_MESSAGE), pause,
+            )  # fmt: skip
+            _close_quietly(conn)
+            self._pause(pause)
+            return None
+        except Exception as exc:
+            if not settle:
+                if not isinstance(exc, DatabaseError):
+                    raise
+                # A statement failed (a constraint, a trigger): the connection is fine.
+                logger.exception("worker %s: database operation failed", self.id)
+                self._pause(RETRY_MIN)
+                return None
+            # Capped: PostgreSQL's error context can quote megabytes of the value.
+            logger.error(
+                "worker %s: the database refused a settle (%s: %s)",
+                self.id, type_name(exc), storable_text(safe_str(exc), MAX_MESSAGE),
+                exc_info=not isinstance(exc, DatabaseError),
+            )  # fmt: skip
+            return DbRefused(exc)
+        self._db_failures = 0
+        return result
+
+    def _pause(self, seconds: float) -> None:
+        """Sleep, but wake early for a stop request."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                event = self._inbox.get(timeout=left)
+            except queue_module.Empty:
+                return
+            self._handle(event)
+            if self._stopping:
+                return
+
+    def _clear_query_log(self) -> None:
+        conn = connections[self.database]
+        if conn.queries_logged:
+            conn.queries_log.clear()

@@ -1,0 +1,212 @@
+"""The executor threads: each takes runs off the work queue, runs the handler, reports back.
+
+A thread never raises and never settles: whatever happens in a handler becomes
+an outcome (django_jobs.lifecycle) put on the dispatcher's inbox. Each thread
+has its own connections, opened only if the handler touches the database, and
+kept across jobs.
+"""
+
+from __future__ import annotations
+
+import queue as queue_module
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from django.core.exceptions import ValidationError
+from django.db import DatabaseError, connections, transaction
+
+from django_jobs import lifecycle, payloads, signals
+from django_jobs.attempts import error_entry
+from django_jobs.context import JobContext
+from django_jobs.exceptions import FatalError, JobCancelled, LeaseLost, Snooze
+from django_jobs.lifecycle import Outcome
+from django_jobs.models import ClaimedJob, JobQuerySet
+from django_jobs.registry import Handler
+from django_jobs.worker.runs import STOP_EXECUTOR, Finished, Run
+
+# A thread idle longer than this checks its connection before the next handler
+# (servers and poolers drop idle sessions; a failed first query would cost an attempt).
+IDLE_CHECK = 5.0
+
+
+class ExecutorThreads:
+    """The executor side of Worker (a mixin).
+
+    It uses only: database, id, _queryset (complete_atomically), _work (runs to
+    take), _inbox (reports to put), _draining, _closing and _threads.
+    """
+
+    database: str | None
+    id: str
+    _queryset: JobQuerySet
+    _work: queue_module.SimpleQueue[Any]
+    _inbox: queue_module.SimpleQueue[Any]
+    _draining: bool
+    _closing: threading.Event
+    _threads: list[threading.Thread]
+
+    def _start_thread(self, target: Callable[[], None], name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _start_executor(self) -> None:
+        self._start_thread(self._execute_loop, f"django-jobs-executor-{len(self._threads)}")
+
+    def _shutdown_threads(self) -> None:
+        self._closing.set()
+        for _ in self._threads:
+            self._work.put(STOP_EXECUTOR)
+        deadline = time.monotonic() + 2.0
+        for thread in self._threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        connections[self.database].close()
+
+    def _execute_loop(self) -> None:
+        last_job = time.monotonic()
+        # This thread's connection wrappers, looked up once: they live as long as the thread.
+        own = [connections[alias] for alias in connections]
+        try:
+            while True:
+                run = self._work.get()
+                if run is STOP_EXECUTOR:
+                    return
+                if self._draining:
+                    self._inbox.put(Finished(run, lifecycle.Unstarted(), 0.0))
+                    continue
+                if time.monotonic() - last_job > IDLE_CHECK:
+                    _check_connections(own)
+                # Every run taken from the queue is reported, whatever happens in it:
+                # a run stays in flight (and its lease extended) only until then.
+                self._inbox.put(self._execute(run, own))
+                last_job = time.monotonic()
+                if run.timed_out:
+                    return  # a replacement thread took this one's place
+        finally:
+            connections.close_all()
+
+    def _execute(self, run: Run, own: list[Any]) -> Finished:
+        """Run one job on this thread and return its report; it never raises."""
+        run.started = time.monotonic()
+        try:
+            outcome = self.outcome_of(run)
+        except BaseException as exc:  # noqa: BLE001 - outcome_of catches all; this is the net
+            outcome = self._failure(run.job, exc)
+        try:
+            _tidy_connections(own)
+        except BaseException:  # noqa: BLE001 - a handler can leave a connection in any state
+            for conn in own:
+                _close_quietly(conn)
+        return Finished(run, outcome, time.monotonic() - run.started)
+
+    def outcome_of(self, run: Run) -> Outcome:
+        """Run a claimed job's handler on this thread and return what happened.
+
+        It never raises. Whatever the handler or its validator raises, any
+        BaseException included (KeyboardInterrupt, SystemExit, CancelledError,
+        GeneratorExit), is a failed attempt: executors are not the main thread,
+        so the worker's own SIGINT/SIGTERM handling never meets it.
+        """
+        job, handler, ctx = run.job, run.handler, run.ctx
+        if run.cancel_requested:  # cancelled while it waited for this thread
+            return self._failure(job, JobCancelled("cancelled before it started"))
+        try:
+            payload = payloads.decode(job.payload)
+            if handler.validate is not None:
+                validated = handler.validate(payload)
+                payload = payload if validated is None else validated
+        except (ValueError, TypeError, ValidationError) as exc:
+            return lifecycle.Invalid(error_entry(job.attempts, exc=exc, worker=self.id))
+        except BaseException as exc:  # noqa: BLE001 - a validator that breaks fails the attempt
+            return self._failure(job, exc)
+        try:
+            if signals.job_started.receivers:
+                signals.job_started.send(
+                    sender=job.name, job_id=job.id, name=job.name, queue=job.queue,
+                    attempt=job.attempts,
+                )  # fmt: skip
+            if handler.atomic:
+                return self._run_atomic(run, payload)
+            return lifecycle.Succeeded(payloads.encode_result(_call(handler, payload, ctx)))
+        except Snooze as exc:
+            seconds = getattr(exc, "seconds", None)
+            if type(seconds) is float and 0.0 <= seconds <= Snooze.MAX_SECONDS:
+                return lifecycle.Snoozed(seconds)
+            return self._failure(job, exc)  # a Snooze tampered with after it was made
+        except FatalError as exc:
+            return self._failure(job, exc, fatal=True)
+        except BaseException as exc:  # noqa: BLE001 - a handler may raise anything
+            return self._failure(job, exc)
+
+    def _failure(
+        self, job: ClaimedJob, exc: BaseException, fatal: bool = False
+    ) -> lifecycle.Failed:
+        return lifecycle.Failed(
+            error_entry(job.attempts, exc=exc, worker=self.id), fatal=fatal, exc=exc
+        )
+
+    def _run_atomic(self, run: Run, payload: Any) -> Outcome:
+        job = run.job
+        try:
+            with transaction.atomic(using=self.database):
+                result = payloads.encode_result(_call(run.handler, payload, run.ctx))
+                if run.abandoned:
+                    raise LeaseLost(f"job {job.id} timed out or was released; rolling back")
+                if not self._queryset.complete_atomically(job, result):
+                    raise _MarkerExists
+        except _MarkerExists:
+            return lifecycle.AlreadyDone()
+        except LeaseLost:
+            return lifecycle.Lost()
+        return lifecycle.SettledAtomically()
+
+
+class _MarkerExists(Exception):
+    pass
+
+
+def _call(handler: Handler, payload: Any, ctx: JobContext) -> Any:
+    if handler.is_async:
+        # async_to_sync sends the coroutine's thread-sensitive sync_to_async calls
+        # (the ORM) back to this thread, so they use this thread's connection.
+        return async_to_sync(handler.func)(payload, ctx)
+    return handler.func(payload, ctx)
+
+
+def _tidy_connections(own: list[Any]) -> None:
+    """After a handler: roll back what it left open; drop broken connections; keep the rest.
+
+    Unlike close_old_connections() this keeps healthy connections whatever
+    CONN_MAX_AGE says: reconnecting for every job costs more than the job.
+    """
+    for conn in own:
+        if conn.connection is None:
+            continue
+        try:
+            if not conn.in_atomic_block and not conn.get_autocommit():
+                conn.rollback()
+                conn.set_autocommit(True)
+            if conn.errors_occurred:
+                if not conn.is_usable():
+                    conn.close()
+                conn.errors_occurred = False
+        except DatabaseError:
+            _close_quietly(conn)
+        conn.queries_log.clear()
+
+
+def _check_connections(own: list[Any]) -> None:
+    """Close connections that went bad while idle, so the next handler gets a fresh one."""
+    for conn in own:
+        if conn.connection is not None and not conn.is_usable():
+            _close_quietly(conn)
+
+
+def _close_quietly(conn: Any) -> None:
+    try:
+        conn.close()
+    except DatabaseError:
+        pass

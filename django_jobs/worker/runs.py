@@ -1,0 +1,90 @@
+"""What the dispatcher and its threads pass each other: runs, inbox events, counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django_jobs.context import JobContext
+from django_jobs.lifecycle import Outcome
+from django_jobs.models import ClaimedJob
+from django_jobs.registry import Handler
+
+
+@dataclass(slots=True, eq=False)
+class Run:
+    """A claimed job on its way through the worker (hashed by identity)."""
+
+    job: ClaimedJob
+    handler: Handler | None  # None: settled without running
+    ctx: JobContext | None
+    timeout: float | None = None
+    started: float = 0.0  # set by the executor thread when the handler starts
+    abandoned: bool = False  # timed out or released: whatever it reports is ignored
+    timed_out: bool = False
+    cancel_requested: bool = False  # an operator cancelled it: if it stops, it is dead-lettered
+
+    @property
+    def deadline(self) -> float | None:
+        return self.started + self.timeout if self.started and self.timeout else None
+
+
+# ---- inbox events ---------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Finished:
+    run: Run
+    outcome: Outcome
+    duration: float
+
+
+@dataclass(slots=True)
+class Wake:
+    queue: str | None  # None: any queue
+
+
+@dataclass(slots=True)
+class Extend:
+    run: Run
+    seconds: float
+
+
+@dataclass(slots=True)
+class Stop:
+    pass
+
+
+STOP_EXECUTOR = object()
+
+
+def traceback_tail(error: dict[str, Any]) -> str:
+    """The stored traceback of an error entry, as a log line's tail."""
+    text = error.get("traceback")
+    return f"\n{text}" if text else ""
+
+
+@dataclass
+class WorkerStats:
+    """A worker's counters since it started (published in its heartbeat row)."""
+
+    claimed: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    dead: int = 0
+    released: int = 0
+    lost: int = 0  # this worker's late settles fenced out: another worker took the job over
+    reexecuted: int = 0  # jobs this worker took over after a lease expired: they may run twice
+    skipped: int = 0  # settled as done without running: the key's marker existed
+    snoozed: int = 0
+    cancelled: int = 0
+
+
+def log_extra(job: ClaimedJob) -> dict[str, Any]:
+    """Return the stable `extra` keys of a job's log records."""
+    return {
+        "job_id": str(job.id),
+        "job_name": job.name,
+        "queue": job.queue,
+        "attempt": job.attempts,
+    }

@@ -1,0 +1,328 @@
+"""Settling: carry out the transition the lifecycle decides for each outcome.
+
+Successes are settled in batches (delete + marker in one statement); everything
+else one job at a time through the store's named methods (retry, dead_letter,
+snooze). A settle that meets a connection error is kept and tried again; one the
+database refuses is itself an outcome for the lifecycle to decide on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from django_jobs import conf, lifecycle, signals
+from django_jobs.attempts import MAX_MESSAGE, error_entry, error_summary, type_name
+from django_jobs.lifecycle import Outcome
+from django_jobs.models import ClaimedJob, JobQuerySet
+from django_jobs.payloads import safe_str, storable_text
+from django_jobs.registry import Backoff
+from django_jobs.worker.runs import Run, WorkerStats, log_extra, traceback_tail
+
+logger = logging.getLogger("django_jobs.worker")
+
+_Succeeded = lifecycle.Succeeded
+_FENCED = object()  # a settle found the row leased to another worker
+
+
+class _DefaultPolicy:
+    """The policy of a job settled without its handler (the settings' backoff)."""
+
+    def get_backoff(self) -> Backoff:
+        return Backoff.coerce(conf.get("BACKOFF"))
+
+
+_DEFAULT_POLICY = _DefaultPolicy()
+
+
+class DbRefused:
+    """The database refused a settle's statement (not a connection error): exc says why."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+
+class Settler:
+    """The settling side of Worker (a mixin); the dispatcher calls _settle and _flush_done.
+
+    It uses only: id, batch, stats, _queryset, _db, _done, _done_since, _unsettled,
+    _to_release, _more and _ops (counters).
+    """
+
+    id: str
+    stats: WorkerStats
+    _queryset: JobQuerySet
+    _done: list[tuple[Run, str | None, float]]
+    _done_since: float
+    _unsettled: list[tuple[Run, Outcome, float]]
+    _to_release: list[Run]
+    _more: bool
+    _ops: Any
+
+    def _db(self, operation: Any, *, settle: bool = False) -> Any:
+        raise NotImplementedError
+
+    def _settle(self, run: Run, outcome: Outcome, duration: float) -> None:
+        """Ask the lifecycle what outcome leads to, and carry it out."""
+        if type(outcome) is _Succeeded:  # the hot path: no policy to look up
+            transition: lifecycle.Transition = lifecycle.Complete(outcome.result)
+        else:
+            transition = lifecycle.on_outcome(
+                run.job,
+                outcome,
+                policy=run.handler or _DEFAULT_POLICY,
+                cancel_requested=run.cancel_requested,
+            )
+        self._carry_out(run, transition, duration, outcome)
+
+    def _carry_out(
+        self,
+        run: Run,
+        transition: lifecycle.Transition,
+        duration: float,
+        outcome: Outcome | None = None,
+    ) -> None:
+        """Execute transition through the store; outcome is kept to settle again later."""
+        job = run.job
+        if isinstance(transition, lifecycle.Complete):
+            if transition.skipped:
+                self.stats.skipped += 1
+                if isinstance(outcome, lifecycle.AlreadyDone):
+                    logger.warning(
+                        "job %s: its key was completed by another attempt; effects rolled back",
+                        job.id, extra=log_extra(job),
+                    )  # fmt: skip
+            if not self._done:
+                self._done_since = time.monotonic()
+            self._done.append((run, transition.result, duration))
+        elif isinstance(transition, lifecycle.Retry):
+            self._retry(run, transition, duration, outcome)
+        elif isinstance(transition, lifecycle.DeadLetter):
+            error = self._entry(transition.error, job)
+            if transition.drop_last_error:
+                job.errors = job.errors[:-1] if job.errors else []
+            written = self._dead_letter(
+                job, transition.reason, error, attempts=transition.attempts, exc=transition.exc
+            )
+            if written is None and outcome is not None:
+                # (A letter decided at claim is not kept: the lease brings the job back.)
+                self._unsettled.append((run, outcome, duration))
+            elif written and transition.reason == lifecycle.CANCELLED:
+                self.stats.cancelled += 1
+        elif isinstance(transition, lifecycle.SnoozeFor):
+            self._snooze(run, transition, duration, outcome)
+        elif isinstance(transition, lifecycle.Completed):
+            self.stats.succeeded += 1
+            logger.debug("job %s succeeded (atomic)", job.id, extra=log_extra(job))
+            self._send_finished(job, "succeeded", None, duration)
+        elif isinstance(transition, lifecycle.Abandon):
+            self.stats.lost += 1
+            logger.warning("job %s: lease lost to another worker; this attempt was rolled back",
+                           job.id, extra=log_extra(job))  # fmt: skip
+        elif isinstance(transition, lifecycle.Release):
+            self._to_release.append(run)
+        elif isinstance(transition, lifecycle.Interrupt):
+            run.ctx.cancel()
+            logger.warning("job %s: cancellation requested; ctx.cancelled is set", job.id,
+                           extra=log_extra(job))  # fmt: skip
+
+    def _entry(
+        self, error: dict[str, Any] | lifecycle.Cause | BaseException, job: ClaimedJob
+    ) -> dict[str, Any]:
+        """Return the error entry a transition carries, described or written down."""
+        if isinstance(error, dict):
+            return error
+        if isinstance(error, BaseException):
+            return error_entry(job.attempts, exc=error, worker=self.id)
+        return error_entry(
+            error.attempt,
+            kind=error.kind,
+            message=error.message,
+            traceback=error.traceback,
+            worker=self.id if error.worker is None else error.worker,
+        )
+
+    def _snooze(
+        self, run: Run, transition: lifecycle.SnoozeFor, duration: float, outcome: Any
+    ) -> None:
+        job = run.job
+        ok = self._db(lambda: self._queryset.snooze(job, delay=transition.seconds), settle=True)
+        if ok is None:
+            self._unsettled.append((run, outcome, duration))
+        elif isinstance(ok, DbRefused):
+            self._settle(run, self._refused("snooze", job, ok.exc), duration)
+        elif ok:
+            self.stats.snoozed += 1
+            if transition.seconds <= 0:
+                self._more = True
+            logger.info("job %s snoozed for %.1fs (attempt not counted)", job.id,
+                        transition.seconds, extra=log_extra(job))  # fmt: skip
+            self._send_finished(job, "snoozed", None, duration)
+        else:
+            self._note_fenced(job)
+
+    def _retry(self, run: Run, transition: lifecycle.Retry, duration: float, outcome: Any) -> None:
+        job = run.job
+        delay, error = transition.delay, transition.error
+        ok = self._db(lambda: self._queryset.retry(job, delay=delay, error=error), settle=True)
+        if ok is None:
+            self._unsettled.append((run, outcome, duration))
+        elif isinstance(ok, DbRefused):
+            refused = lifecycle.Refused(
+                "retry", error_entry(job.attempts, exc=ok.exc, worker=self.id), original=error,
+                exc=transition.exc,
+            )  # fmt: skip
+            self._settle(run, refused, duration)
+        elif ok:
+            self.stats.retried += 1
+            if delay <= 0:
+                self._more = True
+            logger.warning(
+                "job %s attempt %d/%d failed (%s); retrying in %.1fs%s",
+                job.id, job.attempts, job.max_attempts, error_summary(error), delay,
+                traceback_tail(error) if logger.isEnabledFor(logging.DEBUG) else "",
+                extra=log_extra(job),
+            )  # fmt: skip
+            self._send_finished(job, "retried", transition.exc, duration)
+        else:
+            self._note_fenced(job)
+
+    def _refused(self, step: str, job: ClaimedJob, exc: Exception) -> lifecycle.Refused:
+        return lifecycle.Refused(step, error_entry(job.attempts, exc=exc, worker=self.id), exc=exc)
+
+    def _dead_letter(
+        self,
+        job: ClaimedJob,
+        reason: str,
+        error: dict[str, Any],
+        *,
+        attempts: int | None = None,
+        exc: BaseException | None = None,
+    ) -> bool | None:
+        """Move job to the dead letters: True if written, None to try again (database away)."""
+        letter = self._db(
+            lambda: (
+                self._queryset.dead_letter(job, reason=reason, error=error, attempts=attempts)
+                or _FENCED
+            ),
+            settle=True,
+        )
+        if letter is None:
+            return None
+        if letter is _FENCED:
+            return False  # another worker holds it now: whoever settles it decides
+        if isinstance(letter, DbRefused):
+            # lifecycle: Abandon. Nothing this worker writes for the job is taken.
+            logger.error("job %s: its dead letter (%s) could not be written", job.id, reason,
+                         extra=log_extra(job))  # fmt: skip
+            return False
+        self.stats.dead += 1
+        # The stored (capped, storable) traceback, not exc_info: a 10 MB message
+        # must not make a 10 MB log line, and a hostile exception cannot break logging.
+        logger.error(
+            "job %s dead-lettered (%s) after %d attempt(s): %s%s",
+            job.id, reason, letter.attempts, error_summary(error), traceback_tail(error),
+            extra=log_extra(job),
+        )  # fmt: skip
+        if signals.job_dead_lettered.receivers:
+            self._signal(
+                signals.job_dead_lettered,
+                sender=job.name, job_id=job.id, name=job.name, queue=job.queue,
+                reason=reason, attempts=letter.attempts, error=letter.error,
+            )  # fmt: skip
+        self._send_finished(job, "dead", exc, None)
+        return True
+
+    def _flush_done(self) -> None:
+        batch, self._done = self._done, []
+        settled = self._db(
+            lambda: self._queryset.complete(
+                [(run.job.id, run.job.token, result) for run, result, _ in batch]
+            ),
+            settle=True,
+        )
+        if settled is None:
+            # The database is away: settle one by one once it is back.
+            self._unsettled.extend((run, _Succeeded(result), d) for run, result, d in batch)
+        elif isinstance(settled, DbRefused):
+            if len(batch) == 1:
+                run, _, duration = batch[0]
+                self._settle(run, self._refused("complete", run.job, settled.exc), duration)
+                return
+            # One row the database refuses must not fail the others: settle each alone.
+            for run, result, duration in batch:
+                self._complete_one(run, result, duration)
+        else:
+            for index, (run, _, duration) in enumerate(batch):
+                if index in settled:
+                    self._succeeded(run.job, duration)
+                else:
+                    self._note_fenced(run.job)
+
+    def _complete_one(self, run: Run, result: str | None, duration: float) -> None:
+        job = run.job
+        settled = self._db(
+            lambda: self._queryset.complete([(job.id, job.token, result)]), settle=True
+        )
+        if settled is None:
+            self._unsettled.append((run, _Succeeded(result), duration))
+        elif isinstance(settled, DbRefused):
+            self._settle(run, self._refused("complete", job, settled.exc), duration)
+        elif settled:
+            self._succeeded(job, duration)
+        else:
+            self._note_fenced(job)
+
+    def _succeeded(self, job: ClaimedJob, duration: float) -> None:
+        self.stats.succeeded += 1
+        self._send_finished(job, "succeeded", None, duration)
+
+    def _retry_unsettled(self) -> None:
+        pending, self._unsettled = self._unsettled, []
+        for run, outcome, duration in pending:
+            if isinstance(outcome, _Succeeded):
+                self._complete_one(run, outcome.result, duration)
+            else:
+                self._settle(run, outcome, duration)
+
+    def _note_fenced(self, job: ClaimedJob) -> None:
+        self.stats.lost += 1
+        logger.warning(
+            "job %s: lease was taken over before this worker settled it; "
+            "its late result is dropped",
+            job.id, extra=log_extra(job),
+        )  # fmt: skip
+
+    def _send_finished(
+        self, job: ClaimedJob, outcome: str, error: Any, duration: float | None
+    ) -> None:
+        self._ops.finished(outcome, duration)
+        # One line per outcome at runjobs' default verbosity (-v 1), as Celery and procrastinate.
+        if logger.isEnabledFor(logging.INFO):
+            extra = log_extra(job)
+            extra["outcome"], extra["duration"] = outcome, duration
+            if duration is None:
+                logger.info("job %s[%s] attempt %d %s", job.name, job.id, job.attempts, outcome,
+                            extra=extra)  # fmt: skip
+            else:
+                logger.info("job %s[%s] attempt %d %s in %.6fs", job.name, job.id, job.attempts,
+                            outcome, duration, extra=extra)  # fmt: skip
+        if signals.job_finished.receivers:
+            self._signal(
+                signals.job_finished,
+                sender=job.name, job_id=job.id, name=job.name, queue=job.queue,
+                attempt=job.attempts, outcome=outcome, error=error, duration=duration,
+            )  # fmt: skip
+
+    def _signal(self, signal: Any, **kwargs: Any) -> None:
+        """Send signal from the dispatcher: a failing receiver is logged, not fatal."""
+        for receiver, response in signal.send_robust(**kwargs):
+            if isinstance(response, Exception):
+                logger.error(
+                    "worker %s: a receiver of a django_jobs signal (%s) raised %s: %s",
+                    self.id, safe_str(receiver), type_name(response),
+                    storable_text(safe_str(response), MAX_MESSAGE),
+                )  # fmt: skip
