@@ -1,5 +1,8 @@
 """Control: pause and resume queues, cancel jobs. Called by the admin, the `jobs` command and you.
 
+The operator's side of the enqueue API: named operations over the store's
+querysets (QueueState, Job), one layer above it, like django_jobs.api.
+
 - A paused queue is not claimed by any worker (each refreshes the paused set once
   per poll interval); jobs already running finish normally.
 - Cancelling a job no worker holds moves it to the dead letters at once
@@ -17,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from django_jobs import conf, registry
+from django_jobs.models import Job, QueueState
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,8 +31,6 @@ class CancelResult:
 
 def pause(queues: Iterable[str], *, by: str = "", reason: str = "") -> int:
     """Pause queues (creating their rows); return how many were running before."""
-    from django_jobs.models import QueueState
-
     names = [registry.check_queue(q, allowlist=False) for q in queues]
     rows = QueueState.objects.all()
     rows.ensure(names)
@@ -37,24 +39,18 @@ def pause(queues: Iterable[str], *, by: str = "", reason: str = "") -> int:
 
 def resume(queues: Iterable[str]) -> int:
     """Resume paused queues; return how many were paused."""
-    from django_jobs.models import QueueState
-
     names = [registry.check_queue(q, allowlist=False) for q in queues]
     return QueueState.objects.filter(name__in=names).resume()
 
 
 def paused_queues(alias: str | None = None) -> set[str]:
     """Return the names of the paused queues."""
-    from django_jobs.models import QueueState
-
     rows = QueueState.objects.using(alias or conf.database()).filter(paused=True)
     return set(rows.values_list("name", flat=True))
 
 
 def cancel(job_ids: Sequence[uuid.UUID | str], *, by: str = "") -> CancelResult:
     """Cancel jobs: dead-letter the waiting ones now, flag the running ones for their workers."""
-    from django_jobs.models import Job
-
     ids = [uuid.UUID(str(i)) for i in job_ids]
     report = Job.objects.filter(id__in=ids).cancel(by=by)
     requested = Job.objects.filter(id__in=report.running).request_cancel()

@@ -238,9 +238,12 @@ def on_claim(job: JobView, *, has_handler: bool) -> Transition:
         # A hand-edited row: say so in its letter instead of tripping over it.
         return DeadLetter(
             MALFORMED,
-            Cause(job.attempts, "django_jobs.MalformedJob",
-                  f"the job row cannot be run as it is: {problem}"),
-        )  # fmt: skip
+            Cause(
+                job.attempts,
+                "django_jobs.MalformedJob",
+                f"the job row cannot be run as it is: {problem}",
+            ),
+        )
     retaken = _retaken(job)
     if job.attempts > job.max_attempts:
         # The previous attempt was lost with its worker (killed, OOM, os._exit).

@@ -23,7 +23,7 @@ from django_jobs.models import (
     WorkerBeat,
 )
 from django_jobs.ops_models import unknown_name_grace
-from django_jobs.schedules import db_now
+from django_jobs.worker.ticker import db_now
 
 RECENT = timedelta(hours=1)
 

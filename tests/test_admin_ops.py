@@ -12,8 +12,9 @@ from django.contrib.admin.models import LogEntry
 from django.test import RequestFactory, override_settings
 from django.utils import timezone
 
-from django_jobs import limits, schedules
+from django_jobs import limits
 from django_jobs.models import DeadLetter, DeadReason, Job, QueueState, RunningJob, Schedule
+from django_jobs.worker import ticker
 from tests.admin_fixtures import action, action_names, url
 from tests.factories import JobFactory, WorkerBeatFactory
 
@@ -35,7 +36,7 @@ def root_client(client, root):
 
 def test_pages_render(root_client):
     with override_settings(DJANGO_JOBS=NIGHTLY):
-        schedules.sync()
+        ticker.sync()
         QueueState.objects.ensure(["default"])
         WorkerBeatFactory(id="h:1:aa", pid=1)
         JobFactory(leased=True, worker="h:1:aa")
@@ -66,7 +67,7 @@ def test_pause_and_resume_actions(root_client, root):
 
 def test_enable_and_disable_schedules(root_client):
     with override_settings(DJANGO_JOBS=NIGHTLY):
-        schedules.sync()
+        ticker.sync()
     action(root_client, "schedule", "disable_schedules", ["nightly"])
     assert Schedule.objects.get().enabled is False
     action(root_client, "schedule", "enable_schedules", ["nightly"])

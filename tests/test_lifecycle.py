@@ -103,13 +103,17 @@ def test_a_job_whose_marker_exists_completes_without_running():
 
 
 def test_a_malformed_row_is_dead_lettered_naming_the_problem():
-    transition = on_claim(FakeJob(attempts=2, problem="its attempts column is not an integer"),
-                          has_handler=True)  # fmt: skip
+    transition = on_claim(
+        FakeJob(attempts=2, problem="its attempts column is not an integer"), has_handler=True
+    )
     assert transition == DeadLetter(
         lifecycle.MALFORMED,
-        Cause(2, "django_jobs.MalformedJob",
-              "the job row cannot be run as it is: its attempts column is not an integer"),
-    )  # fmt: skip
+        Cause(
+            2,
+            "django_jobs.MalformedJob",
+            "the job row cannot be run as it is: its attempts column is not an integer",
+        ),
+    )
 
 
 def test_a_malformed_row_is_never_looked_at_further():
@@ -140,9 +144,12 @@ def test_a_job_past_max_attempts_at_claim_is_dead_lettered_with_the_lost_attempt
 def test_a_job_past_max_attempts_without_errors_says_worker_lost():
     transition = on_claim(FakeJob(attempts=2, max_attempts=1), has_handler=False)
     assert isinstance(transition, DeadLetter)
-    assert transition.error == Cause(1, lifecycle.LEASE_EXPIRED,
-                                     "1 attempts started and none settled; "
-                                     "the last one: worker lost", "")  # fmt: skip
+    assert transition.error == Cause(
+        1,
+        lifecycle.LEASE_EXPIRED,
+        "1 attempts started and none settled; the last one: worker lost",
+        "",
+    )
     assert (transition.attempts, transition.retaken) == (1, False)
 
 
@@ -154,8 +161,9 @@ def test_max_attempts_at_the_integer_limit():
     top = limits.MAX_INT
     assert on_claim(FakeJob(attempts=top, max_attempts=top), has_handler=True) == Run()
     assert on_claim(FakeJob(attempts=top - 1, max_attempts=top), has_handler=True) == Run()
-    assert isinstance(on_claim(FakeJob(attempts=top + 1, max_attempts=top), has_handler=True),
-                      DeadLetter)  # fmt: skip
+    assert isinstance(
+        on_claim(FakeJob(attempts=top + 1, max_attempts=top), has_handler=True), DeadLetter
+    )
 
 
 def test_a_job_whose_handler_is_gone_is_released():
@@ -215,8 +223,9 @@ def test_a_failure_with_attempts_left_retries_after_the_backoff():
     backoff = FixedDelay(12.5)
     exc = ValueError("boom")
     entry = error(attempt=2)
-    transition = decide(FakeJob(attempts=2, max_attempts=3), Failed(entry, exc=exc),
-                        policy=FakePolicy(backoff))  # fmt: skip
+    transition = decide(
+        FakeJob(attempts=2, max_attempts=3), Failed(entry, exc=exc), policy=FakePolicy(backoff)
+    )
     assert transition == Retry(12.5, entry, exc=exc)
     assert backoff.asked == [2]
 
@@ -251,8 +260,9 @@ def test_at_the_integer_limit_a_failure_is_dead_lettered_not_retried():
         lifecycle.ATTEMPTS_EXHAUSTED
     )
     backoff = Backoff.exponential(base=2, ceiling=MAX_SECONDS, jitter=0)
-    transition = decide(FakeJob(attempts=top - 1, max_attempts=top), Failed(error()),
-                        policy=FakePolicy(backoff))  # fmt: skip
+    transition = decide(
+        FakeJob(attempts=top - 1, max_attempts=top), Failed(error()), policy=FakePolicy(backoff)
+    )
     assert transition.delay == MAX_SECONDS  # 2 ** (attempt - 1) is capped, not overflowed
 
 
@@ -320,8 +330,9 @@ def test_a_refused_write_is_a_failed_attempt(step):
     exc = ValueError("value too long")
     refusal = error(message="value too long")
     job = FakeJob(attempts=1, max_attempts=2)
-    assert decide(job, Refused(step, refusal, exc=exc),
-                  policy=FakePolicy(FixedDelay(4.0))) == Retry(4.0, refusal, exc=exc)  # fmt: skip
+    assert decide(
+        job, Refused(step, refusal, exc=exc), policy=FakePolicy(FixedDelay(4.0))
+    ) == Retry(4.0, refusal, exc=exc)
     job.attempts = 2
     assert decide(job, Refused(step, refusal, exc=exc)) == DeadLetter(
         lifecycle.ATTEMPTS_EXHAUSTED, refusal, exc=exc
@@ -336,11 +347,15 @@ def test_a_refused_retry_is_dead_lettered_as_malformed_keeping_the_true_cause():
     transition = decide(FakeJob(attempts=1, max_attempts=5), refused)
     assert transition == DeadLetter(
         lifecycle.MALFORMED,
-        Cause(1, "builtins.KeyError",
-              "'x' (the database refused to record the retry: a trigger said no)",
-              "Traceback ...", "host:1:abc"),
+        Cause(
+            1,
+            "builtins.KeyError",
+            "'x' (the database refused to record the retry: a trigger said no)",
+            "Traceback ...",
+            "host:1:abc",
+        ),
         exc=exc,
-    )  # fmt: skip
+    )
 
 
 def test_a_refused_dead_letter_is_abandoned_to_its_lease():
@@ -377,8 +392,13 @@ def test_summary():
 def test_the_reasons_are_the_dead_letter_reasons():
     from django_jobs.models import LEASE_EXPIRED, DeadReason
 
-    reasons = {lifecycle.INVALID_PAYLOAD, lifecycle.ATTEMPTS_EXHAUSTED, lifecycle.FATAL,
-               lifecycle.CANCELLED, lifecycle.MALFORMED}  # fmt: skip
+    reasons = {
+        lifecycle.INVALID_PAYLOAD,
+        lifecycle.ATTEMPTS_EXHAUSTED,
+        lifecycle.FATAL,
+        lifecycle.CANCELLED,
+        lifecycle.MALFORMED,
+    }
     assert reasons <= set(DeadReason.values)
     assert lifecycle.LEASE_EXPIRED == LEASE_EXPIRED
 
@@ -393,3 +413,12 @@ def test_the_lifecycle_imports_only_leaves():
     }
     project = {name for name in imported if name.startswith("django")}
     assert project <= {"django_jobs", "django_jobs.exceptions", "django_jobs.limits"}
+
+
+def test_schedule_specifications_import_no_models_and_no_worker():
+    tree = ast.parse(Path(lifecycle.__file__).with_name("schedules.py").read_text())
+    imported = {
+        node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
+    }
+    assert not {"django_jobs.models", "django_jobs.api", "django.db"} & imported
+    assert not any(name.startswith("django_jobs.worker") for name in imported)

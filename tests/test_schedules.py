@@ -16,7 +16,8 @@ from django.test import override_settings
 
 from django_jobs import periodic, schedules
 from django_jobs.models import CompletionMarker, Job, Schedule, WorkerBeat
-from django_jobs.schedules import InvalidSchedule, Ticker, make_spec
+from django_jobs.schedules import InvalidSchedule, make_spec
+from django_jobs.worker.ticker import Ticker, db_now, sync
 from tests.conftest import wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Audit
@@ -132,13 +133,13 @@ pytestmark_db = pytest.mark.django_db(transaction=True)
 
 
 def _now():
-    return schedules.db_now("default")
+    return db_now("default")
 
 
 @pytestmark_db
 def test_sync_writes_definitions_and_keeps_the_database_state():
     with jobs_settings(SCHEDULES={"tick": {"every": 60, "job": "tests.record_key"}}):
-        schedules.sync()
+        sync()
     row = Schedule.objects.get()
     assert (row.name, row.every, row.cron, row.job_name, row.enabled, row.declared) == (
         "tick",
@@ -153,12 +154,12 @@ def test_sync_writes_definitions_and_keeps_the_database_state():
     with jobs_settings(
         SCHEDULES={"tick": {"cron": "0 * * * *", "job": "tests.record_key", "payload": [1]}}
     ):
-        schedules.sync()
+        sync()
     row.refresh_from_db()
     assert (row.cron, row.every, row.payload, row.enabled) == ("0 * * * *", None, "[1]", False)
     assert row.last_tick_at is not None
     with jobs_settings(SCHEDULES={}):
-        schedules.sync()
+        sync()
     row.refresh_from_db()
     assert row.declared is False
 
@@ -166,7 +167,7 @@ def test_sync_writes_definitions_and_keeps_the_database_state():
 @pytestmark_db
 def test_two_tickers_enqueue_a_tick_once():
     with jobs_settings(SCHEDULES={"tick": {"every": 60, "job": "tests.record_key"}}):
-        schedules.sync()
+        sync()
         # The schedule has existed for a while and handled a tick two minutes ago.
         now = _now()
         Schedule.objects.update(
@@ -189,7 +190,7 @@ def test_two_tickers_enqueue_a_tick_once():
 @pytestmark_db
 def test_missed_ticks_run_once_the_latest_only(caplog):
     with jobs_settings(SCHEDULES={"minutely": {"cron": "* * * * *", "job": "tests.record_key"}}):
-        schedules.sync()
+        sync()
         now = _now()
         # The workers were down for ten minutes.
         Schedule.objects.update(
@@ -210,7 +211,7 @@ def test_missed_ticks_run_once_the_latest_only(caplog):
 @pytestmark_db
 def test_a_new_schedule_does_not_run_the_tick_before_it_existed():
     with jobs_settings(SCHEDULES={"yearly": {"cron": "0 0 1 1 *", "job": "tests.record_key"}}):
-        schedules.sync()
+        sync()
         ticker = Ticker("default")
         now = _now()
         ticker.refresh(now)
@@ -222,7 +223,7 @@ def test_a_new_schedule_does_not_run_the_tick_before_it_existed():
 @pytestmark_db
 def test_disabled_schedules_do_not_tick_and_enabling_skips_what_was_missed():
     with jobs_settings(SCHEDULES={"tick": {"every": 60, "job": "tests.record_key"}}):
-        schedules.sync()
+        sync()
         now = _now()
         Schedule.objects.update(
             created_at=now - timedelta(hours=1), last_tick_at=now - timedelta(minutes=5)
@@ -320,7 +321,7 @@ def test_cron_schedule_after_downtime_enqueues_the_latest_tick_once_across_worke
         )
     }
     with jobs_settings(SCHEDULES={"minutely": {"cron": "* * * * *", "job": "tests.record_key"}}):
-        schedules.sync()
+        sync()
     now = _now()
     Schedule.objects.update(
         created_at=now - timedelta(hours=2), last_tick_at=now - timedelta(hours=1)

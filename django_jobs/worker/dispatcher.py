@@ -140,8 +140,12 @@ class Worker(Settler, ExecutorThreads):
         """Work until stopped (or, in burst mode, until nothing is due)."""
         logger.info(
             "worker %s starting: queues=%s concurrency=%d batch=%d lease=%.0fs",
-            self.id, ",".join(self.queues), self.concurrency, self.batch, self.lease,
-        )  # fmt: skip
+            self.id,
+            ",".join(self.queues),
+            self.concurrency,
+            self.batch,
+            self.lease,
+        )
         for _ in range(self.concurrency):
             self._start_executor()
         if self.listen and not self.burst:  # burst mode drains and leaves: nothing to wait for
@@ -163,9 +167,15 @@ class Worker(Settler, ExecutorThreads):
         logger.info(
             "worker %s stopped: %d succeeded, %d retried, %d dead, %d released, "
             "%d re-executed after an expired lease, %d late settles fenced out, %d skipped",
-            self.id, stats.succeeded, stats.retried, stats.dead, stats.released,
-            stats.reexecuted, stats.lost, stats.skipped,
-        )  # fmt: skip
+            self.id,
+            stats.succeeded,
+            stats.retried,
+            stats.dead,
+            stats.released,
+            stats.reexecuted,
+            stats.lost,
+            stats.skipped,
+        )
 
     # ---- what upkeep sees (UpkeepHost) -------------------------------------
 
@@ -351,9 +361,12 @@ class Worker(Settler, ExecutorThreads):
             self.stats.reexecuted += 1
             logger.warning(
                 "job %s: attempt %d's lease expired (worker %s); taking it over as attempt %d",
-                job.id, job.attempts - 1, job.errors[-1].get("worker", "?"), job.attempts,
+                job.id,
+                job.attempts - 1,
+                job.errors[-1].get("worker", "?"),
+                job.attempts,
                 extra=log_extra(job),
-            )  # fmt: skip
+            )
         if isinstance(transition, lifecycle.Run):
             ctx = JobContext(
                 id=job.id,
@@ -371,12 +384,19 @@ class Worker(Settler, ExecutorThreads):
             ctx._extend = lambda seconds: self._inbox.put(Extend(run, seconds))
             self._hand_out(run)
         elif isinstance(transition, lifecycle.Complete):
-            logger.info("job %s already completed (marker exists): settling without running",
-                        job.id, extra=log_extra(job))  # fmt: skip
+            logger.info(
+                "job %s already completed (marker exists): settling without running",
+                job.id,
+                extra=log_extra(job),
+            )
             self._carry_out(Run(job, None, None), transition, 0.0)
         elif isinstance(transition, lifecycle.Release):
-            logger.warning("job %s: no handler %r in this worker any more: released",
-                           job.id, job.name, extra=log_extra(job))  # fmt: skip
+            logger.warning(
+                "job %s: no handler %r in this worker any more: released",
+                job.id,
+                job.name,
+                extra=log_extra(job),
+            )
             self._to_release.append(Run(job, None, None))
             self._names_generation = -1  # claim by the registry's names from now on
         else:
@@ -458,8 +478,11 @@ class Worker(Settler, ExecutorThreads):
             if cancel is None:
                 if run.ctx is not None:
                     run.ctx.cancel()
-                logger.warning("job %s: lease lost (another worker took it over)", run.job.id,
-                               extra=log_extra(run.job))  # fmt: skip
+                logger.warning(
+                    "job %s: lease lost (another worker took it over)",
+                    run.job.id,
+                    extra=log_extra(run.job),
+                )
             elif cancel and not run.cancel_requested:
                 self._cancel(run)
 
@@ -509,8 +532,10 @@ class Worker(Settler, ExecutorThreads):
             self._release(unfinished)
             logger.warning(
                 "worker %s: %d job(s) still running after the grace period were released "
-                "without consuming an attempt", self.id, len(unfinished),
-            )  # fmt: skip
+                "without consuming an attempt",
+                self.id,
+                len(unfinished),
+            )
         self._inflight.clear()
         self._timed.clear()
         if self._done:
@@ -537,8 +562,10 @@ class Worker(Settler, ExecutorThreads):
             pause = min(RETRY_MAX, RETRY_MIN * 2 ** min(self._db_failures - 1, 10))
             logger.warning(
                 "worker %s: database error (%s); retrying in %.1fs",
-                self.id, storable_text(safe_str(exc), MAX_MESSAGE), pause,
-            )  # fmt: skip
+                self.id,
+                storable_text(safe_str(exc), MAX_MESSAGE),
+                pause,
+            )
             _close_quietly(conn)
             self._pause(pause)
             return None
@@ -553,9 +580,11 @@ class Worker(Settler, ExecutorThreads):
             # Capped: PostgreSQL's error context can quote megabytes of the value.
             logger.error(
                 "worker %s: the database refused a settle (%s: %s)",
-                self.id, type_name(exc), storable_text(safe_str(exc), MAX_MESSAGE),
+                self.id,
+                type_name(exc),
+                storable_text(safe_str(exc), MAX_MESSAGE),
                 exc_info=not isinstance(exc, DatabaseError),
-            )  # fmt: skip
+            )
             return DbRefused(exc)
         self._db_failures = 0
         return result

@@ -125,9 +125,12 @@ class ExecutorThreads:
         try:
             if signals.job_started.receivers:
                 signals.job_started.send(
-                    sender=job.name, job_id=job.id, name=job.name, queue=job.queue,
+                    sender=job.name,
+                    job_id=job.id,
+                    name=job.name,
+                    queue=job.queue,
                     attempt=job.attempts,
-                )  # fmt: skip
+                )
             if handler.atomic:
                 return self._run_atomic(run, payload)
             return lifecycle.Succeeded(payloads.encode_result(_call(handler, payload, ctx)))

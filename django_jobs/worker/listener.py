@@ -56,8 +56,12 @@ class Listener:
             except Exception:  # noqa: BLE001 - any failure means: reconnect
                 if self.closing.is_set():
                     break
-                logger.warning("worker %s: listener lost its connection; reconnecting in %.1fs",
-                               self.worker_id, pause, exc_info=True)  # fmt: skip
+                logger.warning(
+                    "worker %s: listener lost its connection; reconnecting in %.1fs",
+                    self.worker_id,
+                    pause,
+                    exc_info=True,
+                )
                 _close_quietly(conn)
                 self.closing.wait(pause)
                 pause = min(RETRY_MAX, pause * 2)

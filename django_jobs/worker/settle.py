@@ -93,8 +93,9 @@ class Settler:
                 if isinstance(outcome, lifecycle.AlreadyDone):
                     logger.warning(
                         "job %s: its key was completed by another attempt; effects rolled back",
-                        job.id, extra=log_extra(job),
-                    )  # fmt: skip
+                        job.id,
+                        extra=log_extra(job),
+                    )
             if not self._done:
                 self._done_since = time.monotonic()
             self._done.append((run, transition.result, duration))
@@ -120,14 +121,18 @@ class Settler:
             self._send_finished(job, "succeeded", None, duration)
         elif isinstance(transition, lifecycle.Abandon):
             self.stats.lost += 1
-            logger.warning("job %s: lease lost to another worker; this attempt was rolled back",
-                           job.id, extra=log_extra(job))  # fmt: skip
+            logger.warning(
+                "job %s: lease lost to another worker; this attempt was rolled back",
+                job.id,
+                extra=log_extra(job),
+            )
         elif isinstance(transition, lifecycle.Release):
             self._to_release.append(run)
         elif isinstance(transition, lifecycle.Interrupt):
             run.ctx.cancel()
-            logger.warning("job %s: cancellation requested; ctx.cancelled is set", job.id,
-                           extra=log_extra(job))  # fmt: skip
+            logger.warning(
+                "job %s: cancellation requested; ctx.cancelled is set", job.id, extra=log_extra(job)
+            )
 
     def _entry(
         self, error: dict[str, Any] | lifecycle.Cause | BaseException, job: ClaimedJob
@@ -158,8 +163,12 @@ class Settler:
             self.stats.snoozed += 1
             if transition.seconds <= 0:
                 self._more = True
-            logger.info("job %s snoozed for %.1fs (attempt not counted)", job.id,
-                        transition.seconds, extra=log_extra(job))  # fmt: skip
+            logger.info(
+                "job %s snoozed for %.1fs (attempt not counted)",
+                job.id,
+                transition.seconds,
+                extra=log_extra(job),
+            )
             self._send_finished(job, "snoozed", None, duration)
         else:
             self._note_fenced(job)
@@ -172,9 +181,11 @@ class Settler:
             self._unsettled.append((run, outcome, duration))
         elif isinstance(ok, DbRefused):
             refused = lifecycle.Refused(
-                "retry", error_entry(job.attempts, exc=ok.exc, worker=self.id), original=error,
+                "retry",
+                error_entry(job.attempts, exc=ok.exc, worker=self.id),
+                original=error,
                 exc=transition.exc,
-            )  # fmt: skip
+            )
             self._settle(run, refused, duration)
         elif ok:
             self.stats.retried += 1
@@ -182,10 +193,14 @@ class Settler:
                 self._more = True
             logger.warning(
                 "job %s attempt %d/%d failed (%s); retrying in %.1fs%s",
-                job.id, job.attempts, job.max_attempts, error_summary(error), delay,
+                job.id,
+                job.attempts,
+                job.max_attempts,
+                error_summary(error),
+                delay,
                 traceback_tail(error) if logger.isEnabledFor(logging.DEBUG) else "",
                 extra=log_extra(job),
-            )  # fmt: skip
+            )
             self._send_finished(job, "retried", transition.exc, duration)
         else:
             self._note_fenced(job)
@@ -216,23 +231,36 @@ class Settler:
             return False  # another worker holds it now: whoever settles it decides
         if isinstance(letter, DbRefused):
             # lifecycle: Abandon. Nothing this worker writes for the job is taken.
-            logger.error("job %s: its dead letter (%s) could not be written", job.id, reason,
-                         extra=log_extra(job))  # fmt: skip
+            logger.error(
+                "job %s: its dead letter (%s) could not be written",
+                job.id,
+                reason,
+                extra=log_extra(job),
+            )
             return False
         self.stats.dead += 1
         # The stored (capped, storable) traceback, not exc_info: a 10 MB message
         # must not make a 10 MB log line, and a hostile exception cannot break logging.
         logger.error(
             "job %s dead-lettered (%s) after %d attempt(s): %s%s",
-            job.id, reason, letter.attempts, error_summary(error), traceback_tail(error),
+            job.id,
+            reason,
+            letter.attempts,
+            error_summary(error),
+            traceback_tail(error),
             extra=log_extra(job),
-        )  # fmt: skip
+        )
         if signals.job_dead_lettered.receivers:
             self._signal(
                 signals.job_dead_lettered,
-                sender=job.name, job_id=job.id, name=job.name, queue=job.queue,
-                reason=reason, attempts=letter.attempts, error=letter.error,
-            )  # fmt: skip
+                sender=job.name,
+                job_id=job.id,
+                name=job.name,
+                queue=job.queue,
+                reason=reason,
+                attempts=letter.attempts,
+                error=letter.error,
+            )
         self._send_finished(job, "dead", exc, None)
         return True
 
@@ -293,8 +321,9 @@ class Settler:
         logger.warning(
             "job %s: lease was taken over before this worker settled it; "
             "its late result is dropped",
-            job.id, extra=log_extra(job),
-        )  # fmt: skip
+            job.id,
+            extra=log_extra(job),
+        )
 
     def _send_finished(
         self, job: ClaimedJob, outcome: str, error: Any, duration: float | None
@@ -305,17 +334,31 @@ class Settler:
             extra = log_extra(job)
             extra["outcome"], extra["duration"] = outcome, duration
             if duration is None:
-                logger.info("job %s[%s] attempt %d %s", job.name, job.id, job.attempts, outcome,
-                            extra=extra)  # fmt: skip
+                logger.info(
+                    "job %s[%s] attempt %d %s", job.name, job.id, job.attempts, outcome, extra=extra
+                )
             else:
-                logger.info("job %s[%s] attempt %d %s in %.6fs", job.name, job.id, job.attempts,
-                            outcome, duration, extra=extra)  # fmt: skip
+                logger.info(
+                    "job %s[%s] attempt %d %s in %.6fs",
+                    job.name,
+                    job.id,
+                    job.attempts,
+                    outcome,
+                    duration,
+                    extra=extra,
+                )
         if signals.job_finished.receivers:
             self._signal(
                 signals.job_finished,
-                sender=job.name, job_id=job.id, name=job.name, queue=job.queue,
-                attempt=job.attempts, outcome=outcome, error=error, duration=duration,
-            )  # fmt: skip
+                sender=job.name,
+                job_id=job.id,
+                name=job.name,
+                queue=job.queue,
+                attempt=job.attempts,
+                outcome=outcome,
+                error=error,
+                duration=duration,
+            )
 
     def _signal(self, signal: Any, **kwargs: Any) -> None:
         """Send signal from the dispatcher: a failing receiver is logged, not fatal."""
@@ -323,6 +366,8 @@ class Settler:
             if isinstance(response, Exception):
                 logger.error(
                     "worker %s: a receiver of a django_jobs signal (%s) raised %s: %s",
-                    self.id, safe_str(receiver), type_name(response),
+                    self.id,
+                    safe_str(receiver),
+                    type_name(response),
                     storable_text(safe_str(response), MAX_MESSAGE),
-                )  # fmt: skip
+                )

@@ -52,6 +52,7 @@ from django.utils import timezone
 from django_jobs import conf, retention, schedules, signals, sql
 from django_jobs.models import Beat, Job, QueueState, UnknownName, WorkerBeat
 from django_jobs.ops_models import unknown_name_grace
+from django_jobs.worker import ticker
 from django_jobs.worker.runs import WorkerStats
 
 logger = logging.getLogger("django_jobs.worker")
@@ -131,7 +132,7 @@ class Upkeep:
         self._postgres = connections[self.alias].vendor == "postgresql"
         self._next_vacuum_check = VACUUM_CHECK_JOBS
         self._pruned: Counter[str] = Counter()
-        self.ticker = schedules.Ticker(self.alias)
+        self.ticker = ticker.Ticker(self.alias)
         self._prune_pause()  # bad retention settings fail here, at start, not every round
         self.counters: Counter[str] = Counter()
         self.outcomes: Counter[str] = Counter()  # job_finished outcomes
@@ -147,7 +148,7 @@ class Upkeep:
         def register() -> None:
             QueueState.objects.using(self.alias).ensure(self.host.queues)
             if schedules.declared():
-                schedules.sync(self.alias)
+                ticker.sync(self.alias)
 
         self._step(register)
 
@@ -266,13 +267,14 @@ class Upkeep:
                 for name in handlers:
                     found.pop(name, None)
         longest = float(conf.get("WORKER_EXPIRY")) / 2
-        spacing = max(self.interval if found else longest,
-                      UNKNOWN_SCAN_SPACING * (time.monotonic() - started))  # fmt: skip
+        spacing = max(
+            self.interval if found else longest, UNKNOWN_SCAN_SPACING * (time.monotonic() - started)
+        )
         self._next_unknown = started + min(spacing, longest)
         if not found and not self._unknown_found:
             return  # nothing to record, nothing this worker recorded to forget
         self._unknown_found = bool(found)
-        now = schedules.db_now(self.alias)
+        now = ticker.db_now(self.alias)
         names = UnknownName.objects.using(self.alias)
         names.observe(found, now)
         if self._grace is None or not found:
@@ -296,9 +298,14 @@ class Upkeep:
             if signals.job_dead_lettered.receivers:
                 for letter in letters:
                     signals.job_dead_lettered.send(
-                        sender=name, job_id=letter.id, name=name, queue=letter.queue,
-                        reason=letter.reason, attempts=letter.attempts, error=letter.error,
-                    )  # fmt: skip
+                        sender=name,
+                        job_id=letter.id,
+                        name=name,
+                        queue=letter.queue,
+                        reason=letter.reason,
+                        attempts=letter.attempts,
+                        error=letter.error,
+                    )
             if len(letters) < UNKNOWN_BATCH:
                 break
             if time.monotonic() > deadline:
@@ -309,11 +316,15 @@ class Upkeep:
             logger.warning(
                 "worker %s: dead-lettered %d job(s) of %r as unknown_name: no live worker has "
                 "known the name since %s (UNKNOWN_NAME_GRACE %s)",
-                self.host.id, buried, name, since.isoformat(), self._grace,
-            )  # fmt: skip
+                self.host.id,
+                buried,
+                name,
+                since.isoformat(),
+                self._grace,
+            )
 
     def _refresh_schedules(self) -> None:
-        now = schedules.db_now(self.alias)
+        now = ticker.db_now(self.alias)
         self._clock = (now, time.monotonic())
         self.ticker.refresh(now)
 
@@ -334,16 +345,23 @@ class Upkeep:
                     self._pruned[table] = 0
             self.counters["pruned_markers"] += result.markers
             self.counters["pruned_dead_letters"] += result.dead_letters
-            logger.info("worker %s: pruned %d marker(s), %d dead letter(s)",
-                        self.host.id, result.markers, result.dead_letters)  # fmt: skip
+            logger.info(
+                "worker %s: pruned %d marker(s), %d dead letter(s)",
+                self.host.id,
+                result.markers,
+                result.dead_letters,
+            )
 
     def _vacuum_jobs(self) -> None:
         if sql.dead_rows(self.alias, "django_jobs_job") > VACUUM_MIN_DEAD:
             started = time.monotonic()
             sql.vacuum(self.alias, "django_jobs_job")
             self.counters["vacuums"] += 1
-            logger.info("worker %s: vacuumed the jobs table (%.0f ms)", self.host.id,
-                        (time.monotonic() - started) * 1000)  # fmt: skip
+            logger.info(
+                "worker %s: vacuumed the jobs table (%.0f ms)",
+                self.host.id,
+                (time.monotonic() - started) * 1000,
+            )
 
     def _prune_pause(self) -> float:
         """Seconds until the next round when this one finds nothing: no row can turn

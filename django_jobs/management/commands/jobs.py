@@ -12,9 +12,10 @@ from zoneinfo import ZoneInfo
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from django_jobs import conf, control, limits, registry, schedules, status
+from django_jobs import conf, control, limits, registry, status
 from django_jobs.exceptions import InvalidJob
 from django_jobs.management.arguments import free_text, job_id, queue_name
+from django_jobs.worker import ticker
 
 
 def _seconds(value: float | None) -> str:
@@ -181,10 +182,10 @@ class Command(BaseCommand):
         from django_jobs.models import Schedule
 
         try:
-            specs = schedules.sync()
+            specs = ticker.sync()
         except InvalidJob as exc:
             raise CommandError(str(exc)) from None
-        now = schedules.db_now(conf.database())
+        now = ticker.db_now(conf.database())
         rows = []
         for row in Schedule.objects.all():
             spec = specs.get(row.name)
@@ -237,7 +238,7 @@ class Command(BaseCommand):
     def _known(self, names: list[str]) -> None:
         from django_jobs.models import Schedule
 
-        schedules.sync()
+        ticker.sync()
         found = set(Schedule.objects.filter(name__in=names).values_list("name", flat=True))
         unknown = sorted(set(names) - found)
         if unknown:

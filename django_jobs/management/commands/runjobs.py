@@ -59,9 +59,14 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
-            "--queue", "-q", action="append", dest="queues", type=queue_name, metavar="NAME",
+            "--queue",
+            "-q",
+            action="append",
+            dest="queues",
+            type=queue_name,
+            metavar="NAME",
             help="Queue to serve (repeatable). Default: every queue a registered handler names.",
-        )  # fmt: skip
+        )
         parser.add_argument(
             "--concurrency",
             "-c",
@@ -77,10 +82,11 @@ class Command(BaseCommand):
             "--lease", type=seconds, help="Lease length in seconds (default LEASE, 30)."
         )
         parser.add_argument(
-            "--heartbeat", type=seconds_or_zero,
+            "--heartbeat",
+            type=seconds_or_zero,
             help="Seconds between lease extensions of running jobs; "
             "0 turns them off (default: lease / 3).",
-        )  # fmt: skip
+        )
         parser.add_argument(
             "--grace",
             type=seconds_or_zero,
@@ -92,9 +98,10 @@ class Command(BaseCommand):
             help="Seconds between polls (default POLL_INTERVAL, 1).",
         )
         parser.add_argument(
-            "--no-listen", action="store_true",
+            "--no-listen",
+            action="store_true",
             help="Poll only, without LISTEN/NOTIFY (for PgBouncer in transaction pooling).",
-        )  # fmt: skip
+        )
 
     def handle(
         self,
@@ -161,8 +168,9 @@ class Command(BaseCommand):
             logger.warning(
                 "no registered handler declares queue %r: this worker runs its jobs only when "
                 "they were enqueued with queue=%r",
-                name, name,
-            )  # fmt: skip
+                name,
+                name,
+            )
 
     def _configure_logging(self, verbosity: int) -> None:
         logger = logging.getLogger("django_jobs")
