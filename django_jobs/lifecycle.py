@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from django_jobs import limits
+from django_jobs.attempts import LEASE_EXPIRED, error_summary
 from django_jobs.exceptions import JobCancelled, Snooze
 
 # Dead-letter reasons (the values of models.DeadReason; a test keeps them equal).
@@ -26,8 +27,6 @@ ATTEMPTS_EXHAUSTED = "attempts_exhausted"
 FATAL = "fatal"
 CANCELLED = "cancelled"
 MALFORMED = "malformed"
-# The type of the error entry the claim writes for an expired lease (models.LEASE_EXPIRED).
-LEASE_EXPIRED = "django_jobs.LeaseExpired"
 
 
 class JobView(Protocol):
@@ -254,7 +253,7 @@ def on_claim(job: JobView, *, has_handler: bool) -> Transition:
                 job.attempts - 1,
                 last.get("type", LEASE_EXPIRED),
                 f"{job.max_attempts} attempts started and none settled; "
-                f"the last one: {summary(last) or 'worker lost'}",
+                f"the last one: {error_summary(last) or 'worker lost'}",
                 last.get("traceback", ""),
             ),
             attempts=job.attempts - 1,
@@ -372,10 +371,3 @@ def retry_delay(backoff: BackoffPolicy, attempt: int) -> float:
     if math.isnan(delay):
         return 0.0
     return min(max(delay, 0.0), float(limits.MAX_SECONDS))
-
-
-def summary(error: dict[str, Any]) -> str:
-    """Return "type: message" of an error entry (either alone if the other is empty)."""
-    kind = error.get("type", "")
-    message = error.get("message", "")
-    return f"{kind}: {message}" if kind and message else kind or message

@@ -379,18 +379,11 @@ def test_hostile_error_entries_do_not_break_the_decisions():
     assert decide(FakeJob(), refused).reason == lifecycle.MALFORMED
 
 
-def test_summary():
-    assert lifecycle.summary({"type": "T", "message": "m"}) == "T: m"
-    assert lifecycle.summary({"type": "T"}) == "T"
-    assert lifecycle.summary({"message": "m"}) == "m"
-    assert lifecycle.summary({}) == ""
-
-
 # ---- the module stays a leaf ------------------------------------------------------------
 
 
 def test_the_reasons_are_the_dead_letter_reasons():
-    from django_jobs.models import LEASE_EXPIRED, DeadReason
+    from django_jobs.models import DeadReason
 
     reasons = {
         lifecycle.INVALID_PAYLOAD,
@@ -400,7 +393,6 @@ def test_the_reasons_are_the_dead_letter_reasons():
         lifecycle.MALFORMED,
     }
     assert reasons <= set(DeadReason.values)
-    assert lifecycle.LEASE_EXPIRED == LEASE_EXPIRED
 
 
 def test_the_lifecycle_imports_only_leaves():
@@ -412,7 +404,12 @@ def test_the_lifecycle_imports_only_leaves():
         for alias in node.names
     }
     project = {name for name in imported if name.startswith("django")}
-    assert project <= {"django_jobs", "django_jobs.exceptions", "django_jobs.limits"}
+    assert project <= {
+        "django_jobs",
+        "django_jobs.attempts",
+        "django_jobs.exceptions",
+        "django_jobs.limits",
+    }
 
 
 def test_schedule_specifications_import_no_models_and_no_worker():
