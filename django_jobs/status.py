@@ -94,7 +94,7 @@ class Status:
         }
 
 
-def count_by(queryset: QuerySet, column: str) -> dict[Any, int]:
+def count_by(queryset: QuerySet[Any], column: str) -> dict[Any, int]:
     """Count the rows of queryset per value of column, in one GROUP BY."""
     return dict(queryset.order_by().values_list(column).annotate(n=Count("pk")))
 

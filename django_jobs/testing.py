@@ -271,10 +271,11 @@ class _InlineWorker(Worker):
         if isinstance(outcome, Failed) and not run.abandoned:
             # The worker records any BaseException as a failed attempt; a test stops on
             # Ctrl-C, and with raise_errors on the handler's exception.
-            if raise_errors or isinstance(outcome.exc, KeyboardInterrupt):
+            exc = outcome.exc  # always set by the executor
+            if exc is not None and (raise_errors or isinstance(exc, KeyboardInterrupt)):
                 self._forget(run)
                 self._release([run])
-                raise outcome.exc
+                raise exc
         self._on_finished(finished)
         if run.timed_out:
             # As the dispatcher does at the deadline: fail the attempt with TimeoutError.

@@ -28,10 +28,10 @@ if TYPE_CHECKING:
     from django.contrib.admin.options import _FieldGroups
 
     # django-stubs makes these generic in their model; Django's classes take no [...].
-    _ModelAdmin = admin.ModelAdmin[Any]
+    AnyModelAdmin = admin.ModelAdmin[Any]
     _Paginator = Paginator[Any]
 else:
-    _ModelAdmin = admin.ModelAdmin
+    AnyModelAdmin = admin.ModelAdmin
     _Paginator = Paginator
 
 # Rows counted exactly before the change lists switch to the planner's estimate.
@@ -95,7 +95,7 @@ def parse_uuid(text: str) -> uuid.UUID | None:
         return None
 
 
-class GuardedAdmin(_ModelAdmin):
+class GuardedAdmin(AnyModelAdmin):
     """Answer hostile query strings and object ids with a 400 or Django's "?e=1", never a 500."""
 
     def changelist_view(

@@ -16,9 +16,10 @@ from django.urls import path, reverse
 from django.utils.translation import gettext_lazy as _
 
 from django_jobs import dashboard
+from django_jobs.admin.base import AnyModelAdmin
 
 
-class DashboardView(admin.ModelAdmin):
+class DashboardView(AnyModelAdmin):
     """Mount the dashboard under the jobs list's URLs."""
 
     def get_urls(self) -> list[Any]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
@@ -34,7 +34,10 @@ from django_jobs.admin.display import (
     when,
 )
 from django_jobs.attempts import worker_of
-from django_jobs.models import DeadLetter, Job, JobState, RunningJob, UnknownName
+from django_jobs.models import DeadLetter, Job, JobQuerySet, JobState, RunningJob, UnknownName
+
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
 
 UNKNOWN_NAME = "unknown_name"
 
@@ -43,19 +46,20 @@ class StateFilter(admin.SimpleListFilter):
     title = _("state")
     parameter_name = "state"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, StrOrPromise]]:
         return [*JobState.choices, (UNKNOWN_NAME, _("waiting: no live worker knows its name"))]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        jobs = cast(JobQuerySet, queryset)  # the job admins' lists
         value = self.value()
         if value == UNKNOWN_NAME:
-            return queryset.claimable().filter(unknown_since__isnull=False)
+            return jobs.claimable().filter(unknown_since__isnull=False)
         if value == JobState.WAITING:
-            return queryset.waiting()
+            return jobs.waiting()
         if value == JobState.SCHEDULED:
-            return queryset.scheduled()
+            return jobs.scheduled()
         if value == JobState.RUNNING:
-            return queryset.running()
+            return jobs.running()
         return queryset
 
 
@@ -63,10 +67,12 @@ class StateFilter(admin.SimpleListFilter):
     permissions=["cancel"],
     description=_("Cancel selected jobs (waiting: to the dead letters; running: asked to stop)"),
 )
-def cancel_jobs(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+def cancel_jobs(
+    modeladmin: admin.ModelAdmin[Any], request: HttpRequest, queryset: QuerySet[Any]
+) -> None:
     """Dead-letter the selected waiting jobs now; ask the workers of running ones to stop them."""
     names = dict(queryset.values_list("id", "name"))
-    report = queryset.cancel(by=request.user.get_username())
+    report = cast(JobQuerySet, queryset).cancel(by=request.user.get_username())
     # A running job's handler is stopped by its worker: flag it for the next heartbeat.
     Job.objects.using(queryset.db).filter(id__in=report.running).request_cancel()
     if request.POST.get("select_across") != "1":
@@ -132,12 +138,12 @@ class JobAdmin(DashboardView, IdOrTermSearch, CancelPermission, NameQueueColumns
         (_("Earlier attempts"), {"fields": ["attempt_table"]}),
     ]
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         # Since when no live worker knows the job's name (a subquery: no query per row).
         unknown = UnknownName.objects.current().filter(name=OuterRef("name")).values("since")
-        return (
-            super().get_queryset(request).with_state().annotate(unknown_since=Subquery(unknown[:1]))
-        )
+        jobs = cast(JobQuerySet, super().get_queryset(request)).with_state()
+        annotated: QuerySet[Any] = jobs.annotate(unknown_since=Subquery(unknown[:1]))
+        return annotated
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # cancel instead: the job stays inspectable and replayable
@@ -211,7 +217,7 @@ class JobAdmin(DashboardView, IdOrTermSearch, CancelPermission, NameQueueColumns
         return request.user.has_perm(f"{self.opts.app_label}.run_job_now")
 
     @admin.action(permissions=["run_now"], description=_("Run selected scheduled jobs now"))
-    def run_now(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def run_now(self, request: HttpRequest, queryset: JobQuerySet) -> None:
         selected = queryset.count()
         scheduled = list(queryset.scheduled().values_list("id", "name"))
         moved = queryset.run_now()

@@ -66,15 +66,18 @@ class QueueStateAdmin(OperationsAdmin):
 
     @admin.display(description=_("waiting"), ordering="n_waiting")
     def waiting(self, obj: Any) -> int:
-        return obj.n_waiting
+        count: int = obj.n_waiting  # annotated by get_queryset
+        return count
 
     @admin.display(description=_("scheduled"), ordering="n_scheduled")
     def scheduled(self, obj: Any) -> int:
-        return obj.n_scheduled
+        count: int = obj.n_scheduled  # annotated by get_queryset
+        return count
 
     @admin.display(description=_("running"), ordering="n_running")
     def running(self, obj: Any) -> int:
-        return obj.n_running
+        count: int = obj.n_running  # annotated by get_queryset
+        return count
 
     @admin.display(description=_("oldest wait"))
     def oldest_wait(self, obj: Any) -> str:
