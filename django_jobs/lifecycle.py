@@ -220,6 +220,10 @@ class Abandon:
     why: str
 
 
+# The answers on the hot path, made once (transitions are immutable).
+_RUN = Run()
+_RUN_RETAKEN = Run(retaken=True)
+
 Transition = (
     Run | Complete | Completed | Retry | DeadLetter | SnoozeFor | Release | Interrupt | Abandon
 )
@@ -265,7 +269,7 @@ def on_claim(job: JobView, *, has_handler: bool) -> Transition:
         # One worker lacking it does not make the name unknown (another may have
         # it): give the job back, and let the upkeep bury it after the grace.
         return Release(retaken=retaken)
-    return Run(retaken=retaken)
+    return _RUN_RETAKEN if retaken else _RUN
 
 
 def _retaken(job: JobView) -> bool:

@@ -67,15 +67,19 @@ class Settler:
 
     def _settle(self, run: Run, outcome: Outcome, duration: float) -> None:
         """Ask the lifecycle what outcome leads to, and carry it out."""
-        if type(outcome) is _Succeeded:  # the hot path: no policy to look up
-            transition: lifecycle.Transition = lifecycle.Complete(outcome.result)
-        else:
-            transition = lifecycle.on_outcome(
-                run.job,
-                outcome,
-                policy=run.handler or _DEFAULT_POLICY,
-                cancel_requested=run.cancel_requested,
-            )
+        if type(outcome) is _Succeeded:
+            # The hot path: the lifecycle's answer to a success is always
+            # Complete(result) (tests/test_lifecycle.py pins it); batch it at once.
+            if not self._done:
+                self._done_since = time.monotonic()
+            self._done.append((run, outcome.result, duration))
+            return
+        transition = lifecycle.on_outcome(
+            run.job,
+            outcome,
+            policy=run.handler or _DEFAULT_POLICY,
+            cancel_requested=run.cancel_requested,
+        )
         self._carry_out(run, transition, duration, outcome)
 
     def _carry_out(
