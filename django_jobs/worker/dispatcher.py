@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
@@ -46,23 +46,45 @@ LOOKAHEAD = 0.02
 
 _DB_ERRORS = (OperationalError, InterfaceError)
 
+# The default of the options that __post_init__ reads from DJANGO_JOBS when left None:
+# the fields are typed as resolved, the constructor (see __init__ below) takes None.
+_FROM_SETTINGS: Any = None
+
 
 @dataclass
 class Worker(Settler, ExecutorThreads):
     """Run jobs until stopped (or, in burst mode, until nothing is due)."""
 
-    queues: list[str] | None = None
-    concurrency: int | None = None
-    batch: int | None = None
-    lease: float | None = None
-    heartbeat: float | None = None
-    grace: float | None = None
-    poll_interval: float | None = None
-    listen: bool | None = None
+    queues: list[str] = _FROM_SETTINGS
+    concurrency: int = _FROM_SETTINGS
+    batch: int = _FROM_SETTINGS
+    lease: float = _FROM_SETTINGS
+    heartbeat: float = _FROM_SETTINGS
+    grace: float = _FROM_SETTINGS
+    poll_interval: float = _FROM_SETTINGS
+    listen: bool = _FROM_SETTINGS
     burst: bool = False
     max_jobs: int | None = None
-    database: str | None = None
+    database: str = _FROM_SETTINGS
     stats: WorkerStats = field(default_factory=WorkerStats)
+
+    if TYPE_CHECKING:  # the dataclass's own __init__, as callers see it
+
+        def __init__(
+            self,
+            queues: list[str] | None = None,
+            concurrency: int | None = None,
+            batch: int | None = None,
+            lease: float | None = None,
+            heartbeat: float | None = None,
+            grace: float | None = None,
+            poll_interval: float | None = None,
+            listen: bool | None = None,
+            burst: bool = False,
+            max_jobs: int | None = None,
+            database: str | None = None,
+            stats: WorkerStats = ...,
+        ) -> None: ...
 
     def __post_init__(self) -> None:
         settings = conf.get_settings()
@@ -71,7 +93,7 @@ class Worker(Settler, ExecutorThreads):
             self._check_options(settings)
         except ValueError as exc:
             raise ImproperlyConfigured(f"Worker: {exc}") from None
-        if self.listen is None:
+        if cast("bool | None", self.listen) is None:
             self.listen = bool(settings["LISTEN"])
         self.listen = self.listen and connections[self.database].vendor == "postgresql"
         if not self.queues:
@@ -116,14 +138,14 @@ class Worker(Settler, ExecutorThreads):
         if self.max_jobs is not None:
             limits.integer("max_jobs", self.max_jobs, 1, limits.MAX_INT)
         self.lease = limits.seconds("lease", self.lease or settings["LEASE"])
-        if self.heartbeat is None:
+        if cast("float | None", self.heartbeat) is None:
             self.heartbeat = settings["HEARTBEAT"]
-        if self.heartbeat is None:
+        if cast("float | None", self.heartbeat) is None:
             self.heartbeat = self.lease / 3
         self.heartbeat = limits.seconds("heartbeat", self.heartbeat, zero=True)
         if self.heartbeat >= self.lease:
             raise ValueError(f"heartbeat ({self.heartbeat:g}s) must be shorter than the lease")
-        grace = self.grace if self.grace is not None else settings["GRACE"]
+        grace = self.grace if cast("float | None", self.grace) is not None else settings["GRACE"]
         self.grace = limits.seconds("grace", grace, zero=True)
         poll = self.poll_interval or settings["POLL_INTERVAL"]
         self.poll_interval = limits.seconds("poll_interval", poll)
@@ -218,6 +240,7 @@ class Worker(Settler, ExecutorThreads):
                 self._next_unsettled_retry = now + 1.0
 
             if self._stopping:
+                assert grace_deadline is not None  # set above once stopping
                 if not self._inflight or now >= grace_deadline:
                     self._finish_shutdown()
                     return
@@ -368,6 +391,7 @@ class Worker(Settler, ExecutorThreads):
                 extra=log_extra(job),
             )
         if isinstance(transition, lifecycle.Run):
+            assert handler is not None  # on_claim runs only a job that has one
             ctx = JobContext(
                 id=job.id,
                 name=job.name,
@@ -400,6 +424,7 @@ class Worker(Settler, ExecutorThreads):
             self._to_release.append(Run(job, None, None))
             self._names_generation = -1  # claim by the registry's names from now on
         else:
+            assert isinstance(transition, lifecycle.DeadLetter)  # what on_claim has left
             if transition.reason == lifecycle.MALFORMED:
                 job.make_storable()
             self._carry_out(Run(job, None, None), transition, 0.0)
@@ -413,6 +438,7 @@ class Worker(Settler, ExecutorThreads):
     def _hand_out(self, run: Run) -> None:
         """Queue run for the executors, unless its handler's cap is reached."""
         name = run.job.name
+        assert run.handler is not None  # a run handed out has one
         cap = run.handler.concurrency
         if cap and self._by_name.get(name, 0) >= cap:
             self._held_back.append(run)
@@ -498,6 +524,7 @@ class Worker(Settler, ExecutorThreads):
         for run in [run for run in self._timed if (d := run.deadline) and now >= d]:
             job = run.job
             run.abandoned = run.timed_out = True
+            assert run.ctx is not None  # a run handed out has one
             run.ctx.cancel()
             self._forget(run)
             # The thread stays busy until the handler returns: replace it.
@@ -527,6 +554,7 @@ class Worker(Settler, ExecutorThreads):
         unfinished = [run for run in self._inflight if not run.abandoned]
         for run in unfinished:
             run.abandoned = True
+            assert run.ctx is not None  # a run handed out has one
             run.ctx.cancel()
         if unfinished:
             self._release(unfinished)

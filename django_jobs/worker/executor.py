@@ -39,7 +39,7 @@ class ExecutorThreads:
     take), _inbox (reports to put), _draining, _closing and _threads.
     """
 
-    database: str | None
+    database: str
     id: str
     _queryset: JobQuerySet
     _work: queue_module.SimpleQueue[Any]
@@ -111,6 +111,7 @@ class ExecutorThreads:
         so the worker's own SIGINT/SIGTERM handling never meets it.
         """
         job, handler, ctx = run.job, run.handler, run.ctx
+        assert handler is not None and ctx is not None  # a run handed out has both
         if run.cancel_requested:  # cancelled while it waited for this thread
             return self._failure(job, JobCancelled("cancelled before it started"))
         try:
@@ -152,10 +153,11 @@ class ExecutorThreads:
         )
 
     def _run_atomic(self, run: Run, payload: Any) -> Outcome:
-        job = run.job
+        job, handler, ctx = run.job, run.handler, run.ctx
+        assert handler is not None and ctx is not None  # a run handed out has both
         try:
             with transaction.atomic(using=self.database):
-                result = payloads.encode_result(_call(run.handler, payload, run.ctx))
+                result = payloads.encode_result(_call(handler, payload, ctx))
                 if run.abandoned:
                     raise LeaseLost(f"job {job.id} timed out or was released; rolling back")
                 if not self._queryset.complete_atomically(job, result):

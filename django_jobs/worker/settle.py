@@ -133,6 +133,7 @@ class Settler:
         elif isinstance(transition, lifecycle.Release):
             self._to_release.append(run)
         elif isinstance(transition, lifecycle.Interrupt):
+            assert run.ctx is not None  # only a running job is interrupted
             run.ctx.cancel()
             logger.warning(
                 "job %s: cancellation requested; ctx.cancelled is set", job.id, extra=log_extra(job)

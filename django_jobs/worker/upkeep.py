@@ -99,9 +99,9 @@ class UpkeepHost(Protocol):
     """What upkeep reads of its worker, and its one way to the database."""
 
     id: str
-    database: str | None
-    queues: list[str] | None
-    concurrency: int | None
+    database: str
+    queues: list[str]
+    concurrency: int
     names: list[str]
     stats: WorkerStats
 
@@ -377,5 +377,6 @@ class Upkeep:
         return min(ROW_REFRESH, max(self.interval, min(keeps, default=ROW_REFRESH)))
 
     def _db_now(self, mono: float) -> datetime:
+        assert self._clock is not None  # callers check it first
         at, measured = self._clock
         return at + timedelta(seconds=mono - measured)

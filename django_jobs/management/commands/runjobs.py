@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TextIO, cast
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
@@ -176,7 +176,7 @@ class Command(BaseCommand):
         logger = logging.getLogger("django_jobs")
         logger.setLevel(LOG_LEVELS.get(verbosity, logging.DEBUG))
         if not logger.handlers and not logging.getLogger().handlers:
-            handler = logging.StreamHandler(self.stderr._out)
+            handler = logging.StreamHandler(cast("TextIO", self.stderr._out))
             handler.setFormatter(
                 logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
             )
