@@ -15,54 +15,19 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
-from uuid import UUID
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import DatabaseError, IntegrityError, ProgrammingError, connections, transaction
+from django.db import DatabaseError, ProgrammingError, connections, transaction
 from django.utils import timezone
 
-from django_jobs import conf, limits, payloads, registry, signals, sql
-from django_jobs.exceptions import IdempotencyConflict, InvalidJob, InvalidPayload
+from django_jobs import conf, limits, payloads, registry, signals
+from django_jobs.exceptions import InvalidJob, InvalidPayload
 from django_jobs.limits import MAX_KEY_LENGTH
-from django_jobs.models import CompletionMarker, Job, uuid7
+from django_jobs.models import EnqueueResult, Job, NewJob, uuid7
 from django_jobs.registry import Handler
 
 logger = logging.getLogger(__name__)
-
-# A job whose key is live or done: a few rounds cover a job finishing mid-enqueue.
-_DEDUPE_ROUNDS = 5
-
-
-@dataclass(frozen=True, slots=True)
-class EnqueueResult:
-    """What enqueue did: the job's id, and whether an existing job already had its key.
-
-    ``duplicate`` is None only for ``enqueue_on_commit(..., commit_of=other_alias)``,
-    whose row is written after that other database commits. ``enqueued_at`` is the
-    time written in the new row (the database's on PostgreSQL); None when no row
-    was written yet, or for a duplicate.
-    """
-
-    id: UUID
-    duplicate: bool | None
-    name: str
-    queue: str
-    enqueued_at: datetime | None = None
-
-
-@dataclass(slots=True)  # not frozen: frozen dataclasses cost a setattr call per field
-class _Prepared:
-    id: UUID
-    name: str
-    queue: str
-    payload: str
-    priority: int
-    run_at: datetime | None
-    delay: float
-    max_attempts: int
-    key: str | None
-    fingerprint: str | None
 
 
 def enqueue(
@@ -162,11 +127,12 @@ def _warn_undeclared(queue: str) -> None:
     logger.warning(
         "queue %r: no registered handler declares it, so `runjobs` does not serve it unless "
         "started with --queue %s",
-        queue, queue,
-    )  # fmt: skip
+        queue,
+        queue,
+    )
 
 
-def _item(options: _Options, payload: Any, key: str | None) -> _Prepared:
+def _item(options: _Options, payload: Any, key: str | None) -> NewJob:
     handler = options.handler
     if key is not None:
         key = check_key(key)
@@ -176,7 +142,7 @@ def _item(options: _Options, payload: Any, key: str | None) -> _Prepared:
         except (ValueError, TypeError, ValidationError) as exc:
             raise InvalidPayload(f"payload rejected by {handler.name}'s validator: {exc}") from exc
     text = payloads.encode(payload)
-    return _Prepared(
+    return NewJob(
         id=uuid7(),
         name=handler.name,
         queue=options.queue,
@@ -199,7 +165,7 @@ def _prepare(
     priority: int | None,
     queue: str | None,
     max_attempts: int | None,
-) -> _Prepared:
+) -> NewJob:
     return _item(_options(handler, delay, run_at, priority, queue, max_attempts), payload, key)
 
 
@@ -236,11 +202,7 @@ def enqueue_many(
         return []
     alias = conf.database()
     try:
-        with transaction.atomic(using=alias):
-            if connections[alias].vendor == "postgresql":
-                results = _write_many_postgres(jobs, alias)
-            else:
-                results = [_write_portable(job, alias) for job in jobs]
+        results = Job.objects.using(alias).insert_many(jobs)
     except Exception as exc:  # COPY raises psycopg's own errors, not Django's
         _explain_missing_tables(exc, alias)
         raise
@@ -311,12 +273,9 @@ def _schedule(
     )
 
 
-def _write(job: _Prepared, alias: str) -> EnqueueResult:
+def _write(job: NewJob, alias: str) -> EnqueueResult:
     try:
-        if connections[alias].vendor == "postgresql":
-            result = _write_postgres(job, alias)
-        else:
-            result = _write_portable(job, alias)
+        result = Job.objects.using(alias).insert(job)
     except DatabaseError as exc:
         _explain_missing_tables(exc, alias)
         raise
@@ -353,142 +312,3 @@ def _send_enqueued(result: EnqueueResult) -> None:
         queue=result.queue,
         duplicate=result.duplicate,
     )
-
-
-def _params(job: _Prepared) -> dict[str, Any]:
-    return {
-        "id": job.id,
-        "name": job.name,
-        "queue": job.queue,
-        "payload": job.payload,
-        "priority": job.priority,
-        "run_at": job.run_at,
-        "delay": job.delay,
-        "max_attempts": job.max_attempts,
-        "key": job.key,
-        "fingerprint": job.fingerprint,
-        "channel": conf.get("CHANNEL"),
-        "notify": bool(conf.get("LISTEN")),
-    }
-
-
-def _write_postgres(job: _Prepared, alias: str) -> EnqueueResult:
-    params = _params(job)
-    if job.key is None:
-        rows = sql.run(alias, sql.INSERT, params)
-        return EnqueueResult(job.id, False, job.name, job.queue, rows[0][1])
-    for _ in range(_DEDUPE_ROUNDS):
-        rows = sql.run(alias, sql.INSERT_KEYED, params)
-        if rows:
-            kind, job_id, fingerprint, _notified, enqueued_at = rows[0]
-            if kind == "inserted":
-                return EnqueueResult(job_id, False, job.name, job.queue, enqueued_at)
-            return _duplicate(job, job_id, fingerprint)
-        existing = (
-            Job.objects.using(alias).filter(key=job.key).values_list("id", "fingerprint").first()
-        )
-        if existing is not None:
-            return _duplicate(job, *existing)
-        # The live job finished between the two statements: its marker answers next round.
-    raise InvalidJob(f"key {job.key!r} keeps changing hands; try again")
-
-
-def _write_many_postgres(jobs: list[_Prepared], alias: str) -> list[EnqueueResult]:
-    results: dict[UUID, EnqueueResult] = {}
-    plain = [job for job in jobs if job.key is None]
-    keyed: dict[str, _Prepared] = {}
-    for job in jobs:
-        if job.key is None:
-            continue
-        first = keyed.setdefault(job.key, job)
-        if first is not job:  # the same key twice in one call
-            results[job.id] = _duplicate(job, first.id, first.fingerprint)
-    with connections[alias].cursor() as cursor:
-        cursor.execute("SELECT statement_timestamp()")
-        now = cursor.fetchone()[0]
-        if plain:
-            with cursor.cursor.copy(sql.COPY_JOBS) as copy:
-                copy.write(_copy_rows(plain, now))
-            for job in plain:
-                results[job.id] = EnqueueResult(job.id, False, job.name, job.queue, now)
-        if keyed:
-            for job in keyed.values():
-                results[job.id] = _write_postgres(job, alias)
-        if conf.get("LISTEN"):
-            for queue_name in {job.queue for job in jobs if (job.run_at or now) <= now}:
-                cursor.execute(sql.NOTIFY, [conf.get("CHANNEL"), queue_name])
-    return [results[job.id] for job in jobs]
-
-
-# COPY's text format: backslash, tab, newline and carriage return are escaped.
-_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
-
-
-def _copy_rows(jobs: list[_Prepared], now: datetime) -> str:
-    """Return jobs as COPY text rows: building the text in Python beats adapting each value."""
-    stamp = now.isoformat()
-    run_ats: dict[tuple[datetime | None, float], str] = {}  # the jobs of one call share it
-    lines = []
-    for job in jobs:
-        when = (job.run_at, job.delay)
-        run_at = run_ats.get(when) or run_ats.setdefault(
-            when, (job.run_at or now + timedelta(seconds=job.delay)).isoformat()
-        )
-        payload = job.payload
-        if "\\" in payload or "\t" in payload or "\n" in payload or "\r" in payload:
-            payload = payload.translate(_COPY_ESCAPES)
-        lines.append(
-            f"{job.id}\t{job.name}\t{job.queue}\t{payload}\t"
-            f"{job.priority}\t{run_at}\t{stamp}\t0\t{job.max_attempts}\t[]\n"
-        )
-    return "".join(lines)
-
-
-def _write_portable(job: _Prepared, alias: str) -> EnqueueResult:
-    now = timezone.now()
-    row = Job(
-        id=job.id,
-        name=job.name,
-        queue=job.queue,
-        payload=job.payload,
-        priority=job.priority,
-        run_at=job.run_at or now + timedelta(seconds=job.delay),
-        enqueued_at=now,
-        attempts=0,
-        max_attempts=job.max_attempts,
-        key=job.key,
-        fingerprint=job.fingerprint,
-        errors=[],
-    )
-    if job.key is None:
-        row.save(using=alias, force_insert=True)
-        return EnqueueResult(job.id, False, job.name, job.queue, now)
-    for _ in range(_DEDUPE_ROUNDS):
-        done = (
-            CompletionMarker.objects.using(alias)
-            .filter(key=job.key)
-            .values_list("job_id", "fingerprint")
-            .first()
-        )
-        if done is not None:
-            return _duplicate(job, *done)
-        try:
-            with transaction.atomic(using=alias):
-                row.save(using=alias, force_insert=True)
-            return EnqueueResult(job.id, False, job.name, job.queue, now)
-        except IntegrityError:
-            existing = (
-                Job.objects.using(alias)
-                .filter(key=job.key)
-                .values_list("id", "fingerprint")
-                .first()
-            )
-            if existing is not None:
-                return _duplicate(job, *existing)
-    raise InvalidJob(f"key {job.key!r} keeps changing hands; try again")
-
-
-def _duplicate(job: _Prepared, existing_id: UUID, fingerprint: str | None) -> EnqueueResult:
-    if fingerprint is not None and fingerprint != job.fingerprint:
-        raise IdempotencyConflict(job.key or "", existing_id)
-    return EnqueueResult(existing_id, True, job.name, job.queue)

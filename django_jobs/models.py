@@ -6,9 +6,12 @@ idempotency key), ``DeadLetter`` the jobs that will not run again unless
 replayed. Finishing or dead-lettering a job deletes its row in the same
 transaction that writes the marker or the letter, so the hot table stays small.
 
-All writes to job rows go through the named methods of ``JobQuerySet`` below.
-PostgreSQL runs the hot ones (claim, complete, extend) as single statements from
-``sql.py``; other databases use the ORM equivalents next to them.
+Every insert, settle and notify of a job row goes through the named methods of
+``JobQuerySet`` below (the enqueue API validates, then calls ``insert``; a replay
+inserts the same way). PostgreSQL runs the hot ones (insert, claim, complete,
+extend) as single statements from ``sql.py``; other databases use the ORM
+equivalents next to them. The fleet's tables (queues, workers, schedules) live in
+``fleet.py``, which imports nothing of these.
 """
 
 from __future__ import annotations
@@ -23,12 +26,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connections, models, transaction
-from django.db.models import Case, F, Q, Value, When
+from django.db.models import Case, ExpressionWrapper, F, Q, Value, When
 from django.db.models.functions import Coalesce, Greatest, Now
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from django_jobs import conf, limits, sql
+from django_jobs import conf, limits, registry, sql
 from django_jobs.attempts import (  # noqa: F401 - LEASE_EXPIRED and MAX_TRACEBACK re-exported
     LEASE_EXPIRED,
     MAX_LABEL,
@@ -40,7 +43,13 @@ from django_jobs.attempts import (  # noqa: F401 - LEASE_EXPIRED and MAX_TRACEBA
     usable_errors,
     worker_of,
 )
-from django_jobs.exceptions import LeaseLost
+from django_jobs.exceptions import IdempotencyConflict, InvalidJob, LeaseLost
+from django_jobs.fleet import (  # noqa: F401 - Schedule and UnknownName: Django finds them here
+    QueueState,
+    Schedule,
+    UnknownName,
+    WorkerBeat,
+)
 from django_jobs.limits import (
     FINGERPRINT_LENGTH,
     MAX_BY_LENGTH,
@@ -51,6 +60,7 @@ from django_jobs.limits import (
     MAX_TOKEN_LENGTH,
     MIN_PRIORITY,
 )
+from django_jobs.managers import JobsDatabaseManager
 from django_jobs.payloads import safe_str, storable_text
 
 
@@ -157,21 +167,149 @@ def _preview(value: Any) -> str:
     return storable_text(text, 200)
 
 
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    """What enqueue did: the job's id, and whether an existing job already had its key.
+
+    ``duplicate`` is None only for ``enqueue_on_commit(..., commit_of=other_alias)``,
+    whose row is written after that other database commits. ``enqueued_at`` is the
+    time written in the new row (the database's on PostgreSQL); None when no row
+    was written yet, or for a duplicate.
+    """
+
+    id: uuid.UUID
+    duplicate: bool | None
+    name: str
+    queue: str
+    enqueued_at: datetime | None = None
+
+
+@dataclass(slots=True)  # not frozen: frozen dataclasses cost a setattr call per field
+class NewJob:
+    """A validated job row to insert (the enqueue API builds it, JobQuerySet.insert writes it)."""
+
+    id: uuid.UUID
+    name: str
+    queue: str
+    payload: str
+    priority: int
+    run_at: datetime | None  # None: `delay` seconds from now, on the database clock
+    delay: float
+    max_attempts: int
+    key: str | None
+    fingerprint: str | None
+
+
+# A job whose key is live or done: a few rounds cover a job finishing mid-enqueue.
+DEDUPE_ROUNDS = 5
+
+
 _CLAIMED_FIELDS = (
-    "id", "name", "queue", "payload", "priority", "attempts", "max_attempts",
-    "key", "fingerprint", "enqueued_at", "started_at", "errors",
-)  # fmt: skip
-
-
-class JobsDatabaseManager(models.Manager):
-    """Send queries to the jobs database (DJANGO_JOBS["DATABASE"]) unless told otherwise."""
-
-    def get_queryset(self) -> models.QuerySet:
-        return super().get_queryset().using(self._db or conf.database())
+    "id",
+    "name",
+    "queue",
+    "payload",
+    "priority",
+    "attempts",
+    "max_attempts",
+    "key",
+    "fingerprint",
+    "enqueued_at",
+    "started_at",
+    "errors",
+)
 
 
 class JobQuerySet(models.QuerySet):
-    """Named state changes of live jobs. Nothing else writes job rows."""
+    """Named state changes of live jobs: every insert, settle and notify of a job row."""
+
+    # ---- enqueue ----------------------------------------------------------
+
+    def insert(self, job: NewJob) -> EnqueueResult:
+        """Write a validated job in the open transaction, or return the job that holds its key.
+
+        A key whose work is done (a completion marker) or that a live job holds
+        makes no row: the result is that job's, marked duplicate, unless its
+        fingerprint differs (IdempotencyConflict). Due jobs wake listening workers
+        at commit.
+        """
+        if job.key is None:
+            return self._insert_plain(job)
+        for _round in range(DEDUPE_ROUNDS):
+            found = self._insert_keyed(job)
+            if found is not None:
+                kind, job_id, fingerprint, enqueued_at = found
+                if kind == "inserted":
+                    return EnqueueResult(job_id, False, job.name, job.queue, enqueued_at)
+                return _duplicate(job, job_id, fingerprint)
+            # The live job finished between two statements: its marker answers next round.
+        raise InvalidJob(f"key {job.key!r} keeps changing hands; try again")
+
+    def insert_many(self, jobs: list[NewJob]) -> list[EnqueueResult]:
+        """Write validated jobs in one transaction (COPY on PostgreSQL); results in input order."""
+        alias = self.db
+        with transaction.atomic(using=alias):
+            if not _is_postgres(alias):
+                return [self.insert(job) for job in jobs]
+            results: dict[uuid.UUID, EnqueueResult] = {}
+            plain = [job for job in jobs if job.key is None]
+            keyed: dict[str, NewJob] = {}
+            for job in jobs:
+                if job.key is None:
+                    continue
+                first = keyed.setdefault(job.key, job)
+                if first is not job:  # the same key twice in one call
+                    results[job.id] = _duplicate(job, first.id, first.fingerprint)
+            now = sql.run(alias, "SELECT statement_timestamp()")[0][0]
+            if plain:
+                with (
+                    connections[alias].cursor() as cursor,
+                    cursor.cursor.copy(sql.COPY_JOBS) as copy,
+                ):
+                    copy.write(_copy_rows(plain, now))
+                for job in plain:
+                    results[job.id] = EnqueueResult(job.id, False, job.name, job.queue, now)
+            for job in keyed.values():
+                results[job.id] = self.insert(job)
+            notify(alias, {job.queue for job in plain if (job.run_at or now) <= now})
+            return [results[job.id] for job in jobs]
+
+    def _insert_plain(self, job: NewJob) -> EnqueueResult:
+        alias = self.db
+        if _is_postgres(alias):
+            [(_notified, enqueued_at)] = sql.run(alias, sql.INSERT, _insert_params(job))
+            return EnqueueResult(job.id, False, job.name, job.queue, enqueued_at)
+        now = timezone.now()
+        _new_row(job, now).save(using=alias, force_insert=True)
+        return EnqueueResult(job.id, False, job.name, job.queue, now)
+
+    def _insert_keyed(self, job: NewJob) -> tuple[str, uuid.UUID, str | None, Any] | None:
+        """Insert a job with a key once: ("inserted", id, None, enqueued_at), or the key's
+        holder as ("completed" | "live", its id, its fingerprint, None); None if it moved on."""
+        alias = self.db
+        if _is_postgres(alias):
+            rows = sql.run(alias, sql.INSERT_KEYED, _insert_params(job))
+            if rows:
+                kind, job_id, fingerprint, _notified, enqueued_at = rows[0]
+                return kind, job_id, fingerprint, enqueued_at
+        else:
+            done = (
+                CompletionMarker.objects.using(alias)
+                .filter(key=job.key)
+                .values_list("job_id", "fingerprint")
+                .first()
+            )
+            if done is not None:
+                return ("completed", *done, None)
+            now = timezone.now()
+            try:
+                with transaction.atomic(using=alias):
+                    _new_row(job, now).save(using=alias, force_insert=True)
+                return "inserted", job.id, None, now
+            except IntegrityError:
+                pass  # a live job holds the key
+        live = self.filter(key=job.key).values_list("id", "fingerprint").first()
+        return None if live is None else ("live", *live, None)
 
     # ---- worker ---------------------------------------------------------
 
@@ -200,9 +338,10 @@ class JobQuerySet(models.QuerySet):
         if not _is_postgres(alias) or conf.get("CLAIM") == "orm":
             if beat is not None:
                 WorkerBeat.objects.using(alias).filter(id=beat.worker).update(
-                    last_seen_at=Now(), running=beat.running,
+                    last_seen_at=Now(),
+                    running=beat.running,
                     **({"stats": json.loads(beat.stats)} if beat.stats else {}),
-                )  # fmt: skip
+                )
             if limit <= 0:
                 return []
             if not connections[alias].features.has_select_for_update_skip_locked:
@@ -214,9 +353,14 @@ class JobQuerySet(models.QuerySet):
                     queues, limit, token, lease, exclude_names, names
                 )
         params = sql.claim_params(
-            list(queues), limit, token, lease, list(exclude_names), beat,
+            list(queues),
+            limit,
+            token,
+            lease,
+            list(exclude_names),
+            beat,
             None if names is None else list(names),
-        )  # fmt: skip
+        )
         rows = sql.run(alias, sql.CLAIM, params)
         # errors come as JSON text (Django loads jsonb as text), NULL when empty.
         return [
@@ -454,7 +598,22 @@ class JobQuerySet(models.QuerySet):
         return self.filter(locked_by__isnull=True, run_at__gt=Now())
 
     def running(self) -> JobQuerySet:
+        """Leased jobs: JobState.RUNNING (see with_running for those whose lease is live)."""
         return self.filter(locked_by__isnull=False)
+
+    def with_running(self) -> JobQuerySet:
+        """Annotate `running`: whether a worker holds the job under a lease not yet expired.
+
+        The one definition of "running now". A leased job whose lease expired is
+        still JobState.RUNNING to operators (the row names its last holder, and the
+        admin says a rescue is due), but nobody runs it: the next claim takes it over.
+        """
+        return self.annotate(
+            running=ExpressionWrapper(
+                Q(locked_by__isnull=False, lease_expires_at__gt=Now()),
+                output_field=models.BooleanField(),
+            )
+        )
 
     def claimable(self) -> JobQuerySet:
         """Jobs a claim may take now: due and unleased, or leased past their lease."""
@@ -640,6 +799,70 @@ def notify(alias: str, queues: Iterable[str]) -> None:
             cursor.execute(sql.NOTIFY, [conf.get("CHANNEL"), queue])
 
 
+def _insert_params(job: NewJob) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "name": job.name,
+        "queue": job.queue,
+        "payload": job.payload,
+        "priority": job.priority,
+        "run_at": job.run_at,
+        "delay": job.delay,
+        "max_attempts": job.max_attempts,
+        "key": job.key,
+        "fingerprint": job.fingerprint,
+        "channel": conf.get("CHANNEL"),
+        "notify": bool(conf.get("LISTEN")),
+    }
+
+
+def _new_row(job: NewJob, now: datetime) -> Job:
+    return Job(
+        id=job.id,
+        name=job.name,
+        queue=job.queue,
+        payload=job.payload,
+        priority=job.priority,
+        run_at=job.run_at or now + timedelta(seconds=job.delay),
+        enqueued_at=now,
+        attempts=0,
+        max_attempts=job.max_attempts,
+        key=job.key,
+        fingerprint=job.fingerprint,
+        errors=[],
+    )
+
+
+def _duplicate(job: NewJob, existing_id: uuid.UUID, fingerprint: str | None) -> EnqueueResult:
+    if fingerprint is not None and fingerprint != job.fingerprint:
+        raise IdempotencyConflict(job.key or "", existing_id)
+    return EnqueueResult(existing_id, True, job.name, job.queue)
+
+
+# COPY's text format: backslash, tab, newline and carriage return are escaped.
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def _copy_rows(jobs: list[NewJob], now: datetime) -> str:
+    """Return jobs as COPY text rows: building the text in Python beats adapting each value."""
+    stamp = now.isoformat()
+    run_ats: dict[tuple[datetime | None, float], str] = {}  # the jobs of one call share it
+    lines = []
+    for job in jobs:
+        when = (job.run_at, job.delay)
+        run_at = run_ats.get(when) or run_ats.setdefault(
+            when, (job.run_at or now + timedelta(seconds=job.delay)).isoformat()
+        )
+        payload = job.payload
+        if "\\" in payload or "\t" in payload or "\n" in payload or "\r" in payload:
+            payload = payload.translate(_COPY_ESCAPES)
+        lines.append(
+            f"{job.id}\t{job.name}\t{job.queue}\t{payload}\t"
+            f"{job.priority}\t{run_at}\t{stamp}\t0\t{job.max_attempts}\t[]\n"
+        )
+    return "".join(lines)
+
+
 def _chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
@@ -689,17 +912,23 @@ class ReplayReport:
     @property
     def total(self) -> int:
         return (
-            len(self.replayed) + len(self.already) + len(self.key_taken)
-            + len(self.completed) + len(self.unknown)
-        )  # fmt: skip
+            len(self.replayed)
+            + len(self.already)
+            + len(self.key_taken)
+            + len(self.completed)
+            + len(self.unknown)
+        )
 
     def __str__(self) -> str:
         parts = [f"{len(self.replayed)} replayed"]
         if self.already:
             parts.append(f"{len(self.already)} already replayed")
         if self.key_taken:
-            parts.append(_plural(len(self.key_taken), "whose key a live job holds",
-                                 "whose keys live jobs hold"))  # fmt: skip
+            parts.append(
+                _plural(
+                    len(self.key_taken), "whose key a live job holds", "whose keys live jobs hold"
+                )
+            )
         if self.completed:
             parts.append(f"{len(self.completed)} whose key has completed since")
         if self.unknown:
@@ -739,22 +968,18 @@ class DeadLetterQuerySet(models.QuerySet):
         if run_at is not None and delay is not None:
             raise ValueError("pass run_at or delay, not both")
         alias = self.db
-        due = Now()
-        if run_at is not None:
-            due = run_at
-        elif delay is not None:
+        seconds = 0.0
+        if delay is not None:
             seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
-            due = Now() + timedelta(seconds=limits.seconds("delay", seconds, zero=True))
+            seconds = limits.seconds("delay", seconds, zero=True)
         report = ReplayReport()
         ids = list(self.values_list("id", flat=True))
         done = 0
+        # Each new job due now wakes listening workers at commit (see JobQuerySet.insert).
         for chunk in _chunks(ids, REPLAY_BATCH):
-            woken: set[str] = set()
             with transaction.atomic(using=alias):
                 for letter in DeadLetter.objects.using(alias).filter(id__in=chunk):
-                    if letter._replay(alias, by, due, report) and run_at is None and not delay:
-                        woken.add(letter.queue)
-                notify(alias, woken)
+                    letter._replay(alias, by, run_at, seconds, report)
             done += len(chunk)
             if progress is not None:
                 progress(done, len(ids))
@@ -959,60 +1184,59 @@ class DeadLetter(models.Model):
     def is_replayed(self) -> bool:
         return self.replayed_at is not None
 
-    def _replay(self, alias: str, by: str, due: Any, report: ReplayReport) -> bool:
+    def _replay(
+        self, alias: str, by: str, run_at: datetime | None, delay: float, report: ReplayReport
+    ) -> bool:
         """Replay this letter inside the caller's transaction; note the outcome in report."""
-        from django_jobs import registry  # registry imports conf only, but keep models light
-
         if self.replayed_at is not None:
             report.already.append(self.id)
             return False
         if registry.lookup(self.name) is None:
             report.unknown.append(self.id)
             return False
-        markers = CompletionMarker.objects.using(alias)
-        if self.key is not None and markers.filter(key=self.key).exists():
-            report.completed.append(self.id)
-            return False
-        job_id = uuid7()
-        try:
-            with transaction.atomic(using=alias):
-                # Conditional on "not replayed yet": of two concurrent replays (two
-                # tabs), the second waits for the first's row lock, then updates nothing.
-                claimed = (
-                    DeadLetter.objects.using(alias)
-                    .filter(id=self.id, replayed_at__isnull=True)
-                    .update(replayed_at=Now(), replayed_by=by[:MAX_BY_LENGTH], replay_job_id=job_id)
-                )
-                if not claimed:
-                    report.already.append(self.id)
+        job = NewJob(
+            id=uuid7(),
+            name=self.name,
+            queue=self.queue,
+            payload=self.payload,
+            priority=self.priority,
+            run_at=run_at,
+            delay=delay,
+            max_attempts=self.max_attempts,
+            key=self.key,
+            fingerprint=self.fingerprint,
+        )
+        jobs = Job.objects.using(alias)
+        with transaction.atomic(using=alias):
+            # Conditional on "not replayed yet": of two concurrent replays (two
+            # tabs), the second waits for the first's row lock, then updates nothing.
+            claimed = (
+                DeadLetter.objects.using(alias)
+                .filter(id=self.id, replayed_at__isnull=True)
+                .update(replayed_at=Now(), replayed_by=by[:MAX_BY_LENGTH], replay_job_id=job.id)
+            )
+            if not claimed:
+                report.already.append(self.id)
+                return False
+            if job.key is None:
+                jobs._insert_plain(job)
+            else:
+                found = jobs._insert_keyed(job)
+                if found is None or found[0] != "inserted":
+                    # The key's work is done, or a live job holds it (enqueued again since).
+                    transaction.set_rollback(True, using=alias)
+                    held = (
+                        report.completed if found and found[0] == "completed" else report.key_taken
+                    )
+                    held.append(self.id)
                     return False
-                Job(
-                    id=job_id,
-                    name=self.name,
-                    queue=self.queue,
-                    payload=self.payload,
-                    priority=self.priority,
-                    run_at=due,
-                    enqueued_at=Now(),
-                    attempts=0,
-                    max_attempts=self.max_attempts,
-                    key=self.key,
-                    fingerprint=self.fingerprint,
-                    errors=[],
-                ).save(using=alias, force_insert=True)
-        except IntegrityError:
-            # The key's unique index: a live job holds it (enqueued again since).
-            report.key_taken.append(self.id)
-            return False
-        report.replayed[self.id] = job_id
+        report.replayed[self.id] = job.id
         return True
 
 
-# The operational tables (schedules, queue states, worker heartbeats) live in their own module.
-from django_jobs.ops_models import (  # noqa: E402, F401
-    QueueState,
-    RunningJob,
-    Schedule,
-    UnknownName,
-    WorkerBeat,
-)
+class RunningJob(Job):
+    """The jobs workers hold right now: the admin's view for cancelling them."""
+
+    class Meta:
+        proxy = True
+        verbose_name = _("running job")

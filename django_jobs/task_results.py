@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import BooleanField, ExpressionWrapper, Q
-from django.db.models.functions import Now
 from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
@@ -155,10 +153,7 @@ def lookup(result_id: object) -> TaskResult:
     from django_jobs.models import CompletionMarker, DeadLetter, Job
 
     job_id = _parse_id(result_id)
-    running = ExpressionWrapper(
-        Q(locked_by__isnull=False, lease_expires_at__gt=Now()), output_field=BooleanField()
-    )
-    job = Job.objects.filter(id=job_id).annotate(running=running).first()
+    job = Job.objects.filter(id=job_id).with_running().first()
     if job is not None:
         return _from_job(job)
     marker = CompletionMarker.objects.filter(job_id=job_id).first()
