@@ -24,7 +24,7 @@ from django.utils import timezone
 from django_jobs import conf, limits, payloads, registry, signals
 from django_jobs.exceptions import InvalidJob, InvalidPayload
 from django_jobs.limits import MAX_KEY_LENGTH
-from django_jobs.models import EnqueueResult, Job, NewJob, uuid7
+from django_jobs.models import EnqueueResult, Job, JobQuerySet, NewJob, uuid7
 from django_jobs.registry import Handler
 
 logger = logging.getLogger(__name__)
@@ -202,7 +202,7 @@ def enqueue_many(
         return []
     alias = conf.database()
     try:
-        results = Job.objects.using(alias).insert_many(jobs)
+        results = JobQuerySet(Job, using=alias).insert_many(jobs)
     except Exception as exc:  # COPY raises psycopg's own errors, not Django's
         _explain_missing_tables(exc, alias)
         raise
@@ -275,7 +275,8 @@ def _schedule(
 
 def _write(job: NewJob, alias: str) -> EnqueueResult:
     try:
-        result = Job.objects.using(alias).insert(job)
+        # The queryset built directly: a manager's using() clones twice (~10 µs per enqueue).
+        result = JobQuerySet(Job, using=alias).insert(job)
     except DatabaseError as exc:
         _explain_missing_tables(exc, alias)
         raise

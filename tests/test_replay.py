@@ -11,7 +11,7 @@ from django.db import connection, connections
 from django.utils import timezone
 
 from django_jobs import enqueue
-from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job
+from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job, JobQuerySet
 from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory
 from tests.testapp.models import Audit
 
@@ -147,15 +147,15 @@ def test_two_concurrent_replays_of_one_letter_make_one_job(transactional_db, mon
     inside = threading.Event()
     release = threading.Event()
     reports = {}
-    original_save = Job.save
+    original_insert = JobQuerySet._insert_plain
 
-    def slow_save(self, *args, **kwargs):
+    def slow_insert(self, *args, **kwargs):
         if threading.current_thread().name == "tab-1":
             inside.set()
             release.wait(10)  # hold the letter's row lock inside the first replay's transaction
-        return original_save(self, *args, **kwargs)
+        return original_insert(self, *args, **kwargs)
 
-    monkeypatch.setattr(Job, "save", slow_save)
+    monkeypatch.setattr(JobQuerySet, "_insert_plain", slow_insert)
 
     def tab(name):
         try:
