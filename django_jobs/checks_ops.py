@@ -10,7 +10,7 @@ from django.core.checks import Error, Tags, Warning, register
 
 from django_jobs import conf, limits, registry, retention, schedules
 from django_jobs.exceptions import InvalidJob
-from django_jobs.ops_models import unknown_name_grace
+from django_jobs.fleet import unknown_name_grace
 
 
 @register(Tags.compatibility)

@@ -14,6 +14,7 @@ from typing import Any
 from django.db.models import Count, QuerySet
 
 from django_jobs import conf, registry
+from django_jobs.fleet import unknown_name_grace
 from django_jobs.models import (
     CompletionMarker,
     DeadLetter,
@@ -22,7 +23,6 @@ from django_jobs.models import (
     UnknownName,
     WorkerBeat,
 )
-from django_jobs.ops_models import unknown_name_grace
 from django_jobs.worker.ticker import db_now
 
 RECENT = timedelta(hours=1)

@@ -50,8 +50,8 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from django_jobs import conf, retention, schedules, signals, sql
+from django_jobs.fleet import unknown_name_grace
 from django_jobs.models import Beat, Job, QueueState, UnknownName, WorkerBeat
-from django_jobs.ops_models import unknown_name_grace
 from django_jobs.worker import ticker
 from django_jobs.worker.runs import WorkerStats
 
