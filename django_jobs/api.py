@@ -24,7 +24,8 @@ from django.utils import timezone
 from django_jobs import conf, limits, payloads, registry, signals
 from django_jobs.exceptions import InvalidJob, InvalidPayload
 from django_jobs.limits import MAX_KEY_LENGTH
-from django_jobs.models import EnqueueResult, Job, JobQuerySet, NewJob, uuid7
+from django_jobs.models import EnqueueResult as EnqueueResult  # public: django_jobs.EnqueueResult
+from django_jobs.models import Job, JobQuerySet, NewJob, uuid7
 from django_jobs.registry import Handler
 
 logger = logging.getLogger(__name__)

@@ -39,7 +39,7 @@ def unknown_name_grace() -> timedelta | None:
     return limits.duration(conf.get("UNKNOWN_NAME_GRACE"), what="UNKNOWN_NAME_GRACE")
 
 
-class ScheduleQuerySet(models.QuerySet):
+class ScheduleQuerySet(models.QuerySet["Schedule"]):
     """Named state changes of schedules."""
 
     def enable(self) -> int:
@@ -116,7 +116,7 @@ class Schedule(models.Model):
         return self.name
 
 
-class QueueStateQuerySet(models.QuerySet):
+class QueueStateQuerySet(models.QuerySet["QueueState"]):
     """Named state changes of queues."""
 
     def pause(self, *, by: str = "", reason: str = "") -> int:
@@ -154,7 +154,7 @@ class QueueState(models.Model):
         return self.name
 
 
-class WorkerBeatQuerySet(models.QuerySet):
+class WorkerBeatQuerySet(models.QuerySet["WorkerBeat"]):
     def live(self) -> WorkerBeatQuerySet:
         """Workers whose heartbeat row is younger than WORKER_EXPIRY (database clock)."""
         return self.filter(last_seen_at__gte=Now() - _expiry())
@@ -191,7 +191,7 @@ class WorkerBeat(models.Model):
         return self.id
 
 
-class UnknownNameQuerySet(models.QuerySet):
+class UnknownNameQuerySet(models.QuerySet["UnknownName"]):
     def current(self, now: Any = None) -> UnknownNameQuerySet:
         """Names a live worker's upkeep has confirmed within WORKER_EXPIRY."""
         return self.filter(seen_at__gte=(Now() if now is None else now) - _expiry())

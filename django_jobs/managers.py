@@ -7,8 +7,8 @@ from django.db import models
 from django_jobs import conf
 
 
-class JobsDatabaseManager(models.Manager):
+class JobsDatabaseManager[M: models.Model](models.Manager[M]):
     """Send queries to the jobs database (DJANGO_JOBS["DATABASE"]) unless told otherwise."""
 
-    def get_queryset(self) -> models.QuerySet:
+    def get_queryset(self) -> models.QuerySet[M]:
         return super().get_queryset().using(self._db or conf.database())

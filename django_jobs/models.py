@@ -20,10 +20,10 @@ import json
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from django.db import IntegrityError, connections, models, transaction
 from django.db.models import Case, ExpressionWrapper, F, Q, Value, When
@@ -44,12 +44,12 @@ from django_jobs.attempts import (  # noqa: F401 - LEASE_EXPIRED and MAX_TRACEBA
     worker_of,
 )
 from django_jobs.exceptions import IdempotencyConflict, InvalidJob, LeaseLost
-from django_jobs.fleet import (  # noqa: F401 - Schedule and UnknownName: Django finds them here
-    QueueState,
-    Schedule,
-    UnknownName,
-    WorkerBeat,
-)
+
+# Re-exported (X as X): Django finds Schedule and UnknownName here, and imports use them all.
+from django_jobs.fleet import QueueState as QueueState
+from django_jobs.fleet import Schedule as Schedule
+from django_jobs.fleet import UnknownName as UnknownName
+from django_jobs.fleet import WorkerBeat as WorkerBeat
 from django_jobs.limits import (
     FINGERPRINT_LENGTH,
     MAX_BY_LENGTH,
@@ -220,7 +220,7 @@ _CLAIMED_FIELDS = (
 )
 
 
-class JobQuerySet(models.QuerySet):
+class JobQuerySet(models.QuerySet["Job"]):
     """Named state changes of live jobs: every insert, settle and notify of a job row."""
 
     # ---- enqueue ----------------------------------------------------------
@@ -364,7 +364,7 @@ class JobQuerySet(models.QuerySet):
         rows = sql.run(alias, sql.CLAIM, params)
         # errors come as JSON text (Django loads jsonb as text), NULL when empty.
         return [
-            ClaimedJob(
+            ClaimedJob(  # type: ignore[misc]  # row[:11]: the eleven fields before errors
                 *row[:11],
                 errors=json.loads(row[11]) if row[11] else [],
                 token=token,
@@ -374,7 +374,13 @@ class JobQuerySet(models.QuerySet):
         ]
 
     def _claim_portable(
-        self, queues, limit, token, lease, exclude_names, names
+        self,
+        queues: Sequence[str],
+        limit: int,
+        token: str,
+        lease: float,
+        exclude_names: Sequence[str],
+        names: Sequence[str] | None,
     ) -> list[ClaimedJob]:
         # Conditional UPDATEs: on SQLite each takes the write lock at once, and
         # re-checking the lease in the UPDATE keeps two workers from taking one row.
@@ -392,7 +398,8 @@ class JobQuerySet(models.QuerySet):
             .values_list("id", "locked_by", "attempts", "errors")[:limit]
         )
         for job_id, locked_by, attempts, errors in expired:
-            entry = lease_expired_entry(attempts, locked_by, timezone.now())
+            # locked_by__isnull=False above: the lease's token.
+            entry = lease_expired_entry(attempts, cast(str, locked_by), timezone.now())
             self.filter(id=job_id, locked_by=locked_by, lease_expires_at__lt=now).update(
                 attempts=F("attempts") + 1,
                 locked_by=token,
@@ -422,7 +429,8 @@ class JobQuerySet(models.QuerySet):
             .order_by("-priority", "run_at", "id")
             .values_list(*_CLAIMED_FIELDS)
         )
-        jobs = [ClaimedJob(*row, token=token) for row in rows]
+        # A row holds the twelve fields before token (_CLAIMED_FIELDS): mypy cannot count them.
+        jobs = [ClaimedJob(*row, token=token) for row in rows]  # type: ignore[misc]
         keys = {j.idempotency_key for j in jobs if j.key is not None or j.attempts > 1}
         if keys:
             done = set(
@@ -623,7 +631,7 @@ class JobQuerySet(models.QuerySet):
             | Q(locked_by__isnull=False, lease_expires_at__lt=now)
         )
 
-    def names_unknown_to(self, known: Iterable[str]) -> models.QuerySet:
+    def names_unknown_to(self, known: Iterable[str]) -> models.QuerySet[Any, Mapping[str, Any]]:
         """Per name not in `known`: the number of its claimable jobs (`jobs`).
 
         One pass over the claimable rows (the name is in no index); the maintenance
@@ -685,7 +693,7 @@ class JobQuerySet(models.QuerySet):
                 )
             return DeadLetter.objects.using(alias).bulk_create(letters)
 
-    def counts_by_queue(self, now: Any = None) -> models.QuerySet:
+    def counts_by_queue(self, now: Any = None) -> models.QuerySet[Any, Mapping[str, Any]]:
         """Per queue: waiting, scheduled and running jobs, and the oldest due run-at.
 
         `now` defaults to the database clock.
@@ -941,7 +949,7 @@ class ReplayReport:
 REPLAY_BATCH = 200
 
 
-class DeadLetterQuerySet(models.QuerySet):
+class DeadLetterQuerySet(models.QuerySet["DeadLetter"]):
     """Named state changes of dead letters."""
 
     def pending(self) -> DeadLetterQuerySet:

@@ -1,6 +1,6 @@
 """Moved to ``django_jobs.fleet`` (RunningJob to ``django_jobs.models``); kept for imports."""
 
-from django_jobs.fleet import (  # noqa: F401
+from django_jobs.fleet import (
     QueueState,
     QueueStateQuerySet,
     Schedule,
@@ -11,4 +11,17 @@ from django_jobs.fleet import (  # noqa: F401
     WorkerBeatQuerySet,
     unknown_name_grace,
 )
-from django_jobs.models import RunningJob  # noqa: F401
+from django_jobs.models import RunningJob
+
+__all__ = [
+    "QueueState",
+    "QueueStateQuerySet",
+    "RunningJob",
+    "Schedule",
+    "ScheduleQuerySet",
+    "UnknownName",
+    "UnknownNameQuerySet",
+    "WorkerBeat",
+    "WorkerBeatQuerySet",
+    "unknown_name_grace",
+]

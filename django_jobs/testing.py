@@ -577,7 +577,7 @@ def _listing() -> str:
         text = job.payload if len(job.payload) <= 200 else job.payload[:200] + "…"
         extra = f" key={job.key!r}" if job.key is not None else ""
         lines.append(
-            f"  {job.name} {text} queue={job.queue!r} priority={job.priority}{extra} ({job.state})"
+            f"  {job.name} {text} queue={job.queue!r} priority={job.priority}{extra} ({job.state})"  # type: ignore[attr-defined]  # with_state's
         )
     if total > _LISTED:
         lines.append(f"  … and {total - _LISTED} more")

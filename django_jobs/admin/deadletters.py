@@ -147,7 +147,7 @@ class DeadLetterAdmin(IdOrTermSearch, ReadOnlyAdmin):
 
     def _replay_target(self, obj: DeadLetter) -> SafeString:
         """Link the job the replay made: live, finished (its marker) or dead again."""
-        job_id = obj.replay_job_id
+        job_id: Any = obj.replay_job_id  # None (a replay that made no job) matches no row
         site = self.admin_site.name
         if Job.objects.filter(id=job_id).exists():
             url = reverse(f"{site}:django_jobs_job_change", args=[job_id])

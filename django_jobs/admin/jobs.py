@@ -53,7 +53,7 @@ class StateFilter(admin.SimpleListFilter):
         jobs = cast(JobQuerySet, queryset)  # the job admins' lists
         value = self.value()
         if value == UNKNOWN_NAME:
-            return jobs.claimable().filter(unknown_since__isnull=False)
+            return jobs.claimable().filter(unknown_since__isnull=False)  # type: ignore[misc]  # get_queryset's annotation
         if value == JobState.WAITING:
             return jobs.waiting()
         if value == JobState.SCHEDULED:

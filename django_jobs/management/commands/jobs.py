@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -38,7 +39,7 @@ def _when(value: datetime | None, now: datetime, zone: str | None = None) -> str
     return f"{text} ({'in ' + _seconds(delta) if delta >= 0 else _seconds(-delta) + ' ago'})"
 
 
-def _table(rows: list[list[object]], header: list[str]) -> str:
+def _table(rows: Sequence[Sequence[object]], header: list[str]) -> str:
     widths = [max(len(str(x)) for x in column) for column in zip(header, *rows, strict=False)]
     lines = ["  ".join(str(x).ljust(w) for x, w in zip(header, widths, strict=True)).rstrip()]
     lines += [
