@@ -21,7 +21,8 @@ from django.core.exceptions import ValidationError
 from django.db import DatabaseError, ProgrammingError, connections, transaction
 from django.utils import timezone
 
-from django_jobs import conf, limits, payloads, registry, signals
+from django_jobs import conf, limits, registry, signals
+from django_jobs import payloads as codec  # enqueue_many takes a parameter named payloads
 from django_jobs.exceptions import InvalidJob, InvalidPayload
 from django_jobs.limits import MAX_KEY_LENGTH
 from django_jobs.models import EnqueueResult as EnqueueResult  # public: django_jobs.EnqueueResult
@@ -142,7 +143,7 @@ def _item(options: _Options, payload: Any, key: str | None) -> NewJob:
             handler.validate(payload)
         except (ValueError, TypeError, ValidationError) as exc:
             raise InvalidPayload(f"payload rejected by {handler.name}'s validator: {exc}") from exc
-    text = payloads.encode(payload)
+    text = codec.encode(payload)
     return NewJob(
         id=uuid7(),
         name=handler.name,
@@ -153,7 +154,7 @@ def _item(options: _Options, payload: Any, key: str | None) -> NewJob:
         delay=options.delay,
         max_attempts=options.max_attempts,
         key=key,
-        fingerprint=payloads.fingerprint(handler.name, text) if key is not None else None,
+        fingerprint=codec.fingerprint(handler.name, text) if key is not None else None,
     )
 
 
@@ -172,7 +173,7 @@ def _prepare(
 
 def enqueue_many(
     handler: Handler | str,
-    payloads_: Iterable[Any],
+    payloads: Iterable[Any],
     *,
     keys: Iterable[str | None] | None = None,
     delay: timedelta | float | None = None,
@@ -189,7 +190,7 @@ def enqueue_many(
     one dedupe key (or None) per payload. Results come back in input order.
     """
     options = _options(handler, delay, run_at, priority, queue, max_attempts)
-    items = list(payloads_)
+    items = list(payloads)
     key_list = [None] * len(items) if keys is None else list(keys)
     if len(key_list) != len(items):
         raise InvalidJob(f"keys has {len(key_list)} entries for {len(items)} payloads")

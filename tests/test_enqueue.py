@@ -481,3 +481,4 @@ class TestEnqueueMany:
         from django_jobs import enqueue_many
 
         assert enqueue_many(jobs.noop, []) == []
+        assert enqueue_many(jobs.noop, payloads=[]) == []  # the documented keyword
