@@ -46,8 +46,11 @@ def version_of(python: str) -> tuple[int, int] | None:
     try:
         out = subprocess.run(
             [python, "-c", "import sys; print(*sys.version_info[:2])"],
-            capture_output=True, text=True, timeout=20, check=True,
-        ).stdout  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     major, minor = out.split()
@@ -120,8 +123,9 @@ def ensure_venv(extras: str, venv: str = VENV, pins: tuple[str, ...] = ()) -> st
         # The distribution was called django-jobs before it became django-durable-jobs.
         subprocess.run(
             [python, "-m", "pip", "uninstall", "--yes", "--quiet", "django-jobs"],
-            capture_output=True, check=False,
-        )  # fmt: skip
+            capture_output=True,
+            check=False,
+        )
         command = [python, "-m", "pip", "install", "--quiet", "-e", ROOT, *pins]
         if extras:
             command += ["--group", extras]

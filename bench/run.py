@@ -78,8 +78,11 @@ def spawn_worker(*args: str) -> subprocess.Popen:
     log = tempfile.TemporaryFile()  # read and closed in finish()
     proc = subprocess.Popen(
         [sys.executable, "-m", "django", "runjobs", *args],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
     proc.log = log  # type: ignore[attr-defined]
     return proc
 
@@ -208,11 +211,10 @@ def idle(seconds: float) -> tuple[float, float]:
 
     ticks, xacts = cpu_ticks(), transactions()
     if shutil.which("strace"):
+        strace = ["strace", "-f", "-c", "-e", "trace=sendto", "-p", str(worker.pid)]
         traced = subprocess.run(
-            ["timeout", str(seconds), "strace", "-f", "-c", "-e", "trace=sendto",
-             "-p", str(worker.pid)],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
+            ["timeout", str(seconds), *strace], capture_output=True, text=True, check=False
+        )
         sends = [
             line.split() for line in traced.stderr.splitlines() if line.rstrip().endswith("sendto")
         ]
@@ -296,8 +298,11 @@ def pgbench_insert_tps(seconds: int) -> float:
     env = {**os.environ, "PGHOST": PG["host"], "PGPORT": PG["port"], "PGUSER": PG["user"]}
     out = subprocess.run(
         ["pgbench", "-n", "-c", "1", "-T", str(seconds), "-f", script.name, DB],
-        capture_output=True, text=True, env=env, check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout
     os.unlink(script.name)
     for line in out.splitlines():
         if line.startswith("tps = "):
@@ -354,16 +359,41 @@ def main() -> int:
     print(
         f"django-jobs benchmarks on {DB} ({'quick' if quick else f'medians of {runs}'})", flush=True
     )  # noqa: T201
-    add("E1", "enqueue_on_commit, autocommit", "jobs/s", ">= 2,000",
-        measure("E1", enqueue_one_by_one, size["enqueue"], False))  # fmt: skip
-    add("E1A", "enqueue_on_commit, one atomic() per job", "jobs/s", "",
-        measure("E1A", enqueue_one_by_one, size["enqueue"], True))  # fmt: skip
-    add("E2", f"enqueue_many of {size['bulk']:,}", "jobs/s", ">= 50,000",
-        measure("E2", enqueue_bulk, size["bulk"]))  # fmt: skip
-    add("D1", f"drain {size['drain']:,}, 1 worker", "jobs/s", ">= 6,000",
-        measure("D1", drain, size["drain"], 1))  # fmt: skip
-    add("D2", f"drain {size['drain']:,}, 2 workers", "jobs/s", ">= 8,000",
-        measure("D2", drain, size["drain"], 2))  # fmt: skip
+    add(
+        "E1",
+        "enqueue_on_commit, autocommit",
+        "jobs/s",
+        ">= 2,000",
+        measure("E1", enqueue_one_by_one, size["enqueue"], False),
+    )
+    add(
+        "E1A",
+        "enqueue_on_commit, one atomic() per job",
+        "jobs/s",
+        "",
+        measure("E1A", enqueue_one_by_one, size["enqueue"], True),
+    )
+    add(
+        "E2",
+        f"enqueue_many of {size['bulk']:,}",
+        "jobs/s",
+        ">= 50,000",
+        measure("E2", enqueue_bulk, size["bulk"]),
+    )
+    add(
+        "D1",
+        f"drain {size['drain']:,}, 1 worker",
+        "jobs/s",
+        ">= 6,000",
+        measure("D1", drain, size["drain"], 1),
+    )
+    add(
+        "D2",
+        f"drain {size['drain']:,}, 2 workers",
+        "jobs/s",
+        ">= 8,000",
+        measure("D2", drain, size["drain"], 2),
+    )
     if not only or "L1" in only:
         pairs = [latency(20, size["latency_s"]) for _ in range(runs)]
         add("L1", "enqueue to start p50 at 20/s", "ms", "<= 3", [p[0] for p in pairs])
@@ -387,14 +417,21 @@ def main() -> int:
         peak, rate = memory(size["memory"])
         add("MEM", f"peak RSS, concurrency 4, {size['memory']:,} jobs", "MB", "< 100", [peak])
     if not only or "PGBENCH" in only:
-        add("PGB", "pgbench single-row INSERT, 1 client", "tx/s", "",
-            [pgbench_insert_tps(size["pgbench_s"]) for _ in range(runs)])  # fmt: skip
+        add(
+            "PGB",
+            "pgbench single-row INSERT, 1 client",
+            "tx/s",
+            "",
+            [pgbench_insert_tps(size["pgbench_s"]) for _ in range(runs)],
+        )
 
     print()  # noqa: T201
     print("| figure | median | min–max | target |\n|---|---|---|---|")  # noqa: T201
     for key, label, values, target in figures:
-        print(f"| {key} {label} | {_num(statistics.median(values))} | "  # noqa: T201
-              f"{_num(min(values))}–{_num(max(values))} | {target} |")  # fmt: skip
+        print(  # noqa: T201
+            f"| {key} {label} | {_num(statistics.median(values))} | "
+            f"{_num(min(values))}–{_num(max(values))} | {target} |"
+        )
     results_dir = ROOT / "bench" / "results"
     results_dir.mkdir(exist_ok=True)
     (results_dir / "latest.json").write_text(

@@ -44,10 +44,13 @@ def main() -> int:
     import psycopg
 
     admin = {
-        "host": os.environ.get("PGHOST", "127.0.0.1"), "port": os.environ.get("PGPORT", "5432"),
-        "user": os.environ.get("PGUSER", "postgres"), "password": os.environ.get("PGPASSWORD", ""),
-        "dbname": "postgres", "autocommit": True,
-    }  # fmt: skip
+        "host": os.environ.get("PGHOST", "127.0.0.1"),
+        "port": os.environ.get("PGPORT", "5432"),
+        "user": os.environ.get("PGUSER", "postgres"),
+        "password": os.environ.get("PGPASSWORD", ""),
+        "dbname": "postgres",
+        "autocommit": True,
+    }
     with psycopg.connect(**admin) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{args.database}"')
         conn.execute(f'CREATE DATABASE "{args.database}"')
@@ -82,8 +85,11 @@ def run(args: argparse.Namespace) -> int:
     call_command("migrate", verbosity=0)
     with connection.cursor() as cursor:
         cursor.execute("SHOW autovacuum")
-        print(f"server autovacuum: {cursor.fetchone()[0]}; manual VACUUM every: "  # noqa: T201
-              f"{args.vacuum_every or 'never'} s", flush=True)  # fmt: skip
+        print(  # noqa: T201
+            f"server autovacuum: {cursor.fetchone()[0]}; manual VACUUM every: "
+            f"{args.vacuum_every or 'never'} s",
+            flush=True,
+        )
     last_vacuum = time.monotonic()
 
     def sizes() -> str:
@@ -97,9 +103,11 @@ def run(args: argparse.Namespace) -> int:
             )
             heap, indexes, markers, marker_rows, vacuums = cursor.fetchone()
         manual = vacuums_done[0]
-        return (f"jobs heap {heap / 1024:8.0f} KiB  jobs indexes {indexes / 1024:8.0f} KiB  "
-                f"markers {markers / 1024:8.0f} KiB ({marker_rows} rows)  autovacuums {vacuums}  "
-                f"manual vacuums {manual}")  # fmt: skip
+        return (
+            f"jobs heap {heap / 1024:8.0f} KiB  jobs indexes {indexes / 1024:8.0f} KiB  "
+            f"markers {markers / 1024:8.0f} KiB ({marker_rows} rows)  autovacuums {vacuums}  "
+            f"manual vacuums {manual}"
+        )
 
     vacuums_done = [0]
     # One long-lived worker, as in production: it prunes markers and keeps the jobs
@@ -124,8 +132,11 @@ def run(args: argparse.Namespace) -> int:
                 print(f"start (after {done:>9,} jobs): {sizes()}", flush=True)  # noqa: T201
             elif done >= next_report or done >= args.jobs:
                 rate = done / (time.monotonic() - started)
-                print(f"after {done:>9,} jobs ({rate:5.0f}/s): {sizes()}  "  # noqa: T201
-                      f"worker vacuums {worker._ops.counters['vacuums']}", flush=True)  # fmt: skip
+                print(  # noqa: T201
+                    f"after {done:>9,} jobs ({rate:5.0f}/s): {sizes()}  "
+                    f"worker vacuums {worker._ops.counters['vacuums']}",
+                    flush=True,
+                )
                 next_report += args.every
     finally:
         worker.stop()

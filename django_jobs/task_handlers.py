@@ -242,8 +242,11 @@ def _on_job_finished(
         try:
             result = task_results.lookup(job_id)
         except (TaskResultDoesNotExist, DatabaseError):
-            logger.warning("task_finished not sent for job %s: its result could not be read",
-                           job_id, exc_info=True)  # fmt: skip
+            logger.warning(
+                "task_finished not sent for job %s: its result could not be read",
+                job_id,
+                exc_info=True,
+            )
             return
     if result.status == TaskResultStatus.FAILED and _loggable(error):
         _send_in_handler(error, task, result)
@@ -302,9 +305,11 @@ async def _asend(signal: Signal, task: Task, result: TaskResult) -> None:
 
 def _log_receiver_error(receiver: Any, error: Exception, result: TaskResult) -> None:
     logger.error(
-        "signal receiver %r raised for task %s", receiver, result.id,
+        "signal receiver %r raised for task %s",
+        receiver,
+        result.id,
         exc_info=(type(error), error, error.__traceback__),
-    )  # fmt: skip
+    )
 
 
 def send_enqueued(task: Task, result: TaskResult) -> None:

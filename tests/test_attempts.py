@@ -85,8 +85,16 @@ def test_the_duration_parser_refuses_what_is_not_a_duration_up_to_ten_years(valu
 
 @pytest.mark.parametrize(
     ("seconds", "text"),
-    [(0, "0s"), (5.9, "5s"), (184, "3m 4s"), (2520, "42m"), (11100, "3h 5m"), (187200, "2d 4h"),
-     (-90, "1m 30s"), (timedelta(days=3), "3d")],
-)  # fmt: skip
+    [
+        (0, "0s"),
+        (5.9, "5s"),
+        (184, "3m 4s"),
+        (2520, "42m"),
+        (11100, "3h 5m"),
+        (187200, "2d 4h"),
+        (-90, "1m 30s"),
+        (timedelta(days=3), "3d"),
+    ],
+)
 def test_one_duration_formatter(seconds, text):
     assert limits.format_duration(seconds) == text

@@ -73,8 +73,9 @@ class Command(BaseCommand):
             self.line(f"-- worker run {round_}")
             subprocess.run(
                 [sys.executable, "manage.py", "runjobs", "--burst", "--concurrency", "2"],
-                check=True, cwd=settings.BASE_DIR,
-            )  # fmt: skip
+                check=True,
+                cwd=settings.BASE_DIR,
+            )
 
         self.title("3. What happened")
         self.line(f"live jobs left: {Job.objects.count()}")
