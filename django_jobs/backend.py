@@ -18,10 +18,11 @@ Needs Django >= 6.0; importing this module on older Django raises ImportError.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from inspect import iscoroutinefunction
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import django
 from django.apps import apps
@@ -64,14 +65,18 @@ from django_jobs.exceptions import HandlerConflict, InvalidJob, InvalidPayload  
 from django_jobs.registry import Backoff  # noqa: E402
 from django_jobs.task_handlers import Policy, TaskHandler  # noqa: E402
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
 # OPTIONS keys: retry policy defaults of every task of the backend, and per-task overrides.
 OPTION_KEYS = frozenset({"MAX_ATTEMPTS", "BACKOFF", "TIMEOUT", "TASKS"})
 # Keys of a task's policy, in OPTIONS["TASKS"][module_path] and as @task(...) arguments.
 POLICY_KEYS = frozenset({"max_attempts", "backoff", "timeout", "atomic"})
 
 
+# Task is generic only in django-stubs: Task[...] as a base would fail at runtime.
 @dataclass(frozen=True, slots=True, kw_only=True)
-class JobsTask(Task):
+class JobsTask(Task):  # type: ignore[type-arg]
     """A Task with django-jobs' retry policy.
 
     On Django >= 6.1 the @task decorator passes its extra arguments here::
@@ -113,7 +118,7 @@ class JobsBackend(BaseTaskBackend):
 
     # ---- declaring ----------------------------------------------------------
 
-    def validate_task(self, task: Task) -> None:
+    def validate_task(self, task: Task[..., Any]) -> None:
         """Refuse a Task this backend cannot run; register it for the worker.
 
         Django calls this when a Task is declared (@task), varied (.using()) and
@@ -126,7 +131,7 @@ class JobsBackend(BaseTaskBackend):
             raise ImproperlyConfigured(_not_installed(self.alias))
         self._declare(task)
 
-    def _declare(self, task: Task) -> TaskHandler:
+    def _declare(self, task: Task[..., Any]) -> TaskHandler:
         super().validate_task(task)
         try:
             registry.check_name(task.module_path)
@@ -141,7 +146,7 @@ class JobsBackend(BaseTaskBackend):
         except HandlerConflict as exc:
             raise InvalidTask(str(exc)) from exc
 
-    def policy(self, task: Task) -> Policy:
+    def policy(self, task: Task[..., Any]) -> Policy:
         """Return task's retry policy: @task arguments, then OPTIONS["TASKS"], then OPTIONS."""
         options = self.options if isinstance(self.options, dict) else {}
         per_task = options.get("TASKS") or {}
@@ -169,7 +174,9 @@ class JobsBackend(BaseTaskBackend):
 
     # ---- enqueueing ---------------------------------------------------------
 
-    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+    def enqueue(
+        self, task: Task[_P, _R], args: Iterable[Any], kwargs: Mapping[str, Any]
+    ) -> TaskResult[_P, _R]:
         """Write the task's job in the current transaction on the jobs database.
 
         The job exists if and only if that transaction commits (at once when none
@@ -217,7 +224,7 @@ class JobsBackend(BaseTaskBackend):
 
     # ---- results ------------------------------------------------------------
 
-    def get_result(self, result_id: str) -> TaskResult:
+    def get_result(self, result_id: str) -> TaskResult[..., Any]:
         """Return the TaskResult of a task's job id, from any process.
 
         Raises TaskResultDoesNotExist for an id that is not a task's job.
@@ -254,7 +261,8 @@ class JobsBackend(BaseTaskBackend):
         return errors
 
     def _check_options(self, where: str) -> list[CheckMessage]:
-        options = self.options
+        # OPTIONS is whatever the settings hold, whatever BaseTaskBackend's type says.
+        options: object = self.options
         if not isinstance(options, dict):
             return [Error(f"{where}['OPTIONS'] must be a dict.", id="django_jobs.E102")]
         errors: list[CheckMessage] = []

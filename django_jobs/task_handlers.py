@@ -20,7 +20,7 @@ import logging
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from inspect import iscoroutinefunction
 from typing import Any
@@ -34,9 +34,9 @@ from django.utils import timezone
 from django.utils.json import normalize_json
 
 from django_jobs import registry, signals, task_results
+from django_jobs.attempts import MAX_MESSAGE
 from django_jobs.context import JobContext
 from django_jobs.exceptions import InvalidTaskArguments
-from django_jobs.models import MAX_MESSAGE
 from django_jobs.registry import Backoff, Handler
 
 logger = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 # Results of running tasks, kept from task_started until their outcome is settled.
 # Bounded: a job whose lease was taken over never reports back to this worker.
 _RUNNING_LIMIT = 10_000
-_running: OrderedDict[uuid.UUID, TaskResult] = OrderedDict()
+_running: OrderedDict[uuid.UUID, TaskResult[..., Any]] = OrderedDict()
 _running_lock = threading.Lock()
 
 
@@ -62,17 +62,21 @@ class Policy:
 class TaskHandler(Handler):
     """The registry entry of a django.tasks Task: a runner plus the Task it runs."""
 
-    task: Task | None = None
+    task: Task[..., Any] | None = None
     policy: Policy | None = None
 
 
-def register(task: Task, policy: Policy) -> TaskHandler:
+def register(task: Task[..., Any], policy: Policy) -> TaskHandler:
     """Register task (or refresh its policy) and return its handler.
 
     Raises HandlerConflict when a native @job already holds the task's name.
     """
     existing = registry.lookup(task.module_path)
-    if isinstance(existing, TaskHandler) and existing.task.func is task.func:
+    if (
+        isinstance(existing, TaskHandler)
+        and existing.task is not None
+        and existing.task.func is task.func
+    ):
         if existing.policy == policy:
             return existing
         # Keep the declared Task, not a .using() variant of it.
@@ -94,7 +98,7 @@ def register(task: Task, policy: Policy) -> TaskHandler:
     return handler
 
 
-def payload(args: Any, kwargs: Any) -> dict[str, Any]:
+def payload(args: Iterable[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """Return the job payload of a call, or raise InvalidTaskArguments if it is not JSON.
 
     The task function receives exactly what JSON gives back, so anything that would
@@ -105,7 +109,8 @@ def payload(args: Any, kwargs: Any) -> dict[str, Any]:
     call = {"args": list(args), "kwargs": dict(kwargs)}
     try:
         text = json.dumps(call, allow_nan=False)
-        decoded = json.loads(text)
+        # The round trip below proves it is call's shape: a dict of args and kwargs.
+        decoded: dict[str, Any] = json.loads(text)
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidTaskArguments(f"task arguments must be JSON: {exc}") from exc
     if not _same_json(decoded, call):
@@ -155,24 +160,28 @@ def check_payload(value: Any) -> None:
 # ---- running a task on the worker -----------------------------------------------
 
 
-def _runner(task: Task) -> Callable[..., Any]:
+def _runner(task: Task[..., Any]) -> Callable[..., Any]:
     func = task.func
 
     if iscoroutinefunction(func):
 
-        async def run(payload: dict[str, Any], ctx: JobContext) -> Any:
+        async def run_async(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             result = _started(task, payload, ctx)
             await _asend(task_started, task, result)
             value = await func(*_call_args(task, result, payload), **payload["kwargs"])
             return _returned(result, value, ctx)
 
+        run: Callable[..., Any] = run_async
+
     else:
 
-        def run(payload: dict[str, Any], ctx: JobContext) -> Any:
+        def run_sync(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             result = _started(task, payload, ctx)
             _send(task_started, task, result)
             value = func(*_call_args(task, result, payload), **payload["kwargs"])
             return _returned(result, value, ctx)
+
+        run = run_sync
 
     # The registry tells functions apart by origin: this runner stands for the task function.
     run.__module__ = func.__module__
@@ -182,18 +191,23 @@ def _runner(task: Task) -> Callable[..., Any]:
     return run
 
 
-def _call_args(task: Task, result: TaskResult, payload: dict[str, Any]) -> list[Any]:
+def _call_args(
+    task: Task[..., Any], result: TaskResult[..., Any], payload: dict[str, Any]
+) -> list[Any]:
     if task.takes_context:
         return [TaskContext(task_result=result), *payload["args"]]
-    return payload["args"]
+    args: list[Any] = payload["args"]  # check_payload refused any other payload
+    return args
 
 
-def _started(task: Task, payload: dict[str, Any], ctx: JobContext) -> TaskResult:
+def _started(
+    task: Task[..., Any], payload: dict[str, Any], ctx: JobContext
+) -> TaskResult[..., Any]:
     """Build the RUNNING TaskResult of this attempt and keep it until the outcome is settled."""
     now = timezone.now()
     # The claim set started_at for the first attempt: that is this attempt's start too.
     attempted = ctx.started_at if ctx.attempt == 1 and ctx.started_at else now
-    result = TaskResult(
+    result: TaskResult[..., Any] = TaskResult(
         task=task_results.for_row(task, ctx.queue),
         id=str(ctx.id),
         status=TaskResultStatus.RUNNING,
@@ -218,7 +232,7 @@ def _started(task: Task, payload: dict[str, Any], ctx: JobContext) -> TaskResult
     return result
 
 
-def _returned(result: TaskResult, value: Any, ctx: JobContext) -> dict[str, Any]:
+def _returned(result: TaskResult[..., Any], value: Any, ctx: JobContext) -> dict[str, Any]:
     # As Django's own backends do: tuples become lists; other non-JSON values fail the attempt.
     value = normalize_json(value)
     object.__setattr__(result, "_return_value", value)
@@ -271,7 +285,9 @@ def _loggable(error: Any) -> bool:
         return False
 
 
-def _send_in_handler(error: BaseException, task: Task, result: TaskResult) -> None:
+def _send_in_handler(
+    error: BaseException, task: Task[..., Any], result: TaskResult[..., Any]
+) -> None:
     """Send task_finished while handling error, as Django's own backends do.
 
     Django's receiver logs the FAILED line with sys.exc_info(), which only an
@@ -286,7 +302,7 @@ def _send_in_handler(error: BaseException, task: Task, result: TaskResult) -> No
         error.__traceback__, error.__context__ = traceback, context
 
 
-def _send(signal: Signal, task: Task, result: TaskResult) -> None:
+def _send(signal: Signal, task: Task[..., Any], result: TaskResult[..., Any]) -> None:
     # A failing receiver must neither fail the task nor stop the worker: log it.
     for receiver, response in signal.send_robust(
         sender=type(task.get_backend()), task_result=result
@@ -295,7 +311,7 @@ def _send(signal: Signal, task: Task, result: TaskResult) -> None:
             _log_receiver_error(receiver, response, result)
 
 
-async def _asend(signal: Signal, task: Task, result: TaskResult) -> None:
+async def _asend(signal: Signal, task: Task[..., Any], result: TaskResult[..., Any]) -> None:
     for receiver, response in await signal.asend_robust(
         sender=type(task.get_backend()), task_result=result
     ):
@@ -303,7 +319,7 @@ async def _asend(signal: Signal, task: Task, result: TaskResult) -> None:
             _log_receiver_error(receiver, response, result)
 
 
-def _log_receiver_error(receiver: Any, error: Exception, result: TaskResult) -> None:
+def _log_receiver_error(receiver: Any, error: Exception, result: TaskResult[..., Any]) -> None:
     logger.error(
         "signal receiver %r raised for task %s",
         receiver,
@@ -312,7 +328,7 @@ def _log_receiver_error(receiver: Any, error: Exception, result: TaskResult) -> 
     )
 
 
-def send_enqueued(task: Task, result: TaskResult) -> None:
+def send_enqueued(task: Task[..., Any], result: TaskResult[..., Any]) -> None:
     """Send task_enqueued (called once the job's transaction commits)."""
     from django.tasks.signals import task_enqueued
 

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
@@ -25,6 +25,9 @@ from django.utils.dateparse import parse_datetime
 
 from django_jobs import payloads, registry
 from django_jobs.attempts import worker_of
+
+if TYPE_CHECKING:
+    from django_jobs.models import CompletionMarker, DeadLetter, Job
 
 # Types the worker records for attempts that raised nothing; TaskError.exception_class
 # imports its path, so point these at real classes.
@@ -37,7 +40,7 @@ _ENVELOPE_KEYS = frozenset(
 )
 
 
-def registered_task(name: str) -> Task | None:
+def registered_task(name: str) -> Task[..., Any] | None:
     """Return the Task registered under a job name, or None (never imports the name)."""
     from django_jobs.task_handlers import TaskHandler
 
@@ -62,7 +65,9 @@ def workers_of(errors: Sequence[dict[str, Any]]) -> list[str]:
     return [str(entry.get("worker") or "") for entry in errors]
 
 
-def envelope(value: Any, result: TaskResult, *, errors: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def envelope(
+    value: Any, result: TaskResult[..., Any], *, errors: Sequence[dict[str, Any]]
+) -> dict[str, Any]:
     """Return what a task's marker keeps: its return value and what the marker lacks."""
     attempted = result.last_attempted_at
     return {
@@ -79,7 +84,7 @@ def envelope(value: Any, result: TaskResult, *, errors: Sequence[dict[str, Any]]
     }
 
 
-def for_row(task: Task, queue: str, priority: int | None = None) -> Task:
+def for_row(task: Task[..., Any], queue: str, priority: int | None = None) -> Task[..., Any]:
     """Return task as enqueued: with the row's queue and priority."""
     if task.queue_name == queue and (priority is None or task.priority == priority):
         return task
@@ -135,15 +140,19 @@ def _not_a_task(result_id: object, name: str) -> TaskResultDoesNotExist:
     )
 
 
-def _make(task: Task, result_id: uuid.UUID, status: str, **fields: Any) -> TaskResult:
+def _make(
+    task: Task[..., Any], result_id: uuid.UUID, status: TaskResultStatus, **fields: Any
+) -> TaskResult[..., Any]:
     return_value = fields.pop("return_value", None)
-    result = TaskResult(task=task, id=str(result_id), status=status, backend=task.backend, **fields)
+    result: TaskResult[..., Any] = TaskResult(
+        task=task, id=str(result_id), status=status, backend=task.backend, **fields
+    )
     if status == TaskResultStatus.SUCCESSFUL:
         object.__setattr__(result, "_return_value", return_value)
     return result
 
 
-def lookup(result_id: object) -> TaskResult:
+def lookup(result_id: object) -> TaskResult[..., Any]:
     """Return the TaskResult of a task's job id, or raise TaskResultDoesNotExist.
 
     Looks at the live jobs, then the markers, then the dead letters: a job moves
@@ -155,7 +164,8 @@ def lookup(result_id: object) -> TaskResult:
     job_id = _parse_id(result_id)
     job = Job.objects.filter(id=job_id).with_running().first()
     if job is not None:
-        return _from_job(job)
+        # with_running() annotated `running`, which the model's type cannot show.
+        return _from_job(job, running=job.running)  # type: ignore[attr-defined]
     marker = CompletionMarker.objects.filter(job_id=job_id).first()
     if marker is not None:
         return _from_marker(marker)
@@ -165,7 +175,7 @@ def lookup(result_id: object) -> TaskResult:
     raise TaskResultDoesNotExist(result_id)
 
 
-def _from_job(job: Any) -> TaskResult:
+def _from_job(job: Job, *, running: bool) -> TaskResult[..., Any]:
     task = registered_task(job.name)
     if task is None:
         raise _not_a_task(job.id, job.name)
@@ -178,7 +188,7 @@ def _from_job(job: Any) -> TaskResult:
     return _make(
         for_row(task, job.queue, job.priority),
         job.id,
-        TaskResultStatus.RUNNING if job.running else TaskResultStatus.READY,
+        TaskResultStatus.RUNNING if running else TaskResultStatus.READY,
         enqueued_at=job.enqueued_at,
         started_at=job.started_at,
         finished_at=None,
@@ -190,7 +200,7 @@ def _from_job(job: Any) -> TaskResult:
     )
 
 
-def _from_marker(marker: Any) -> TaskResult:
+def _from_marker(marker: CompletionMarker) -> TaskResult[..., Any]:
     task = registered_task(marker.name)
     if task is None:
         raise _not_a_task(marker.job_id, marker.name)
@@ -223,7 +233,7 @@ def _from_marker(marker: Any) -> TaskResult:
     )
 
 
-def _from_dead_letter(letter: Any) -> TaskResult:
+def _from_dead_letter(letter: DeadLetter) -> TaskResult[..., Any]:
     task = registered_task(letter.name)
     if task is None:
         raise _not_a_task(letter.id, letter.name)
