@@ -1,8 +1,9 @@
 """A big installation: 1,000,000 completion markers and 100,000 dead letters.
 
-The dashboard and the change lists must stay well under a second with a bounded
-number of queries. The rows are made by generate_series inside the test's own
-transaction (rolled back after), then ANALYZEd so that the planner sees them.
+The dashboard and the change lists must stay fast with a bounded number of queries:
+no page reads the million markers (judged by the planner's costs, not by seconds).
+The rows are made by generate_series inside the test's own transaction (rolled back
+after), then ANALYZEd so that the planner sees them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ pytestmark = [pytest.mark.django_db, pytest.mark.postgres, pytest.mark.slow]
 
 MARKERS = 1_000_000
 LETTERS = 100_000
-LIMIT_SECONDS = 1.0  # "well under": the figures printed below are what to watch
 
 FILL = """
 INSERT INTO django_jobs_marker
@@ -69,6 +69,15 @@ def big_installation():
     return time.monotonic() - started
 
 
+def planned_cost(sql):
+    """The planner's estimated total cost of one query: unlike a wall-clock time, it
+    does not move with the machine's load, and a full scan of a big table shows."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}")
+        [[plan]] = cursor.fetchone()
+    return plan["Plan"]["Total Cost"]
+
+
 def measure(client, target, params=None):
     client.get(target, params)  # warm: templates, content types
     with CaptureQueriesContext(connection) as queries:
@@ -76,7 +85,8 @@ def measure(client, target, params=None):
         response = client.get(target, params)
         elapsed = time.monotonic() - started
     assert response.status_code == 200, target
-    return elapsed, len(queries), response
+    selects = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT")]
+    return elapsed, len(queries), max(map(planned_cost, selects)), response
 
 
 def test_dashboard_and_change_lists_stay_fast_on_a_big_installation(
@@ -113,18 +123,26 @@ def test_dashboard_and_change_lists_stay_fast_on_a_big_installation(
         ("markers, key", url("completionmarker_changelist"), {"q": "key-4242"}, 5),
         ("jobs", url("job_changelist"), None, 7),
     ]
+    # No page may read the million markers: a full read of them is the yardstick, and a
+    # page's costliest query must stay well under it (reading all 100,000 dead letters,
+    # as a search of their errors must, costs about half). The planner's costs, not
+    # seconds: the figures below show the time, but a loaded CI machine cannot judge it.
+    limit = planned_cost("SELECT * FROM django_jobs_marker") * 3 / 4
     figures = []
     for label, target, params, max_queries in pages:
-        elapsed, queries, response = measure(admin_client_, target, params)
-        figures.append((label, elapsed, queries))
+        elapsed, queries, cost, response = measure(admin_client_, target, params)
+        figures.append((label, elapsed, queries, cost))
         assert queries <= max_queries, (label, queries)
         if label in ("dead letters", "markers"):  # no full COUNT(*): the planner's estimate
             assert response.context["cl"].paginator.estimated, label
-        assert elapsed < LIMIT_SECONDS, (label, elapsed)
+        assert cost < limit, (label, cost, limit)
     with capsys.disabled():
         print(
             f"\n[admin scale] {MARKERS:,} markers, {LETTERS:,} dead letters, "
-            f"filled in {big_installation:.1f}s"
+            f"filled in {big_installation:.1f}s; a page's limit is a plan cost of {limit:,.0f}"
         )
-        for label, elapsed, queries in figures:
-            print(f"[admin scale]   {label:<30} {elapsed * 1000:7.1f} ms  {queries} queries")
+        for label, elapsed, queries, cost in figures:
+            print(
+                f"[admin scale]   {label:<30} {elapsed * 1000:7.1f} ms  {queries} queries"
+                f"  costliest plan {cost:,.0f}"
+            )

@@ -337,11 +337,22 @@ class TestLeases:
         assert Audit.objects.filter(label__startswith="start").count() == 1
 
     def test_without_heartbeats_a_long_job_loses_its_lease(self):
-        enqueue(jobs.sleep, {"seconds": 1.2})
+        enqueue(jobs.sleep, {"seconds": 2.5})
         holder = Worker(burst=True, lease=0.5, heartbeat=0, concurrency=1)
-        thief = threading.Thread(
-            target=lambda: (time.sleep(0.8), Worker(burst=True, concurrency=1).run())
-        )
+
+        def steal_once_expired():
+            # Wait for the holder's lease to run out by the database's clock, not a fixed
+            # sleep: on a loaded machine the holder may claim late, and a burst thief that
+            # came too early would find nothing and leave.
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if Job.objects.filter(lease_expires_at__lt=timezone.now()).exists():
+                    Worker(burst=True, concurrency=1).run()
+                    break
+                time.sleep(0.02)
+            connection.close()
+
+        thief = threading.Thread(target=steal_once_expired)
         thief.start()
         holder.run()
         thief.join()
@@ -446,8 +457,24 @@ def test_stop_from_another_thread_releases_claimed_jobs():
     for i in range(5):
         enqueue(jobs.sleep, {"seconds": 0.3, "label": str(i)})
     worker = Worker(concurrency=1, grace=5)
-    threading.Timer(0.1, worker.stop).start()
-    worker.run()
+    started = threading.Event()
+
+    def on_start(**kwargs):
+        started.set()
+
+    def stop_once_started():
+        started.wait(30)  # a loaded machine may take long to claim; a timer would race
+        worker.stop()
+
+    job_started.connect(on_start, weak=False)
+    stopper = threading.Thread(target=stop_once_started)
+    stopper.start()
+    try:
+        worker.run()
+    finally:
+        job_started.disconnect(on_start)
+        stopper.join()
+    assert started.is_set()
     # The running job finished; nothing else was started, and no attempt was consumed.
     assert CompletionMarker.objects.count() == 1
     assert Job.objects.count() == 4
