@@ -308,10 +308,4 @@ def _explain_missing_tables(exc: Exception, alias: str) -> None:
 
 
 def _send_enqueued(result: EnqueueResult) -> None:
-    signals.job_enqueued.send(
-        sender=result.name,
-        job_id=result.id,
-        name=result.name,
-        queue=result.queue,
-        duplicate=result.duplicate,
-    )
+    signals.job_enqueued.send(**signals.about(result), duplicate=result.duplicate)

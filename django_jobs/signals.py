@@ -10,9 +10,28 @@ keyword arguments: ``job_id`` (UUID), ``name``, ``queue``. Others:
 - ``job_dead_lettered``: ``reason`` (a DeadReason), ``attempts``, ``error`` (str).
 """
 
+from __future__ import annotations
+
+import uuid
+from typing import Any, Protocol
+
 from django.dispatch import Signal
 
 job_enqueued = Signal()
 job_started = Signal()
 job_finished = Signal()
 job_dead_lettered = Signal()
+
+
+class _Job(Protocol):
+    @property
+    def id(self) -> uuid.UUID: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def queue(self) -> str: ...
+
+
+def about(job: _Job) -> dict[str, Any]:
+    """Return the arguments every signal carries for job: sender, job_id, name and queue."""
+    return {"sender": job.name, "job_id": job.id, "name": job.name, "queue": job.queue}

@@ -125,13 +125,7 @@ class ExecutorThreads:
             return self._failure(job, exc)
         try:
             if signals.job_started.receivers:
-                signals.job_started.send(
-                    sender=job.name,
-                    job_id=job.id,
-                    name=job.name,
-                    queue=job.queue,
-                    attempt=job.attempts,
-                )
+                signals.job_started.send(**signals.about(job), attempt=job.attempts)
             if handler.atomic:
                 return self._run_atomic(run, payload)
             return lifecycle.Succeeded(payloads.encode_result(_call(handler, payload, ctx)))

@@ -258,10 +258,7 @@ class Settler:
         if signals.job_dead_lettered.receivers:
             self._signal(
                 signals.job_dead_lettered,
-                sender=job.name,
-                job_id=job.id,
-                name=job.name,
-                queue=job.queue,
+                **signals.about(job),
                 reason=reason,
                 attempts=letter.attempts,
                 error=letter.error,
@@ -355,10 +352,7 @@ class Settler:
         if signals.job_finished.receivers:
             self._signal(
                 signals.job_finished,
-                sender=job.name,
-                job_id=job.id,
-                name=job.name,
-                queue=job.queue,
+                **signals.about(job),
                 attempt=job.attempts,
                 outcome=outcome,
                 error=error,

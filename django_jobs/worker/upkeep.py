@@ -298,10 +298,7 @@ class Upkeep:
             if signals.job_dead_lettered.receivers:
                 for letter in letters:
                     signals.job_dead_lettered.send(
-                        sender=name,
-                        job_id=letter.id,
-                        name=name,
-                        queue=letter.queue,
+                        **signals.about(letter),
                         reason=letter.reason,
                         attempts=letter.attempts,
                         error=letter.error,
