@@ -176,12 +176,26 @@ def claim_params(
     }
 
 
+# The marker of each row a `deleted` CTE returns (the job's columns, its lease
+# token and its result), written in the same statement as the delete. A marker
+# that exists already (the work was done by an earlier attempt) is kept.
+MARK_DELETED = """
+    INSERT INTO django_jobs_marker
+        (job_id, key, name, queue, attempts, enqueued_at, started_at, completed_at,
+         worker_id, result, fingerprint)
+    SELECT id, COALESCE(key, id::text), name, queue, attempts, enqueued_at, started_at,
+           statement_timestamp(),
+           split_part(locked_by, '#', 1), result, fingerprint
+    FROM deleted
+    ON CONFLICT DO NOTHING
+"""
+
 # Settle a batch of finished jobs: delete each row still leased to its token and
 # write its completion marker, in one statement. The batch comes as one JSON
 # array of {"id", "token", "result"} (cheaper to build and to bind than three
 # arrays). A marker that exists already (the work was done by an earlier
 # attempt) is kept. Returns the positions in the batch of the jobs settled.
-COMPLETE = """
+COMPLETE = f"""
 WITH finished AS (
     SELECT * FROM json_to_recordset(%s::json) AS f(i int, id uuid, token text, result jsonb)
 ),
@@ -192,42 +206,25 @@ deleted AS (
     RETURNING f.i, j.id, j.key, j.name, j.queue, j.attempts, j.enqueued_at, j.started_at,
               j.fingerprint, j.locked_by, f.result
 ),
-marked AS (
-    INSERT INTO django_jobs_marker
-        (job_id, key, name, queue, attempts, enqueued_at, started_at, completed_at,
-         worker_id, result, fingerprint)
-    SELECT id, COALESCE(key, id::text), name, queue, attempts, enqueued_at, started_at,
-           statement_timestamp(),
-           split_part(locked_by, '#', 1), result, fingerprint
-    FROM deleted
-    ON CONFLICT DO NOTHING
-)
+marked AS ({MARK_DELETED})
 SELECT i FROM deleted
-"""
+"""  # noqa: S608 - spliced: MARK_DELETED, no input
 
 # Settle one job inside an atomic handler's own transaction: delete it if still
 # leased to the token and write its marker. Returns (deleted, marked): 0 deleted
 # means the lease was taken over; 0 marked means the key's marker exists (the
 # work was done before). Either way the caller rolls its transaction back.
-COMPLETE_ATOMIC = """
+COMPLETE_ATOMIC = f"""
 WITH deleted AS (
     DELETE FROM django_jobs_job
     WHERE id = %(id)s AND locked_by = %(token)s
-    RETURNING id, key, name, queue, attempts, enqueued_at, started_at, fingerprint, locked_by
+    RETURNING id, key, name, queue, attempts, enqueued_at, started_at, fingerprint, locked_by,
+              %(result)s::jsonb AS result
 ),
-marked AS (
-    INSERT INTO django_jobs_marker
-        (job_id, key, name, queue, attempts, enqueued_at, started_at, completed_at,
-         worker_id, result, fingerprint)
-    SELECT id, COALESCE(key, id::text), name, queue, attempts, enqueued_at, started_at,
-           statement_timestamp(),
-           split_part(locked_by, '#', 1), %(result)s::jsonb, fingerprint
-    FROM deleted
-    ON CONFLICT DO NOTHING
-    RETURNING job_id
+marked AS ({MARK_DELETED}    RETURNING job_id
 )
 SELECT (SELECT count(*) FROM deleted), (SELECT count(*) FROM marked)
-"""
+"""  # noqa: S608 - spliced: MARK_DELETED, no input
 
 # Heartbeat: push the leases of the jobs this worker still holds (never shortening
 # one a handler extended further itself), and say which of them an operator
