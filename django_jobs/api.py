@@ -28,6 +28,7 @@ from django_jobs.limits import MAX_KEY_LENGTH
 from django_jobs.models import EnqueueResult as EnqueueResult  # public: django_jobs.EnqueueResult
 from django_jobs.models import Job, JobQuerySet, NewJob, uuid7
 from django_jobs.registry import Handler
+from django_jobs.schema import migrate_command
 
 logger = logging.getLogger(__name__)
 
@@ -298,8 +299,6 @@ def _explain_missing_tables(exc: Exception, alias: str) -> None:
         return
     sqlstate = getattr(exc, "sqlstate", None) or getattr(exc.__cause__, "sqlstate", None)
     if sqlstate in _UNDEFINED or "no such table" in text or "has no column" in text:
-        from django_jobs.checks import migrate_command
-
         kind = type(exc) if isinstance(exc, DatabaseError) else ProgrammingError
         raise kind(
             f"the django_jobs tables are missing or out of date on database {alias!r} "

@@ -12,6 +12,7 @@ from django.db import DatabaseError, connections
 
 from django_jobs import conf, limits
 from django_jobs.registry import QUEUE_RE, Backoff
+from django_jobs.schema import migrate_command, unapplied_migrations
 
 
 @register(Tags.compatibility)
@@ -187,24 +188,6 @@ def _queue_name(value: Any) -> bool:
 
 
 # ---- first run: migrations, SQLite ----------------------------------------------
-
-
-def unapplied_migrations(alias: str) -> list[str]:
-    """Return the names of django_jobs' migrations that are not applied on database alias."""
-    from django.db.migrations.loader import MigrationLoader
-
-    loader = MigrationLoader(connections[alias], ignore_no_migrations=True)
-    applied = loader.applied_migrations
-    return sorted(
-        name
-        for app, name in loader.graph.nodes
-        if app == "django_jobs" and (app, name) not in applied
-    )
-
-
-def migrate_command(alias: str) -> str:
-    """Return the command that creates the job tables on database alias."""
-    return "python manage.py migrate" + (f" --database {alias}" if alias != "default" else "")
 
 
 @register(Tags.database)

@@ -88,14 +88,9 @@ def database() -> str:
     return alias
 
 
+# Modules that cache something derived from the settings (the JSON encoder, the
+# schedules) clear it with receivers of their own: conf imports none of them.
 @receiver(setting_changed)
 def _clear_cache(*, setting: str, **kwargs: Any) -> None:
     if setting == "DJANGO_JOBS":
         get_settings.cache_clear()
-        # Derived caches (the JSON encoder) follow the settings they derive from.
-        from django_jobs import payloads
-
-        payloads.encoder.cache_clear()
-        from django_jobs import schedules
-
-        schedules.clear_caches()

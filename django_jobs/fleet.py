@@ -160,6 +160,26 @@ class WorkerBeatQuerySet(models.QuerySet["WorkerBeat"]):
         return self.filter(last_seen_at__gte=Now() - _expiry())
 
 
+# Upper bounds (seconds) of the job duration histogram in WorkerBeat.stats["duration_buckets"]
+# (a count per bound, then +Inf): the worker's upkeep fills it, the metrics view reads it.
+DURATION_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+)
+
+
 class WorkerBeat(models.Model):
     """A worker process, as its last heartbeat described it."""
 
@@ -215,7 +235,7 @@ class UnknownNameQuerySet(models.QuerySet["UnknownName"]):
 class UnknownName(models.Model):
     """A job name with claimable jobs that no live worker knows, as the upkeep last saw it.
 
-    Written by the workers' upkeep (maintenance.py), read by `jobs status`, the
+    Written by the workers' upkeep (worker/upkeep.py), read by `jobs status`, the
     dashboard and the jobs admin. Jobs of such a name wait; once the name has
     been unknown for UNKNOWN_NAME_GRACE they are dead-lettered as unknown_name.
     """

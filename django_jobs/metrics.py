@@ -27,7 +27,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 
 from django_jobs import conf, signals, status
-from django_jobs.maintenance import DURATION_BUCKETS
+from django_jobs.fleet import DURATION_BUCKETS
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,9 @@ import re
 from functools import cache
 from typing import Any
 
+from django.core.signals import setting_changed
 from django.db.models import Model
+from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
 from django_jobs import conf
@@ -43,6 +45,12 @@ def encoder() -> json.JSONEncoder:
     path = conf.get("JSON_ENCODER")
     base = import_string(path) if isinstance(path, str) else (path or _StrictEncoder)
     return base(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+@receiver(setting_changed)
+def _clear_encoder(*, setting: str, **kwargs: Any) -> None:
+    if setting == "DJANGO_JOBS":
+        encoder.cache_clear()
 
 
 def _check_keys(value: Any) -> None:

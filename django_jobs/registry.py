@@ -160,17 +160,43 @@ class Handler(Generic[P, R]):
 
     def enqueue(self, payload: P | None = None, **options: Unpack[EnqueueOptions]) -> EnqueueResult:
         """Shortcut for ``django_jobs.enqueue(self, payload, **options)``."""
-        from django_jobs.api import enqueue
-
-        return enqueue(self, payload, **options)
+        return _connected().enqueue(self, payload, **options)
 
     def enqueue_on_commit(
         self, payload: P | None = None, **options: Unpack[OnCommitOptions]
     ) -> EnqueueResult:
         """Shortcut for ``django_jobs.enqueue_on_commit(self, payload, **options)``."""
-        from django_jobs.api import enqueue_on_commit
+        return _connected().enqueue_on_commit(self, payload, **options)
 
-        return enqueue_on_commit(self, payload, **options)
+
+@dataclass(frozen=True, slots=True)
+class _EnqueueFunctions:
+    enqueue: Callable[..., EnqueueResult]
+    enqueue_on_commit: Callable[..., EnqueueResult]
+
+
+# The enqueue API sits above the registry (it writes rows through the models), so the
+# registry does not import it: the app's ready() connects it here for Handler.enqueue.
+_enqueue_api: _EnqueueFunctions | None = None
+
+
+def connect_enqueue(
+    enqueue: Callable[..., EnqueueResult], enqueue_on_commit: Callable[..., EnqueueResult]
+) -> None:
+    """Make Handler.enqueue and Handler.enqueue_on_commit call these (from the app's ready())."""
+    global _enqueue_api
+    _enqueue_api = _EnqueueFunctions(enqueue, enqueue_on_commit)
+
+
+def _connected() -> _EnqueueFunctions:
+    if _enqueue_api is None:
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(
+            "Handler.enqueue needs the django_jobs app loaded: add 'django_jobs' to "
+            "INSTALLED_APPS, then run `python manage.py migrate`"
+        )
+    return _enqueue_api
 
 
 _handlers: dict[str, Handler[Any, Any]] = {}
@@ -370,18 +396,7 @@ def job(
 
 
 def autodiscover() -> None:
-    """Import every installed app's ``jobs`` module, where handlers are declared.
-
-    When a TASKS backend is django-jobs' (Django >= 6.0), import every app's
-    ``tasks`` module too: its @task functions are the handlers of Django's Tasks.
-    """
-    from importlib.util import find_spec
-
+    """Import every installed app's ``jobs`` module, where handlers are declared."""
     from django.utils.module_loading import autodiscover_modules
 
     autodiscover_modules("jobs")
-    if find_spec("django.tasks") is not None:
-        from django_jobs.backend import configured_aliases
-
-        if configured_aliases():
-            autodiscover_modules("tasks")

@@ -40,6 +40,8 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 from django_jobs import conf, limits, payloads
 from django_jobs.exceptions import InvalidJob
@@ -261,5 +263,7 @@ def declared() -> dict[str, ScheduleSpec]:
     return specs
 
 
-def clear_caches() -> None:
-    _from_settings.cache_clear()
+@receiver(setting_changed)
+def _clear_cache(*, setting: str, **kwargs: Any) -> None:
+    if setting == "DJANGO_JOBS":
+        _from_settings.cache_clear()

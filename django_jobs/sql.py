@@ -73,7 +73,7 @@ def run(alias: str, statement: str, params: Any = None) -> list[tuple[Any, ...]]
 # - Only jobs whose name is in %(names)s (the handlers the worker has
 #   registered; NULL: any name) are taken, so a worker of an older release never
 #   touches the jobs of a handler it lacks: they wait for a worker that has it
-#   (see maintenance.py for those no live worker knows). The name is not in the
+#   (see worker/upkeep.py for those no live worker knows). The name is not in the
 #   index: it is a filter on the rows the index walk visits, as %(exclude)s is.
 # - Paused queues (django_jobs_queue.paused) are left out, and when %(beat)s
 #   the worker's heartbeat row is refreshed: a waiting worker makes this one

@@ -42,10 +42,9 @@ _ENVELOPE_KEYS = frozenset(
 
 def registered_task(name: str) -> Task[..., Any] | None:
     """Return the Task registered under a job name, or None (never imports the name)."""
-    from django_jobs.task_handlers import TaskHandler
-
-    handler = registry.lookup(name)
-    return handler.task if isinstance(handler, TaskHandler) else None
+    # Only a TaskHandler (task_handlers, which imports this module) has a task.
+    task = getattr(registry.lookup(name), "task", None)
+    return task if isinstance(task, Task) else None
 
 
 def task_error(entry: dict[str, Any]) -> TaskError:

@@ -50,30 +50,13 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from django_jobs import conf, retention, schedules, signals, sql
-from django_jobs.fleet import unknown_name_grace
+from django_jobs.fleet import DURATION_BUCKETS, unknown_name_grace
 from django_jobs.models import Beat, Job, QueueState, UnknownName, WorkerBeat
 from django_jobs.worker import ticker
 from django_jobs.worker.runs import WorkerStats
 
 logger = logging.getLogger("django_jobs.worker")
 
-# Upper bounds (seconds) of the job duration histogram's buckets.
-DURATION_BUCKETS = (
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-    300.0,
-)
 # Longest a maintenance step may spend pruning before it returns to the jobs.
 PRUNE_BUDGET = 0.25
 # Seconds between full rewrites of the heartbeat row (and idle pruning checks).

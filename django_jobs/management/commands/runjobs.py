@@ -15,7 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
-from django_jobs import checks, registry
+from django_jobs import registry, schema
 from django_jobs.management.arguments import (
     positive_int,
     queue_name,
@@ -143,7 +143,7 @@ class Command(BaseCommand):
     def _check_migrations(self, alias: str) -> None:
         """Refuse to start on a jobs database that lacks the job tables (a forgotten migrate)."""
         try:
-            missing = checks.unapplied_migrations(alias)
+            missing = schema.unapplied_migrations(alias)
         except DatabaseError as exc:
             # The database is away: the worker's own retries wait for it.
             logger.warning("could not check the migrations on database %r (%s)", alias, exc)
@@ -151,7 +151,7 @@ class Command(BaseCommand):
         if missing:
             raise CommandError(
                 f"{len(missing)} django_jobs migration(s) are not applied on database {alias!r}: "
-                f"run `{checks.migrate_command(alias)}` first"
+                f"run `{schema.migrate_command(alias)}` first"
             )
 
     def _warn_idle(self, queues: list[str] | None) -> None:

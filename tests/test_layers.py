@@ -1,0 +1,207 @@
+"""Imports run one way, down the layers of LAYERS (docs/architecture.md draws them).
+
+Read from the source (ast), not by importing: every module of django_jobs, its
+imports at module level and inside functions. A module imports its own layer or
+lower ones, never a higher one, not even lazily in a function; and the modules'
+imports form no circle. docs/architecture.md draws the same table.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "django_jobs"
+
+# Lowest first. A module's layer is that of its longest prefix here ("django_jobs.admin"
+# covers django_jobs.admin.jobs); every module must have one.
+LAYERS: list[tuple[str, set[str]]] = [
+    # Import nothing of django_jobs but each other.
+    ("leaves", {"limits", "exceptions", "signals"}),
+    # The DJANGO_JOBS settings and what the database connections need from them.
+    ("configuration", {"conf", "routers", "sqlite"}),
+    # Pure concepts: handlers, payloads, an attempt's errors, the context, schedules'
+    # specifications, the lifecycle's decisions. No models, no database.
+    ("concepts", {"payloads", "attempts", "context", "registry", "schedules", "lifecycle"}),
+    # The tables and every statement that writes them.
+    ("store", {"managers", "fleet", "models", "ops_models", "sql", "schema", "migrations"}),
+    # What runs over the store: enqueue, the worker, and the operations' reads and writes.
+    ("worker and enqueue", {"api", "worker", "control", "retention", "status", "dashboard"}),
+    # What Django, users and operators call: the package's public names, the app config,
+    # system checks, admin, commands, the Tasks backend, metrics, test helpers.
+    (
+        "entry points",
+        {
+            "",  # django_jobs/__init__.py: the public API, re-exported
+            "apps",
+            "checks",
+            "checks_ops",
+            "admin",
+            "management",
+            "tasks",
+            "backend",
+            "task_handlers",
+            "task_results",
+            "metrics",
+            "testing",
+            "pytest_plugin",
+        },
+    ),
+]
+RANK = {name: rank for rank, (_, names) in enumerate(LAYERS) for name in names}
+LAYER_NAMES = [name for name, _ in LAYERS]
+
+# Imports that go up, each with its reason. Keep this short: the answer to a new
+# upward import is almost always to move the code, or to connect it from apps.ready().
+ALLOWED_UP: set[tuple[str, str]] = set()
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str  # "django_jobs.models"
+    target: str  # a module of django_jobs, or "django_jobs" for the package's own names
+    line: int
+    lazy: bool  # inside a function
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def layer_of(module: str) -> int:
+    parts = module.removeprefix("django_jobs").removeprefix(".").split(".")
+    for end in range(len(parts), -1, -1):
+        rank = RANK.get(".".join(parts[:end]))
+        if rank is not None and (end or module == "django_jobs"):
+            return rank
+    raise AssertionError(f"{module} has no layer: add it to LAYERS in tests/test_layers.py")
+
+
+def _type_checking(node: ast.If) -> bool:
+    return "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def imports_of(module: str) -> Iterator[Import]:
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+    def walk(node: ast.AST, lazy: bool) -> Iterator[Import]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _type_checking(child):
+                # Annotations only: these never run (mypy checks them, and may see circles).
+                yield from (i for c in child.orelse for i in walk(ast.Module([c], []), lazy))
+                continue
+            if isinstance(child, ast.Import):
+                for alias in child.names:
+                    if alias.name.partition(".")[0] == "django_jobs":
+                        yield Import(module, resolve(alias.name), child.lineno, lazy)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    anchor = package.split(".")[: len(package.split(".")) - (child.level - 1)]
+                    base = ".".join([*anchor, *([child.module] if child.module else [])])
+                if base.partition(".")[0] != "django_jobs":
+                    continue
+                for alias in child.names:
+                    # `from django_jobs import conf` imports the module conf; `from
+                    # django_jobs import job` takes a name of the package's __init__.
+                    name = f"{base}.{alias.name}"
+                    yield Import(
+                        module, name if name in MODULES else resolve(base), child.lineno, lazy
+                    )
+            else:
+                inner = lazy or isinstance(
+                    child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
+                )
+                yield from walk(child, inner)
+
+    yield from walk(ast.parse(path.read_text(encoding="utf-8")), False)
+
+
+def resolve(name: str) -> str:
+    while name not in MODULES:
+        name, dot, _ = name.rpartition(".")
+        assert dot, f"no module of django_jobs is called {name}"
+    return name
+
+
+IMPORTS = [i for module in MODULES for i in imports_of(module) if i.target != i.source]
+
+
+def test_the_walk_sees_imports_at_every_depth() -> None:
+    found = {(i.source, i.target, i.lazy) for i in IMPORTS}
+    assert ("django_jobs.models", "django_jobs.conf", False) in found
+    assert ("django_jobs.apps", "django_jobs.registry", True) in found  # inside ready()
+    assert ("django_jobs.admin.jobs", "django_jobs.admin.base", False) in found  # relative
+    assert len(MODULES) > 60
+
+
+def test_every_module_has_a_layer() -> None:
+    for module in MODULES:
+        layer_of(module)
+
+
+def test_imports_never_go_up_a_layer() -> None:
+    upward = [
+        f"{i.source}:{i.line} ({LAYER_NAMES[layer_of(i.source)]}) imports {i.target} "
+        f"({LAYER_NAMES[layer_of(i.target)]}){' in a function' if i.lazy else ''}"
+        for i in IMPORTS
+        if layer_of(i.target) > layer_of(i.source) and (i.source, i.target) not in ALLOWED_UP
+    ]
+    assert upward == []
+
+
+def test_no_module_takes_names_from_the_package_init() -> None:
+    # django_jobs/__init__.py re-exports for users; inside the package that would be a
+    # circle through everything it imports (only its own submodules may use it: none do).
+    users = sorted({f"{i.source}:{i.line}" for i in IMPORTS if i.target == "django_jobs"})
+    assert users == []
+
+
+def cycles(edges: set[tuple[str, str]]) -> list[list[str]]:
+    """Return one circle per strongly connected component of more than one module."""
+    graph: dict[str, set[str]] = {}
+    for source, target in edges:
+        graph.setdefault(source, set()).add(target)
+    found, done = [], set()
+    for start in sorted(graph):
+        path, on_path = [start], {start}
+        stack = [iter(sorted(graph.get(start, ())))]
+        while stack:
+            step = next(stack[-1], None)
+            if step is None:
+                stack.pop()
+                on_path.discard(path.pop())
+                continue
+            if step in on_path:
+                circle = path[path.index(step) :]
+                if frozenset(circle) not in done:
+                    done.add(frozenset(circle))
+                    found.append([*circle, step])
+            elif step not in done:
+                path.append(step)
+                on_path.add(step)
+                stack.append(iter(sorted(graph.get(step, ()))))
+        done.add(start)
+    return found
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["module level", "with functions"])
+def test_the_imports_form_no_circle(lazy: bool) -> None:
+    edges = {(i.source, i.target) for i in IMPORTS if lazy or not i.lazy}
+    assert [" -> ".join(circle) for circle in cycles(edges)] == []
+
+
+def test_the_circle_finder_finds_circles() -> None:
+    assert cycles({("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")}) == [["a", "b", "c", "a"]]
+    assert cycles({("a", "b"), ("b", "c"), ("a", "c")}) == []
