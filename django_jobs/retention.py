@@ -12,7 +12,7 @@ run the work again. Such markers are never pruned, whatever their age.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -85,21 +85,7 @@ def prune_batch(
     batch: int | None = None,
 ) -> PruneResult:
     """Delete at most one batch of old markers and one of old dead letters."""
-    alias = alias or conf.database()
-    batch = limits.integer("batch", batch or conf.get("PRUNE_BATCH"), 1, limits.MAX_INT)
-    keep_markers, keep_dead_letters = _keeps(keep_markers, keep_dead_letters)
-    result = PruneResult()
-    if keep_markers is not None:
-        result.markers = _delete_batch(
-            prunable_markers(alias, keep_markers), "job_id", "completed_at", batch
-        )
-        result.batches += 1
-    if keep_dead_letters is not None:
-        result.dead_letters = _delete_batch(
-            prunable_dead_letters(alias, keep_dead_letters), "id", "dead_at", batch
-        )
-        result.batches += 1
-    return result
+    return _prune_batch(_plan(alias, keep_markers, keep_dead_letters, batch))
 
 
 def prune(
@@ -111,24 +97,49 @@ def prune(
     budget: float | None = None,
 ) -> PruneResult:
     """Prune in batches until nothing is left (or `budget` seconds have passed)."""
-    alias = alias or conf.database()
-    batch = limits.integer("batch", batch or conf.get("PRUNE_BATCH"), 1, limits.MAX_INT)
-    keep_markers, keep_dead_letters = _keeps(keep_markers, keep_dead_letters)
+    plan = _plan(alias, keep_markers, keep_dead_letters, batch)
     total = PruneResult()
     deadline = None if budget is None else time.monotonic() + budget
     while True:
-        result = prune_batch(
-            alias, keep_markers=keep_markers, keep_dead_letters=keep_dead_letters, batch=batch
-        )
+        result = _prune_batch(plan)
         total += result
-        if result.markers < batch and result.dead_letters < batch:
+        if result.markers < plan.batch and result.dead_letters < plan.batch:
             return total
-        if result.markers < batch:
-            keep_markers = None  # done with markers; finish the dead letters
-        if result.dead_letters < batch:
-            keep_dead_letters = None
+        if result.markers < plan.batch:  # done with markers; finish the dead letters
+            plan = replace(plan, keep_markers=None)
+        if result.dead_letters < plan.batch:
+            plan = replace(plan, keep_dead_letters=None)
         if deadline is not None and time.monotonic() >= deadline:
             return total
+
+
+@dataclass(frozen=True)
+class _Plan:
+    alias: str
+    keep_markers: timedelta | None  # None: leave markers alone
+    keep_dead_letters: timedelta | None
+    batch: int
+
+
+def _plan(alias: str | None, keep_markers: Any, keep_dead_letters: Any, batch: int | None) -> _Plan:
+    """Resolve prune's arguments against the settings once."""
+    alias = alias or conf.database()
+    size = limits.integer("batch", batch or conf.get("PRUNE_BATCH"), 1, limits.MAX_INT)
+    keep_markers, keep_dead_letters = _keeps(keep_markers, keep_dead_letters)
+    return _Plan(alias, keep_markers, keep_dead_letters, size)
+
+
+def _prune_batch(plan: _Plan) -> PruneResult:
+    result = PruneResult()
+    if plan.keep_markers is not None:
+        markers = prunable_markers(plan.alias, plan.keep_markers)
+        result.markers = _delete_batch(markers, "job_id", "completed_at", plan.batch)
+        result.batches += 1
+    if plan.keep_dead_letters is not None:
+        letters = prunable_dead_letters(plan.alias, plan.keep_dead_letters)
+        result.dead_letters = _delete_batch(letters, "id", "dead_at", plan.batch)
+        result.batches += 1
+    return result
 
 
 def count_prunable(
