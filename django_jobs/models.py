@@ -200,6 +200,15 @@ class NewJob:
     fingerprint: str | None
 
 
+# What a job is, apart from its runs: its dead letter keeps these, a replay gives them back.
+DEFINITION = ("name", "queue", "payload", "priority", "max_attempts", "key", "fingerprint")
+
+
+def definition(job: Any) -> dict[str, Any]:
+    """Return the DEFINITION fields of a job, a claimed job or a dead letter, by name."""
+    return {field: getattr(job, field) for field in DEFINITION}
+
+
 # A job whose key is live or done: a few rounds cover a job finishing mid-enqueue.
 DEDUPE_ROUNDS = 5
 
@@ -1170,14 +1179,8 @@ class DeadLetter(models.Model):
         """Return (unsaved) the letter of a job that dies with `error` as its last one."""
         return cls(
             id=job.id,
-            name=job.name,
-            queue=job.queue,
-            payload=job.payload,
-            priority=job.priority,
-            key=job.key,
-            fingerprint=job.fingerprint,
+            **definition(job),
             attempts=job.attempts if attempts is None else attempts,
-            max_attempts=job.max_attempts,
             reason=reason,
             # Texts made storable here too: a letter is the record that must always commit.
             error=storable_text(error_summary(error), MAX_LABEL + MAX_MESSAGE + 64),
@@ -1202,18 +1205,7 @@ class DeadLetter(models.Model):
         if registry.lookup(self.name) is None:
             report.unknown.append(self.id)
             return False
-        job = NewJob(
-            id=uuid7(),
-            name=self.name,
-            queue=self.queue,
-            payload=self.payload,
-            priority=self.priority,
-            run_at=run_at,
-            delay=delay,
-            max_attempts=self.max_attempts,
-            key=self.key,
-            fingerprint=self.fingerprint,
-        )
+        job = NewJob(id=uuid7(), **definition(self), run_at=run_at, delay=delay)
         jobs = Job.objects.using(alias)
         with transaction.atomic(using=alias):
             # Conditional on "not replayed yet": of two concurrent replays (two
