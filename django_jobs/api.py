@@ -21,7 +21,7 @@ from django.core.exceptions import ValidationError
 from django.db import DatabaseError, ProgrammingError, connections, transaction
 from django.utils import timezone
 
-from django_jobs import conf, limits, registry, signals
+from django_jobs import conf, flow, limits, registry, signals
 from django_jobs import payloads as codec  # enqueue_many takes a parameter named payloads
 from django_jobs.exceptions import InvalidJob, InvalidPayload
 from django_jobs.limits import MAX_KEY_LENGTH
@@ -156,6 +156,11 @@ def _item(options: _Options, payload: Any, key: str | None) -> NewJob:
         max_attempts=options.max_attempts,
         key=key,
         fingerprint=codec.fingerprint(handler.name, text) if key is not None else None,
+        partition=(
+            None
+            if handler.partition_by is None
+            else flow.partition_of(handler.name, handler.partition_by, payload)
+        ),
     )
 
 

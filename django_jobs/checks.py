@@ -10,7 +10,7 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import DatabaseError, connections
 
-from django_jobs import conf, limits
+from django_jobs import conf, flow, limits, registry
 from django_jobs.registry import QUEUE_RE, Backoff
 from django_jobs.schema import migrate_command, unapplied_migrations
 
@@ -102,7 +102,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         errors.append(Error(f"DJANGO_JOBS['BACKOFF'] is invalid: {exc}", id="django_jobs.E009"))
     queues = s["QUEUES"]
     if queues is not None and (
-        not isinstance(queues, list | tuple | set | frozenset)
+        not isinstance(queues, list | tuple | set | frozenset | dict)
         or not all(_queue_name(q) for q in queues)
     ):
         errors.append(
@@ -121,6 +121,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
                 id="django_jobs.E010",
             )
         )
+    errors.extend(_check_flow(queues, alias))
     limit = s["MAX_PAYLOAD_BYTES"]
     if limit is not None:
         try:
@@ -177,6 +178,32 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
             )
         )
     return errors
+
+
+def _check_flow(queues: Any, alias: str) -> list[Any]:
+    """Check QUEUES' limits, and that the jobs database enforces the limits declared."""
+    try:
+        limited = sorted(flow.queue_limits(queues))
+    except ValueError as exc:
+        return [
+            Error(
+                f"DJANGO_JOBS['QUEUES'] has invalid limits: {exc}.",
+                hint='For example {"emails": {"global_concurrency": 5, "rate_limit": "10/s"}}.',
+                id="django_jobs.E301",
+            )
+        ]
+    limited += [g.key for g in flow.handler_limits(registry.all_handlers().values())]
+    vendor = connections[alias].vendor
+    if limited and vendor != "postgresql":
+        return [
+            Error(
+                f"Flow limits are declared ({', '.join(limited[:5])}) but the jobs database "
+                f"is {vendor}, which does not enforce them.",
+                hint="global_concurrency and rate_limit need PostgreSQL; remove them here.",
+                id="django_jobs.E302",
+            )
+        ]
+    return []
 
 
 def _queue_name(value: Any) -> bool:

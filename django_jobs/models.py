@@ -31,7 +31,7 @@ from django.db.models.functions import Coalesce, Greatest, Now
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from django_jobs import conf, limits, registry, sql
+from django_jobs import conf, flow, limits, registry, sql
 from django_jobs.attempts import (  # noqa: F401 - LEASE_EXPIRED and MAX_TRACEBACK re-exported
     LEASE_EXPIRED,
     MAX_LABEL,
@@ -198,15 +198,7 @@ class NewJob:
     max_attempts: int
     key: str | None
     fingerprint: str | None
-
-
-# What a job is, apart from its runs: its dead letter keeps these, a replay gives them back.
-DEFINITION = ("name", "queue", "payload", "priority", "max_attempts", "key", "fingerprint")
-
-
-def definition(job: Any) -> dict[str, Any]:
-    """Return the DEFINITION fields of a job, a claimed job or a dead letter, by name."""
-    return {field: getattr(job, field) for field in DEFINITION}
+    partition: str | None = None  # flow control's partition value (registry.Handler.partition_by)
 
 
 # A job whose key is live or done: a few rounds cover a job finishing mid-enqueue.
@@ -332,6 +324,7 @@ class JobQuerySet(models.QuerySet["Job"]):
         exclude_names: Sequence[str] = (),
         beat: Beat | None = None,
         names: Sequence[str] | None = None,
+        flow_limits: Sequence[flow.Limit] = (),
     ) -> list[ClaimedJob]:
         """Lease up to `limit` jobs of `queues` to `token`, counting an attempt each.
 
@@ -339,10 +332,16 @@ class JobQuerySet(models.QuerySet["Job"]):
         are taken over first, so no task is needed to rescue them; then due jobs
         in priority order. Paused queues are left out, and so are jobs whose name
         is not in `names` (None: any name) or is in `exclude_names`. With `beat`,
-        the worker's heartbeat row is refreshed in the same statement.
+        the worker's heartbeat row is refreshed in the same statement. The jobs of
+        `flow_limits`' groups are claimed within their limits (PostgreSQL only;
+        docs/flow-control.md); without any, the claim is one statement.
         """
         if not queues:
             return []
+        if flow_limits:
+            return self._claim_flow(
+                queues, limit, token, lease, exclude_names, beat, names, flow_limits
+            )
         alias = self.db
         if not _is_postgres(alias) or conf.get("CLAIM") == "orm":
             if beat is not None:
@@ -370,17 +369,93 @@ class JobQuerySet(models.QuerySet["Job"]):
             beat,
             None if names is None else list(names),
         )
-        rows = sql.run(alias, sql.CLAIM, params)
-        # errors come as JSON text (Django loads jsonb as text), NULL when empty.
-        return [
-            ClaimedJob(  # type: ignore[misc]  # row[:11]: the eleven fields before errors
-                *row[:11],
-                errors=json.loads(row[11]) if row[11] else [],
-                token=token,
-                completed=row[12],
+        return _claimed(sql.run(alias, sql.CLAIM, params), token)
+
+    def _claim_flow(
+        self,
+        queues: Sequence[str],
+        limit: int,
+        token: str,
+        lease: float,
+        exclude_names: Sequence[str],
+        beat: Beat | None,
+        names: Sequence[str] | None,
+        flow_limits: Sequence[flow.Limit],
+    ) -> list[ClaimedJob]:
+        """Claim the limited groups' jobs within their limits, then the others (PostgreSQL).
+
+        The limited half is one transaction: the groups' advisory locks, then one
+        CLAIM_LIMITED per group, each counting after the locks are granted. The
+        other half is the usual claim, without the limited names and queues.
+        """
+        alias = self.db
+        limited_names = [g.value for g in flow_limits if g.kind == "name"]
+        limited_queues = {g.value for g in flow_limits if g.kind == "queue"}
+        groups = [
+            g
+            for g in flow_limits
+            if (g.kind == "queue" and g.value in queues)
+            or (
+                g.kind == "name"
+                and (names is None or g.value in names)
+                and g.value not in exclude_names
             )
-            for row in rows
         ]
+        jobs: list[ClaimedJob] = []
+        if groups and limit > 0:
+            with transaction.atomic(using=alias):
+                sql.run(alias, sql.FLOW_LOCK, [sorted(g.key for g in groups)])
+                for group in groups:
+                    if len(jobs) >= limit:
+                        break
+                    params = {
+                        **sql.claim_params(
+                            list(queues),
+                            limit - len(jobs),
+                            token,
+                            lease,
+                            list(exclude_names),
+                            None,
+                            None if names is None else list(names),
+                        ),
+                        "value": group.value,
+                        "key": group.key,
+                        "limited": limited_names if group.kind == "queue" else [],
+                        "cap": group.concurrency,
+                        "rate": group.rate.count if group.rate else None,
+                        "window": group.rate.seconds if group.rate else 1,
+                        "partitioned": group.partitioned,
+                        "scan": flow.SCAN,
+                    }
+                    jobs += _claimed(sql.run(alias, sql.CLAIM_LIMITED[group.kind], params), token)
+        rest = max(limit - len(jobs), 0)
+        unlimited = [q for q in queues if q not in limited_queues]
+        if conf.get("CLAIM") == "orm":
+            if beat is not None:
+                WorkerBeat.objects.using(alias).filter(id=beat.worker).update(
+                    last_seen_at=Now(),
+                    running=beat.running,
+                    **({"stats": json.loads(beat.stats)} if beat.stats else {}),
+                )
+            if rest and unlimited:
+                with transaction.atomic(using=alias):
+                    jobs += self.select_for_update(skip_locked=True)._claim_portable(
+                        unlimited, rest, token, lease, exclude_names, names, limited_names
+                    )
+            return jobs
+        params = {
+            **sql.claim_params(
+                unlimited,
+                rest,
+                token,
+                lease,
+                list(exclude_names),
+                beat,
+                None if names is None else list(names),
+            ),
+            "limited": limited_names,
+        }
+        return jobs + _claimed(sql.run(alias, sql.CLAIM_UNLIMITED, params), token)
 
     def _claim_portable(
         self,
@@ -390,6 +465,7 @@ class JobQuerySet(models.QuerySet["Job"]):
         lease: float,
         exclude_names: Sequence[str],
         names: Sequence[str] | None,
+        limited: Sequence[str] = (),
     ) -> list[ClaimedJob]:
         # Conditional UPDATEs: on SQLite each takes the write lock at once, and
         # re-checking the lease in the UPDATE keeps two workers from taking one row.
@@ -401,6 +477,8 @@ class JobQuerySet(models.QuerySet["Job"]):
         lease_until = now + timedelta(seconds=lease)
         attempted: list[uuid.UUID] = []
         known = self if names is None else self.filter(name__in=list(names))
+        if limited:  # claimed within their limits by _claim_flow
+            known = known.exclude(name__in=list(limited))
         expired = (
             known.filter(locked_by__isnull=False, queue__in=list(queues), lease_expires_at__lt=now)
             .order_by("lease_expires_at")
@@ -828,6 +906,7 @@ def _insert_params(job: NewJob) -> dict[str, Any]:
         "max_attempts": job.max_attempts,
         "key": job.key,
         "fingerprint": job.fingerprint,
+        "partition": job.partition,
         "channel": conf.get("CHANNEL"),
         "notify": bool(conf.get("LISTEN")),
     }
@@ -847,7 +926,33 @@ def _new_row(job: NewJob, now: datetime) -> Job:
         key=job.key,
         fingerprint=job.fingerprint,
         errors=[],
+        partition=job.partition,
     )
+
+
+def _claimed(rows: list[tuple[Any, ...]], token: str) -> list[ClaimedJob]:
+    """Return the jobs of a claim statement's rows (sql.CLAIM, CLAIM_LIMITED)."""
+    # errors come as JSON text (Django loads jsonb as text), NULL when empty.
+    return [
+        ClaimedJob(  # type: ignore[misc]  # row[:11]: the eleven fields before errors
+            *row[:11],
+            errors=json.loads(row[11]) if row[11] else [],
+            token=token,
+            completed=row[12],
+        )
+        for row in rows
+    ]
+
+
+def _partition_of(name: str, payload: str) -> str | None:
+    """Return the partition of a replayed payload under its handler's partition_by, if any."""
+    handler = registry.lookup(name)
+    if handler is None or handler.partition_by is None:
+        return None
+    try:
+        return flow.partition_of(name, handler.partition_by, json.loads(payload))
+    except (InvalidJob, ValueError):
+        return None  # the letter's payload no longer partitions: its own partition (NULL)
 
 
 def _duplicate(job: NewJob, existing_id: uuid.UUID, fingerprint: str | None) -> EnqueueResult:
@@ -873,9 +978,10 @@ def _copy_rows(jobs: list[NewJob], now: datetime) -> str:
         payload = job.payload
         if "\\" in payload or "\t" in payload or "\n" in payload or "\r" in payload:
             payload = payload.translate(_COPY_ESCAPES)
+        partition = "\\N" if job.partition is None else job.partition.translate(_COPY_ESCAPES)
         lines.append(
             f"{job.id}\t{job.name}\t{job.queue}\t{payload}\t"
-            f"{job.priority}\t{run_at}\t{stamp}\t0\t{job.max_attempts}\t[]\n"
+            f"{job.priority}\t{run_at}\t{stamp}\t0\t{job.max_attempts}\t[]\t{partition}\n"
         )
     return "".join(lines)
 
@@ -1034,6 +1140,12 @@ class Job(models.Model):
         blank=True,
         help_text=_("Cancellation asked for; the worker sees it at its next heartbeat."),
     )
+    partition = models.CharField(
+        max_length=flow.MAX_PARTITION_LENGTH,
+        null=True,
+        blank=True,
+        help_text=_("Flow control's partition value, from the handler's partition_by."),
+    )
 
     objects = JobsDatabaseManager.from_queryset(JobQuerySet)()
 
@@ -1086,6 +1198,28 @@ class Job(models.Model):
     @property
     def idempotency_key(self) -> str:
         return self.key if self.key is not None else str(self.id)
+
+
+class FlowWindow(models.Model):
+    """Starts of one rate-limited group (and partition) in its current fixed window."""
+
+    key = models.CharField(max_length=MAX_NAME_LENGTH + 10, help_text=_("The limited group."))
+    partition = models.CharField(max_length=flow.MAX_PARTITION_LENGTH, default="", blank=True)
+    window_start = models.DateTimeField()
+    starts = models.IntegerField(default=0)
+
+    objects = JobsDatabaseManager()
+
+    class Meta:
+        db_table = "django_jobs_flow_window"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["key", "partition"], name="django_jobs_flow_window_unique"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key} {self.partition}"
 
 
 class CompletionMarker(models.Model):
@@ -1179,8 +1313,14 @@ class DeadLetter(models.Model):
         """Return (unsaved) the letter of a job that dies with `error` as its last one."""
         return cls(
             id=job.id,
-            **definition(job),
+            name=job.name,
+            queue=job.queue,
+            payload=job.payload,
+            priority=job.priority,
+            key=job.key,
+            fingerprint=job.fingerprint,
             attempts=job.attempts if attempts is None else attempts,
+            max_attempts=job.max_attempts,
             reason=reason,
             # Texts made storable here too: a letter is the record that must always commit.
             error=storable_text(error_summary(error), MAX_LABEL + MAX_MESSAGE + 64),
@@ -1205,7 +1345,19 @@ class DeadLetter(models.Model):
         if registry.lookup(self.name) is None:
             report.unknown.append(self.id)
             return False
-        job = NewJob(id=uuid7(), **definition(self), run_at=run_at, delay=delay)
+        job = NewJob(
+            id=uuid7(),
+            name=self.name,
+            queue=self.queue,
+            payload=self.payload,
+            priority=self.priority,
+            run_at=run_at,
+            delay=delay,
+            max_attempts=self.max_attempts,
+            key=self.key,
+            fingerprint=self.fingerprint,
+            partition=_partition_of(self.name, self.payload),
+        )
         jobs = Job.objects.using(alias)
         with transaction.atomic(using=alias):
             # Conditional on "not replayed yet": of two concurrent replays (two

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, overload
 
-from django_jobs import conf, limits
+from django_jobs import conf, flow, limits
 from django_jobs.exceptions import HandlerConflict, InvalidJob, UnknownJob
 from django_jobs.limits import MAX_NAME_LENGTH, MAX_PRIORITY, MAX_QUEUE_LENGTH, MIN_PRIORITY
 
@@ -133,6 +133,10 @@ class Handler(Generic[P, R]):
     atomic: bool = False
     validate: Callable[[Any], object] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # Flow control across the fleet (docs/flow-control.md).
+    global_concurrency: int | None = None
+    rate_limit: flow.Rate | None = None
+    partition_by: str | flow.Partitioner | None = None
 
     def __call__(self, payload: P | None = None, ctx: JobContext | None = None) -> R:
         """Call the function directly (in tests, say), bypassing the queue."""
@@ -342,6 +346,9 @@ def job(
     concurrency: int | None = None,
     atomic: bool = False,
     validate: Callable[[Any], object] | None = None,
+    global_concurrency: int | None = None,
+    rate_limit: str | None = None,
+    partition_by: str | Callable[[Any], str] | None = None,
 ) -> Callable[[Callable[[P, JobContext], R]], Handler[P, R]]: ...
 
 
@@ -358,6 +365,9 @@ def job(
     concurrency: int | None = None,
     atomic: bool = False,
     validate: Callable[[Any], object] | None = None,
+    global_concurrency: int | None = None,
+    rate_limit: str | None = None,
+    partition_by: str | Callable[[Any], str] | None = None,
 ) -> Handler[P, R] | Callable[[Callable[[P, JobContext], R]], Handler[P, R]]:
     """Declare a job handler, called as ``handler(payload, ctx)`` by the worker.
 
@@ -367,7 +377,12 @@ def job(
     (run inside a transaction that also records completion: database effects
     happen exactly once), ``validate`` (called with the payload at enqueue and
     before running; raising ValueError/TypeError dead-letters the job).
+    Across the fleet (docs/flow-control.md): ``global_concurrency`` (at most N
+    running at once), ``rate_limit`` ("N/s", "N/m", "N/h": starts per window),
+    ``partition_by`` (a payload key or a callable: the limits hold per value).
     """
+    if partition_by is not None and global_concurrency is None and rate_limit is None:
+        raise InvalidJob("partition_by needs global_concurrency or rate_limit to partition")
 
     def decorate(f: Callable[[P, JobContext], R]) -> Handler[P, R]:
         if not callable(f):
@@ -389,6 +404,11 @@ def job(
             ),
             atomic=bool(atomic),
             validate=validate,
+            global_concurrency=(
+                None if global_concurrency is None else flow.check_concurrency(global_concurrency)
+            ),
+            rate_limit=None if rate_limit is None else flow.parse_rate(rate_limit),
+            partition_by=None if partition_by is None else flow.check_partition_by(partition_by),
         )
         return register(handler)
 

@@ -58,6 +58,33 @@ def run(alias: str, statement: str, params: Any = None) -> list[tuple[Any, ...]]
     return rows
 
 
+# What a claim sets on each row it leases, and what it returns (CLAIM and CLAIM_LIMITED).
+_LEASE = f"""
+    SET attempts = j.attempts + 1,
+        locked_by = %(token)s,
+        lease_expires_at = statement_timestamp() + %(lease)s * interval '1 second',
+        attempted_at = statement_timestamp(),
+        started_at = COALESCE(j.started_at, statement_timestamp()),
+        errors = CASE WHEN j.locked_by IS NULL THEN j.errors ELSE j.errors || jsonb_build_array(
+            jsonb_build_object(
+                'attempt', j.attempts,
+                'at', statement_timestamp(),
+                'type', '{LEASE_EXPIRED}',
+                'message', '{LEASE_EXPIRED_MESSAGE}',
+                'traceback', '',
+                'worker', split_part(j.locked_by, '#', 1))) END"""
+_RETURNED = """
+SELECT id, name, queue, payload, priority, attempts, max_attempts, key, fingerprint, enqueued_at,
+       started_at, CASE WHEN errors = '[]' THEN NULL ELSE errors END,
+       (key IS NOT NULL OR attempts > 1) AND EXISTS (
+           SELECT 1 FROM django_jobs_marker AS m
+           WHERE m.key = COALESCE(claimed.key, claimed.id::text)
+       ) AS completed
+FROM claimed
+ORDER BY priority DESC, run_at, id
+"""
+
+
 # Lease up to %(limit)s jobs of %(queues)s to %(token)s, counting an attempt each.
 #
 # - Per queue, jobs whose lease expired (their worker was killed, hung or cut
@@ -80,7 +107,11 @@ def run(alias: str, statement: str, params: Any = None) -> list[tuple[Any, ...]]
 #   round trip per poll and no other.
 # - The lost attempt's entry has the shape of attempts.lease_expired_entry
 #   (tests/test_claim.py pins it), its texts spliced in from there.
-CLAIM = f"""
+def _claim(*, except_limited: bool) -> str:
+    # With limits configured, the limited names are left out of both branches
+    # (%(limited)s): CLAIM_LIMITED claims them. Without, the statement is as it was.
+    skip = "AND name <> ALL(%(limited)s::text[])" if except_limited else ""
+    return f"""
 WITH beat AS (
     UPDATE django_jobs_worker
     SET last_seen_at = statement_timestamp(), running = %(running)s,
@@ -101,6 +132,7 @@ claimable AS MATERIALIZED (
             WHERE locked_by IS NOT NULL AND queue = q.name
               AND lease_expires_at < statement_timestamp()
               AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
+              {skip}
             ORDER BY lease_expires_at
             LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED
@@ -113,6 +145,7 @@ claimable AS MATERIALIZED (
               AND run_at <= statement_timestamp()
               AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
               AND name <> ALL(%(exclude)s::text[])
+              {skip}
             ORDER BY priority DESC, run_at, id
             LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED
@@ -121,35 +154,128 @@ claimable AS MATERIALIZED (
     LIMIT %(limit)s
 ),
 claimed AS (
-    UPDATE django_jobs_job AS j
-    SET attempts = j.attempts + 1,
-        locked_by = %(token)s,
-        lease_expires_at = statement_timestamp() + %(lease)s * interval '1 second',
-        attempted_at = statement_timestamp(),
-        started_at = COALESCE(j.started_at, statement_timestamp()),
-        errors = CASE WHEN j.locked_by IS NULL THEN j.errors ELSE j.errors || jsonb_build_array(
-            jsonb_build_object(
-                'attempt', j.attempts,
-                'at', statement_timestamp(),
-                'type', '{LEASE_EXPIRED}',
-                'message', '{LEASE_EXPIRED_MESSAGE}',
-                'traceback', '',
-                'worker', split_part(j.locked_by, '#', 1))) END
+    UPDATE django_jobs_job AS j{_LEASE}
     FROM claimable
     WHERE j.id = claimable.id
       AND (j.locked_by IS NULL OR j.lease_expires_at < statement_timestamp())
     RETURNING j.id, j.name, j.queue, j.payload, j.priority, j.run_at, j.attempts,
               j.max_attempts, j.key, j.fingerprint, j.enqueued_at, j.started_at, j.errors
+){_RETURNED}"""  # noqa: S608 - spliced: constants of this module and attempts.py, no input
+
+
+CLAIM = _claim(except_limited=False)
+# CLAIM without the jobs of limited groups (%(limited)s names; limited queues are not
+# in %(queues)s): the unlimited half of a claim when limits are configured.
+CLAIM_UNLIMITED = _claim(except_limited=True)
+
+# Flow control (docs/flow-control.md): take the transaction-scoped advisory lock
+# of each limited group, in the order given (sorted by the caller, so that two
+# claims never wait on each other in a cycle). Held to the end of the claim's
+# transaction: the next claimer of a group counts after this one committed.
+FLOW_LOCK = """
+SELECT pg_advisory_xact_lock(hashtextextended('django_jobs.flow:' || k, 0))
+FROM unnest(%s::text[]) AS k
+"""
+
+# The current window's start on the database clock: fixed windows aligned to the epoch.
+_WINDOW_START = (
+    "to_timestamp(floor(extract(epoch FROM statement_timestamp()) / %(window)s::int)"
+    " * %(window)s::int)"
 )
-SELECT id, name, queue, payload, priority, attempts, max_attempts, key, fingerprint, enqueued_at,
-       started_at, CASE WHEN errors = '[]' THEN NULL ELSE errors END,
-       (key IS NOT NULL OR attempts > 1) AND EXISTS (
-           SELECT 1 FROM django_jobs_marker AS m
-           WHERE m.key = COALESCE(claimed.key, claimed.id::text)
-       ) AS completed
-FROM claimed
-ORDER BY priority DESC, run_at, id
-"""  # noqa: S608 - spliced: two constants of attempts.py, no input
+_PART = "CASE WHEN %(partitioned)s::boolean THEN COALESCE(partition, '') ELSE '' END"
+
+
+def _claim_limited(column: str) -> str:
+    # One limited group (its handler's name or its queue, `column` = %(value)s),
+    # under the group's FLOW_LOCK, which must be granted before this statement
+    # starts (its snapshot then holds every lease a previous holder committed):
+    # - running: its leased rows whose lease has not expired, per partition;
+    # - window: its starts in the current fixed window, per partition;
+    # - candidates: at most %(scan)s of its expired leases and of its due jobs, in
+    #   claim order, from the worker's unpaused queues, names it knows and not
+    #   capped in this process; ranked per partition, expired leases first;
+    # - picked: those whose rank is within the partition's room,
+    #   min(cap - running, rate - starts), locked with SKIP LOCKED;
+    # - claimed: leased as by CLAIM; counted: their starts added to the window.
+    # A queue's group leaves out the names that have limits of their own (%(limited)s).
+    return f"""
+WITH active AS MATERIALIZED (
+    SELECT q.name FROM unnest(%(queues)s::text[]) AS q(name)
+    WHERE NOT EXISTS (SELECT 1 FROM django_jobs_queue AS s WHERE s.name = q.name AND s.paused)
+),
+running AS MATERIALIZED (
+    SELECT {_PART} AS part, count(*) AS n
+    FROM django_jobs_job
+    WHERE locked_by IS NOT NULL AND lease_expires_at >= statement_timestamp()
+      AND {column} = %(value)s AND name <> ALL(%(limited)s::text[])
+    GROUP BY 1
+),
+flow_window AS MATERIALIZED (
+    SELECT partition AS part, starts FROM django_jobs_flow_window
+    WHERE key = %(key)s AND window_start = {_WINDOW_START}
+),
+candidates AS MATERIALIZED (
+    (SELECT id, {_PART} AS part, true AS expired, priority, run_at
+     FROM django_jobs_job
+     WHERE locked_by IS NOT NULL AND lease_expires_at < statement_timestamp()
+       AND {column} = %(value)s AND queue IN (SELECT name FROM active)
+       AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
+       AND name <> ALL(%(exclude)s::text[]) AND name <> ALL(%(limited)s::text[])
+     ORDER BY lease_expires_at
+     LIMIT %(scan)s)
+    UNION ALL
+    (SELECT id, {_PART} AS part, false AS expired, priority, run_at
+     FROM django_jobs_job
+     WHERE locked_by IS NULL AND run_at <= statement_timestamp()
+       AND {column} = %(value)s AND queue IN (SELECT name FROM active)
+       AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
+       AND name <> ALL(%(exclude)s::text[]) AND name <> ALL(%(limited)s::text[])
+     ORDER BY priority DESC, run_at, id
+     LIMIT %(scan)s)
+),
+ranked AS MATERIALIZED (
+    SELECT c.id, c.expired, c.priority, c.run_at,
+           row_number() OVER (
+               PARTITION BY c.part ORDER BY c.expired DESC, c.priority DESC, c.run_at, c.id
+           ) AS rank,
+           LEAST(COALESCE(%(cap)s::int - COALESCE(r.n, 0), %(limit)s::int),
+                 COALESCE(%(rate)s::int - COALESCE(w.starts, 0), %(limit)s::int)) AS room
+    FROM candidates AS c
+    LEFT JOIN running AS r ON r.part = c.part
+    LEFT JOIN flow_window AS w ON w.part = c.part
+),
+picked AS MATERIALIZED (
+    SELECT j.id
+    FROM ranked JOIN django_jobs_job AS j ON j.id = ranked.id
+    WHERE ranked.rank <= ranked.room
+    ORDER BY ranked.expired DESC, ranked.priority DESC, ranked.run_at, ranked.id
+    LIMIT %(limit)s
+    FOR UPDATE OF j SKIP LOCKED
+),
+claimed AS (
+    UPDATE django_jobs_job AS j{_LEASE}
+    FROM picked
+    WHERE j.id = picked.id
+      AND (j.locked_by IS NULL OR j.lease_expires_at < statement_timestamp())
+    RETURNING j.id, j.name, j.queue, j.payload, j.priority, j.run_at, j.attempts,
+              j.max_attempts, j.key, j.fingerprint, j.enqueued_at, j.started_at, j.errors,
+              j.partition
+),
+counted AS (
+    INSERT INTO django_jobs_flow_window (key, partition, window_start, starts)
+    SELECT %(key)s, {_PART}, {_WINDOW_START}, count(*)
+    FROM claimed
+    WHERE %(rate)s::int IS NOT NULL
+    GROUP BY 2
+    ON CONFLICT (key, partition) DO UPDATE
+    SET starts = CASE WHEN django_jobs_flow_window.window_start = EXCLUDED.window_start
+                      THEN django_jobs_flow_window.starts + EXCLUDED.starts
+                      ELSE EXCLUDED.starts END,
+        window_start = EXCLUDED.window_start
+){_RETURNED}"""  # noqa: S608 - spliced: constants of this module and attempts.py, no input
+
+
+CLAIM_LIMITED = {"name": _claim_limited("name"), "queue": _claim_limited("queue")}
 
 
 def claim_params(
@@ -241,10 +367,11 @@ RETURNING id, cancel_requested_at IS NOT NULL
 # INSERT ... RETURNING pg_notify() plans cheaper than a CTE: E1 is all round trip.)
 INSERT = """
 INSERT INTO django_jobs_job
-    (id, name, queue, payload, priority, run_at, enqueued_at, attempts, max_attempts, errors)
+    (id, name, queue, payload, priority, run_at, enqueued_at, attempts, max_attempts, errors,
+     partition)
 VALUES (%(id)s, %(name)s, %(queue)s, %(payload)s, %(priority)s,
         COALESCE(%(run_at)s, statement_timestamp() + %(delay)s * interval '1 second'),
-        statement_timestamp(), 0, %(max_attempts)s, '[]')
+        statement_timestamp(), 0, %(max_attempts)s, '[]', %(partition)s)
 RETURNING CASE WHEN %(notify)s AND run_at <= statement_timestamp()
     THEN pg_notify(%(channel)s, queue) END, enqueued_at
 """
@@ -261,10 +388,11 @@ WITH completed AS (
 inserted AS (
     INSERT INTO django_jobs_job
         (id, name, queue, payload, priority, run_at, enqueued_at, attempts, max_attempts,
-         key, fingerprint, errors)
+         key, fingerprint, errors, partition)
     SELECT %(id)s, %(name)s, %(queue)s, %(payload)s, %(priority)s,
            COALESCE(%(run_at)s, statement_timestamp() + %(delay)s * interval '1 second'),
-           statement_timestamp(), 0, %(max_attempts)s, %(key)s, %(fingerprint)s, '[]'
+           statement_timestamp(), 0, %(max_attempts)s, %(key)s, %(fingerprint)s, '[]',
+           %(partition)s
     WHERE NOT EXISTS (SELECT 1 FROM completed)
     ON CONFLICT (key) WHERE key IS NOT NULL DO NOTHING
     RETURNING id, queue, run_at <= statement_timestamp() AS due, enqueued_at
@@ -280,7 +408,8 @@ SELECT 'completed', job_id, fingerprint, NULL, NULL FROM completed
 # ids from the client, times from one statement_timestamp() of the same transaction).
 COPY_JOBS = """
 COPY django_jobs_job
-    (id, name, queue, payload, priority, run_at, enqueued_at, attempts, max_attempts, errors)
+    (id, name, queue, payload, priority, run_at, enqueued_at, attempts, max_attempts, errors,
+     partition)
 FROM STDIN
 """
 

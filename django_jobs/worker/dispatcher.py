@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
-from django_jobs import conf, lifecycle, limits, registry
+from django_jobs import conf, flow, lifecycle, limits, registry
 from django_jobs.attempts import MAX_MESSAGE, lease_token, type_name
 from django_jobs.context import JobContext
 from django_jobs.lifecycle import Outcome
@@ -127,7 +127,28 @@ class Worker(Settler, ExecutorThreads):
         # The job names this worker claims (and publishes in its heartbeat row).
         self.names = sorted(registry.all_handlers())
         self._names_generation = registry.generation()
+        self._flow_limits = self._limits()
+        self._limited = {g.value for g in self._flow_limits if g.kind == "name"}
+        self._flow_freed = False  # a limited job finished: settle it, then claim again
         self._ops = Upkeep(self)  # heartbeat row, schedules, pruning, counters
+
+    def _limits(self) -> list[flow.Limit]:
+        """Return the flow limits of the handlers and of QUEUES (docs/flow-control.md)."""
+        try:
+            queues = flow.queue_limits(conf.get("QUEUES"))
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"DJANGO_JOBS['QUEUES']: {exc}") from None
+        found = flow.handler_limits(registry.all_handlers().values()) + sorted(
+            (flow.Limit("queue", q, c, r) for q, (c, r) in queues.items()),
+            key=lambda g: g.key,
+        )
+        if found and connections[self.database].vendor != "postgresql":
+            raise ImproperlyConfigured(
+                f"flow limits ({', '.join(g.key for g in found)}) are enforced on PostgreSQL "
+                f"only, and the jobs database is {connections[self.database].vendor} "
+                "(django_jobs.E302)"
+            )
+        return found
 
     def _check_options(self, settings: dict[str, Any]) -> None:
         """Fill unset options from settings; raise ValueError for any outside django_jobs.limits."""
@@ -230,11 +251,13 @@ class Worker(Settler, ExecutorThreads):
                 self._to_release = []
             if self._done and (
                 len(self._done) >= self.batch
+                or self._flow_freed
                 or now - self._done_since >= FLUSH_INTERVAL
                 or self._stopping
                 or not (self._inflight or self._more)
             ):
                 self._flush_done()
+            self._flow_freed = False
             if self._unsettled and now >= self._next_unsettled_retry:
                 self._retry_unsettled()
                 self._next_unsettled_retry = now + 1.0
@@ -360,6 +383,7 @@ class Worker(Settler, ExecutorThreads):
                 exclude_names=capped,
                 beat=beat,
                 names=self.names,
+                flow_limits=self._flow_limits,
             )
         )
         if jobs is None:
@@ -373,6 +397,8 @@ class Worker(Settler, ExecutorThreads):
     def _names_changed(self) -> None:
         self._names_generation = registry.generation()
         self.names = sorted(registry.all_handlers())
+        self._flow_limits = self._limits()
+        self._limited = {g.value for g in self._flow_limits if g.kind == "name"}
         self._ops.names_changed()
         logger.info("worker %s: now claims %d job name(s)", self.id, len(self.names))
 
@@ -487,8 +513,13 @@ class Worker(Settler, ExecutorThreads):
                 self._by_name.pop(name, None)
             if name in self._excluded:
                 self._more = True  # the last claim skipped this capped handler's jobs
+            if self._flow_limits and (name in self._limited or self._queue_limited(run)):
+                self._more = self._flow_freed = True  # a fleet-wide slot frees at its settle
             if self._held_back and not self._stopping:
                 self._release_held_back()
+
+    def _queue_limited(self, run: Run) -> bool:
+        return any(g.kind == "queue" and g.value == run.job.queue for g in self._flow_limits)
 
     # ---- leases, timeouts and shutdown --------------------------------------
 

@@ -223,3 +223,9 @@ if not settings.JOBS_TEST_OLD_RELEASE:
 
 # Hostile handlers (issue 10): what they raise, return or print comes from the payload.
 from tests.testapp import hostile  # noqa: E402, F401
+
+# Flow control (issue 14): limited handlers only in the worker processes that ask.
+if os.environ.get("JOBS_TEST_FLOW") == "1":
+    from tests.testapp import flow_jobs
+
+    flow_jobs.register()

@@ -1,0 +1,158 @@
+"""Flow control: limits that hold across the fleet (global concurrency, rate limits, partitions).
+
+Pure values and their validation; the claim enforces them (sql.CLAIM_LIMITED,
+models.JobQuerySet.claim) and docs/flow-control.md says how.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from django_jobs import limits
+from django_jobs.exceptions import InvalidJob
+
+# The longest partition value stored with a job (the partition column).
+MAX_PARTITION_LENGTH = 200
+# Claimable rows of one limited group that one claim ranks, at most: a bound on
+# the claim's cost whatever the backlog (partitions beyond them wait a claim).
+SCAN = 1000
+
+WINDOWS = {"s": 1, "m": 60, "h": 3600}
+_RATE_RE = re.compile(r"\s*(\d+)\s*/\s*([smh])\s*")
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """At most `count` starts per fixed window of `seconds`."""
+
+    count: int
+    seconds: int
+
+    def __str__(self) -> str:
+        unit = next(u for u, s in WINDOWS.items() if s == self.seconds)
+        return f"{self.count}/{unit}"
+
+
+def parse_rate(value: object, *, what: str = "rate_limit") -> Rate:
+    """Return value ("100/m": N/s, N/m or N/h) as a Rate, else raise InvalidJob."""
+    if isinstance(value, Rate):
+        return value
+    match = _RATE_RE.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        raise InvalidJob(
+            f"{what} must be a string 'N/s', 'N/m' or 'N/h' (N starts per second, "
+            f"minute or hour), not {limits.shown(value)}"
+        )
+    count = limits.integer(f"{what}'s N", int(match[1]), 1, limits.MAX_INT, error=InvalidJob)
+    return Rate(count, WINDOWS[match[2]])
+
+
+def check_concurrency(value: object, *, what: str = "global_concurrency") -> int:
+    """Return value if it is a whole number of slots, else raise InvalidJob."""
+    return limits.integer(what, value, 1, limits.MAX_INT, error=InvalidJob)
+
+
+Partitioner = Callable[[Any], object]
+
+
+def check_partition_by(value: object) -> str | Partitioner:
+    """Return value if it is a payload key or a callable, else raise InvalidJob."""
+    if callable(value) or (isinstance(value, str) and value):
+        return value
+    raise InvalidJob(
+        f"partition_by must be a top-level payload key or a callable(payload) -> str, "
+        f"not {limits.shown(value)}"
+    )
+
+
+def partition_of(name: str, partition_by: str | Partitioner, payload: Any) -> str:
+    """Return the partition value of payload for handler `name`, else raise InvalidJob."""
+    if callable(partition_by):
+        value = partition_by(payload)
+        if not isinstance(value, str):
+            raise InvalidJob(f"{name}: partition_by returned {type(value).__name__}, not a string")
+    else:
+        if not isinstance(payload, dict) or partition_by not in payload:
+            raise InvalidJob(f"{name}: the payload has no key {partition_by!r} to partition by")
+        value = payload[partition_by]
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            raise InvalidJob(
+                f"{name}: payload[{partition_by!r}] must be a string or an integer "
+                f"to partition by, not {type(value).__name__}"
+            )
+        value = str(value)
+    if len(value) > MAX_PARTITION_LENGTH:
+        raise InvalidJob(
+            f"{name}: the partition value is {len(value)} characters long; "
+            f"the limit is {MAX_PARTITION_LENGTH}"
+        )
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """One limited group: a handler's jobs (kind "name") or a queue's (kind "queue")."""
+
+    kind: str
+    value: str
+    concurrency: int | None
+    rate: Rate | None
+    partitioned: bool = False
+
+    @property
+    def key(self) -> str:
+        """The group's key in locks and in the window counters."""
+        return f"{self.kind}:{self.value}"
+
+
+def handler_limits(handlers: Iterable[Any]) -> list[Limit]:
+    """Return the limited groups of handlers (registry.Handler), sorted by key."""
+    return sorted(
+        (
+            Limit(
+                "name",
+                h.name,
+                h.global_concurrency,
+                h.rate_limit,
+                h.partition_by is not None,
+            )
+            for h in handlers
+            if h.global_concurrency is not None or h.rate_limit is not None
+        ),
+        key=lambda limit: limit.key,
+    )
+
+
+def queue_limits(setting: object) -> dict[str, tuple[int | None, Rate | None]]:
+    """Return the limits of a QUEUES setting ({queue: {"global_concurrency", "rate_limit"}}).
+
+    A list (or None) has none. Raise InvalidJob for a malformed dict.
+    """
+    if not isinstance(setting, Mapping):
+        return {}
+    found: dict[str, tuple[int | None, Rate | None]] = {}
+    for queue, options in setting.items():
+        if options is None:
+            continue
+        if not isinstance(options, Mapping):
+            raise InvalidJob(f"QUEUES[{queue!r}] must be a dict of limits or None")
+        unknown = set(options) - {"global_concurrency", "rate_limit"}
+        if unknown:
+            raise InvalidJob(
+                f"QUEUES[{queue!r}] has unknown keys {sorted(unknown)}; "
+                "known: global_concurrency, rate_limit"
+            )
+        concurrency = options.get("global_concurrency")
+        rate = options.get("rate_limit")
+        limit = (
+            None
+            if concurrency is None
+            else check_concurrency(concurrency, what=f"QUEUES[{queue!r}]['global_concurrency']")
+        )
+        parsed = None if rate is None else parse_rate(rate, what=f"QUEUES[{queue!r}]['rate_limit']")
+        if limit is not None or parsed is not None:
+            found[queue] = (limit, parsed)
+    return found

@@ -1,0 +1,287 @@
+"""Flow control (issue 14): limits across the fleet, enforced at claim by PostgreSQL."""
+
+from __future__ import annotations
+
+import signal
+from datetime import timedelta
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
+from django.utils import timezone
+
+from django_jobs import enqueue, flow, job
+from django_jobs.exceptions import InvalidJob
+from django_jobs.models import CompletionMarker, DeadLetter, Job
+from tests.conftest import wait_for
+from tests.testapp import flow_jobs
+from tests.testapp.models import Audit
+
+# Persistent connections: a reconnect per job would be most of the gap between two jobs.
+FLOW_ENV = {"JOBS_TEST_FLOW": "1", "JOBS_CONN_MAX_AGE": "60"}
+
+
+@pytest.fixture
+def handlers():
+    registered = flow_jobs.register()
+    yield registered
+    flow_jobs.unregister_all()
+
+
+# ---- declaration ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"global_concurrency": 0},
+        {"global_concurrency": -1},
+        {"global_concurrency": 2.5},
+        {"global_concurrency": True},
+        {"rate_limit": "5/d"},
+        {"rate_limit": "0/s"},
+        {"rate_limit": 5},
+        {"rate_limit": "x/m"},
+        {"partition_by": "customer"},  # no limit to partition
+        {"global_concurrency": 1, "partition_by": 3},
+        {"global_concurrency": 1, "partition_by": ""},
+    ],
+)
+def test_invalid_limits_are_refused_at_declaration(options):
+    with pytest.raises(InvalidJob):
+        job(name="tests.flow.invalid", **options)(lambda payload, ctx: None)
+
+
+def test_rates_parse_into_fixed_windows():
+    assert flow.parse_rate("100/m") == flow.Rate(100, 60)
+    assert flow.parse_rate(" 20 / s ") == flow.Rate(20, 1)
+    assert str(flow.parse_rate("7/h")) == "7/h"
+
+
+@pytest.mark.django_db
+def test_partition_is_evaluated_at_enqueue_and_stored(handlers):
+    result = enqueue(handlers["partitioned"], {"customer": 42, "seconds": 0, "label": "a"})
+    assert Job.objects.get(id=result.id).partition == "42"
+    with pytest.raises(InvalidJob, match="no key 'customer'"):
+        enqueue(handlers["partitioned"], {"seconds": 0, "label": "a"})
+    by_callable = job(
+        name="tests.flow.callable", rate_limit="1/s", partition_by=lambda p: p["a"] + p["b"]
+    )(lambda payload, ctx: None)
+    try:
+        result = enqueue(by_callable, {"a": "x", "b": "y"})
+        assert Job.objects.get(id=result.id).partition == "xy"
+        with pytest.raises(InvalidJob):
+            enqueue(by_callable, {"a": 1, "b": 2})  # not a string
+    finally:
+        from django_jobs.registry import unregister
+
+        unregister("tests.flow.callable")
+
+
+# ---- the claim -------------------------------------------------------------------
+
+
+def _limits(*handlers):
+    return flow.handler_limits(handlers)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("claim", ["auto", "orm"])
+def test_claim_leases_at_most_the_cap_and_takes_slots_back_when_leases_expire(
+    handlers, settings, claim
+):
+    settings.DJANGO_JOBS = {"CLAIM": claim}
+    capped, free = handlers["capped"], handlers["free"]
+    with transaction.atomic():
+        for i in range(6):
+            enqueue(capped, {"seconds": 0, "label": str(i)}, priority=100)
+        for i in range(3):
+            enqueue(free, {"label": str(i)})
+    limits = _limits(capped, free)
+    jobs = Job.objects.all()
+    first = jobs.claim(queues=["default"], limit=10, token="w1#1", lease=30, flow_limits=limits)
+    # The cap's 2, and the unlimited jobs behind them in priority order all the same.
+    assert sorted(j.name for j in first) == [capped.name] * 2 + [free.name] * 3
+    second = jobs.claim(queues=["default"], limit=10, token="w2#1", lease=30, flow_limits=limits)
+    assert second == []
+    held_back = Job.objects.filter(name=capped.name, locked_by__isnull=True)
+    assert held_back.count() == 4
+    assert set(held_back.values_list("attempts", flat=True)) == {0}  # no attempt counted
+    # A killed worker's slots: its leases expire, and the next claim takes them over.
+    Job.objects.filter(locked_by="w1#1", name=capped.name).update(
+        lease_expires_at=timezone.now() - timedelta(1)
+    )
+    third = jobs.claim(queues=["default"], limit=10, token="w3#1", lease=30, flow_limits=limits)
+    assert len(third) == 2
+    assert {j.attempts for j in third} == {2}  # the expired ones, taken over first
+    assert jobs.filter(name=capped.name, locked_by="w3#1").count() == 2
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_claim_caps_each_partition(handlers):
+    partitioned = handlers["partitioned"]
+    with transaction.atomic():
+        for customer in ("a", "b", "c"):
+            for i in range(3):
+                enqueue(partitioned, {"customer": customer, "seconds": 0, "label": str(i)})
+    limits = _limits(partitioned)
+    got = Job.objects.claim(queues=["default"], limit=10, token="w#1", lease=30, flow_limits=limits)
+    assert sorted(Job.objects.get(id=j.id).partition for j in got) == ["a", "b", "c"]
+    assert (
+        Job.objects.claim(queues=["default"], limit=10, token="w#2", lease=30, flow_limits=limits)
+        == []
+    )
+
+
+# ---- real worker processes ------------------------------------------------------------
+
+
+def _intervals(prefix):
+    """Return {job label: (start, end)} recorded by flow_jobs._sleep (end None: never ended)."""
+    found: dict[str, list] = {}
+    for label, at in Audit.objects.filter(label__contains=f"|{prefix}|").values_list(
+        "label", "created_at"
+    ):
+        kind, _prefix, customer, name = label.split("|")
+        found.setdefault(f"{customer}|{name}", [None, None])[0 if kind == "start" else 1] = at
+    return found
+
+
+def _max_overlap(intervals, until=None):
+    events = []
+    for start, end in intervals:
+        events.append((start, 1))
+        events.append((end or until, -1))
+    events.sort(key=lambda e: (e[0], e[1]))  # an end before a start at the same instant
+    running = peak = 0
+    for _at, step in events:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("claim", ["auto", "orm"])
+def test_three_workers_never_run_more_than_the_global_cap(handlers, worker_process, claim):
+    import json
+
+    total, seconds = 24, 0.25
+    with transaction.atomic():
+        for i in range(total):
+            enqueue(handlers["capped"], {"seconds": seconds, "label": str(i)})
+    env = {**FLOW_ENV, "JOBS_TEST_SETTINGS": json.dumps({"CLAIM": claim})}
+    workers = [worker_process("--concurrency", "8", extra_env=env) for _ in range(3)]
+    wait_for(lambda: CompletionMarker.objects.count() == total, timeout=60, message="all jobs done")
+    for w in workers:
+        w.signal(signal.SIGTERM)
+    assert [w.wait() for w in workers] == [0, 0, 0]
+    intervals = list(_intervals("capped").values())
+    assert len(intervals) == total
+    assert _max_overlap(intervals) == 2
+    elapsed = (max(e for _, e in intervals) - min(s for s, _ in intervals)).total_seconds()
+    rate, cap = total / elapsed, 2 / seconds
+    print(f"global_concurrency=2, {seconds}s jobs, claim {claim}: {rate:.2f}/s of {cap:.2f}/s")
+    assert rate >= 0.75 * cap
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_partitions_run_one_at_a_time_each_and_side_by_side(handlers, worker_process):
+    with transaction.atomic():
+        for customer in ("a", "b", "c"):
+            for i in range(4):
+                enqueue(
+                    handlers["partitioned"], {"customer": customer, "seconds": 0.2, "label": str(i)}
+                )
+    workers = [worker_process("--concurrency", "4", extra_env=FLOW_ENV) for _ in range(2)]
+    wait_for(lambda: CompletionMarker.objects.count() == 12, timeout=60, message="all jobs done")
+    for w in workers:
+        w.signal(signal.SIGTERM)
+    assert [w.wait() for w in workers] == [0, 0]
+    found = _intervals("partitioned")
+    for customer in ("a", "b", "c"):
+        mine = [v for k, v in found.items() if k.startswith(f"{customer}|")]
+        assert len(mine) == 4
+        assert _max_overlap(mine) == 1
+    assert _max_overlap(list(found.values())) >= 2
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_killed_workers_slots_come_back_after_its_leases(handlers, worker_process):
+    total = 6
+    with transaction.atomic():
+        for i in range(total):
+            enqueue(handlers["capped"], {"seconds": 1.0, "label": str(i)})
+    args = ("--concurrency", "4", "--lease", "2")
+    victim = worker_process(*args, extra_env=FLOW_ENV)
+    wait_for(lambda: Audit.objects.filter(label__startswith="start|").count() >= 2)
+    victim.signal(signal.SIGKILL)
+    assert victim.wait() == -signal.SIGKILL
+    held = dict(Job.objects.filter(locked_by__isnull=False).values_list("id", "lease_expires_at"))
+    assert len(held) == 2, "the victim held its two slots"
+    rescuer = worker_process(*args, extra_env=FLOW_ENV)
+    wait_for(lambda: CompletionMarker.objects.count() == total, timeout=60, message="all done")
+    rescuer.signal(signal.SIGTERM)
+    assert rescuer.wait() == 0
+    assert Job.objects.count() == 0
+    assert DeadLetter.objects.count() == 0
+    # Nobody started while the victim's leases held both slots.
+    later = Audit.objects.filter(label__startswith="start|").exclude(
+        job_id__in=list(held), attempt=1
+    )
+    first_start = min(later.values_list("created_at", flat=True))
+    assert first_start >= min(held.values()) - timedelta(milliseconds=50)
+    for marker in CompletionMarker.objects.filter(job_id__in=list(held)):
+        assert marker.attempts == 2
+
+
+# ---- checks ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "queues",
+    [
+        {"emails": {"global_concurrency": 0}},
+        {"emails": {"rate_limit": "10/d"}},
+        {"emails": {"burst": 3}},
+        {"emails": 5},
+    ],
+)
+def test_invalid_queue_limits_are_check_errors(settings, queues):
+    from django_jobs.checks import check_settings
+
+    settings.DJANGO_JOBS = {"QUEUES": queues}
+    assert "django_jobs.E301" in [e.id for e in check_settings()]
+
+
+def test_queue_limits_parse(settings):
+    settings.DJANGO_JOBS = {
+        "QUEUES": {"emails": {"global_concurrency": 5, "rate_limit": "10/s"}, "default": None}
+    }
+    from django_jobs import conf
+    from django_jobs.checks import check_settings
+
+    assert flow.queue_limits(conf.get("QUEUES")) == {"emails": (5, flow.Rate(10, 1))}
+    assert "django_jobs.E301" not in [e.id for e in check_settings()]
+
+
+def test_only_postgresql_enforces_limits(handlers):
+    from django.db import connection
+
+    from django_jobs.checks import check_settings
+    from django_jobs.worker import Worker
+
+    ids = [e.id for e in check_settings()]
+    if connection.vendor == "postgresql":
+        assert "django_jobs.E302" not in ids
+    else:  # SQLite, MariaDB: refused by the check, and the worker will not start
+        assert "django_jobs.E302" in ids
+        with pytest.raises(ImproperlyConfigured, match="E302"):
+            Worker(burst=True)
