@@ -6,6 +6,7 @@ import sys
 from types import FrameType
 from typing import Any
 
+from django.apps import apps
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import DatabaseError, connections
@@ -277,5 +278,22 @@ def check_sqlite(app_configs: Any = None, **kwargs: Any) -> list[Any]:
             '"init_command": "PRAGMA journal_mode=WAL;" (django-jobs sets both when '
             "OPTIONS leave them out).",
             id="django_jobs.W021",
+        )
+    ]
+
+
+@register(Tags.admin)
+def check_admin_apps(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    # Without it the dead-letter and marker lists fail on their first request
+    # (TemplateDoesNotExist rangefilter/date_filter.html), long after check passed.
+    if not apps.is_installed("django.contrib.admin") or apps.is_installed("rangefilter"):
+        return []
+    return [
+        Error(
+            "'rangefilter' is not in INSTALLED_APPS: the jobs admin's date-range filters "
+            "need its templates.",
+            hint="Add 'rangefilter' (django-admin-rangefilter, installed with django-jobs) "
+            "to INSTALLED_APPS.",
+            id="django_jobs.E015",
         )
     ]

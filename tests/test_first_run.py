@@ -296,3 +296,17 @@ def test_importing_the_enqueue_api_without_the_app_names_the_fix(tmp_path):
         "django.core.exceptions.ImproperlyConfigured: 'django_jobs' is not in INSTALLED_APPS: "
         "add it (and 'rangefilter' for the admin), then run `python manage.py migrate`"
     )
+
+
+# ---- 'rangefilter' forgotten: the admin would fail on its first page ----------------
+
+
+def test_check_says_rangefilter_is_missing_from_installed_apps(settings):
+    from django.core.checks import run_checks
+
+    settings.INSTALLED_APPS = [app for app in settings.INSTALLED_APPS if app != "rangefilter"]
+    errors = [e for e in run_checks(tags=["admin"]) if e.id == "django_jobs.E015"]
+    assert len(errors) == 1
+    assert "'rangefilter'" in errors[0].msg and "INSTALLED_APPS" in errors[0].hint
+    settings.INSTALLED_APPS = [*settings.INSTALLED_APPS, "rangefilter"]
+    assert not [e for e in run_checks(tags=["admin"]) if e.id.startswith("django_jobs.")]
