@@ -43,9 +43,9 @@ def test_verbosity_0_keeps_only_warnings_and_errors(worker_process):
     assert " succeeded in " not in out
     assert "starting" not in out and "stopped" not in out
     assert not any(str(job_id) in out for job_id in ok)
-    # Failures still speak: the retry's warning and the dead letter's error.
-    assert f"job {flaky} attempt 1/3 failed" in out
-    assert f"job {dead} dead-lettered (fatal)" in out
+    # Failures still speak, naming the handler: at -v 0 nothing else says which one failed.
+    assert f"job tests.flaky[{flaky}] attempt 1/3 failed" in out
+    assert f"job tests.fatal[{dead}] dead-lettered (fatal)" in out
 
 
 def test_jobs_schedules_names_the_zone_of_every_time(capsys, settings):

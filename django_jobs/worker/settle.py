@@ -197,7 +197,8 @@ class Settler:
             if delay <= 0:
                 self._more = True
             logger.warning(
-                "job %s attempt %d/%d failed (%s); retrying in %.1fs%s",
+                "job %s[%s] attempt %d/%d failed (%s); retrying in %.1fs%s",
+                job.name,
                 job.id,
                 job.attempts,
                 job.max_attempts,
@@ -247,7 +248,8 @@ class Settler:
         # The stored (capped, storable) traceback, not exc_info: a 10 MB message
         # must not make a 10 MB log line, and a hostile exception cannot break logging.
         logger.error(
-            "job %s dead-lettered (%s) after %d attempt(s): %s%s",
+            "job %s[%s] dead-lettered (%s) after %d attempt(s): %s%s",
+            job.name,
             job.id,
             reason,
             letter.attempts,
