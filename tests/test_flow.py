@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import time
 from datetime import timedelta
 
 import pytest
@@ -285,3 +286,99 @@ def test_only_postgresql_enforces_limits(handlers):
         assert "django_jobs.E302" in ids
         with pytest.raises(ImproperlyConfigured, match="E302"):
             Worker(burst=True)
+
+
+# ---- rate limits, queue limits, head-of-line ------------------------------------------
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_queue_limit_caps_the_queues_jobs_of_handlers_without_their_own(settings, handlers):
+    from tests.testapp import jobs
+
+    settings.DJANGO_JOBS = {"QUEUES": {"default": None, "emails": {"global_concurrency": 1}}}
+    with transaction.atomic():
+        for i in range(3):
+            enqueue(jobs.other_queue, {"label": str(i)})  # queue "emails"
+            enqueue(handlers["free"], {"label": str(i)})  # queue "default", unlimited
+    limits = [flow.Limit("queue", "emails", 1, None)]
+    got = Job.objects.claim(
+        queues=["default", "emails"], limit=10, token="w#1", lease=30, flow_limits=limits
+    )
+    assert sorted(j.queue for j in got) == ["default"] * 3 + ["emails"]
+    again = Job.objects.claim(
+        queues=["default", "emails"], limit=10, token="w#2", lease=30, flow_limits=limits
+    )
+    assert again == []
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_rate_limit_counts_starts_per_window(handlers):
+    with transaction.atomic():
+        for i in range(30):
+            enqueue(handlers["rated"], {"label": str(i)})
+    limits = _limits(handlers["rated"])
+    got = Job.objects.claim(
+        queues=["default"], limit=100, token="w#1", lease=30, flow_limits=limits
+    )
+    # The window may roll over between the two claims: together at most 2 windows' worth.
+    more = Job.objects.claim(
+        queues=["default"], limit=100, token="w#2", lease=30, flow_limits=limits
+    )
+    assert len(got) <= 20
+    assert len(got) + len(more) <= 30
+    started = {j.started_at.replace(microsecond=0) for j in got + more}
+    for second in started:
+        assert sum(1 for j in got + more if j.started_at.replace(microsecond=0) == second) <= 20
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_three_workers_hold_a_rate_limit_window_by_window(handlers, worker_process):
+    from django_jobs import enqueue_many
+
+    enqueue_many(handlers["rated"], [{"label": str(i)} for i in range(400)])
+    workers = [worker_process("--concurrency", "8", extra_env=FLOW_ENV) for _ in range(3)]
+    wait_for(lambda: Audit.objects.filter(label__startswith="rated|").exists(), timeout=30)
+    time.sleep(10.5)
+    for w in workers:
+        w.signal(signal.SIGTERM)
+    assert [w.wait() for w in workers] == [0, 0, 0]
+    starts = sorted(
+        float(label.split("|")[1])
+        for label in Audit.objects.filter(label__startswith="rated|").values_list(
+            "label", flat=True
+        )
+    )
+    per_window: dict[int, int] = {}
+    for at in starts:
+        per_window[int(at // 1)] = per_window.get(int(at // 1), 0) + 1
+    assert max(per_window.values()) <= 20, per_window
+    # Ten whole windows after the first start: 200 starts, within 5%.
+    first = int(starts[0] // 1) + 1
+    in_ten = sum(n for window, n in per_window.items() if first <= window < first + 10)
+    print(f"rate_limit=20/s, 3 workers: {in_ten} starts in 10 windows")
+    assert 190 <= in_ten <= 200
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_limited_jobs_at_higher_priority_never_starve_unlimited_ones(handlers, worker_process):
+    from django_jobs import enqueue_many
+
+    enqueue_many(handlers["rated"], [{"label": str(i)} for i in range(5000)], priority=100)
+    enqueue_many(handlers["free"], [{"label": str(i)} for i in range(500)], priority=0)
+    worker = worker_process("--concurrency", "4", extra_env=FLOW_ENV)
+    wait_for(
+        lambda: Audit.objects.filter(label__startswith="unlimited|").count() == 500,
+        timeout=60,
+        message="the 500 unlimited jobs",
+    )
+    still = Job.objects.filter(name=handlers["rated"].name).count()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0
+    assert still > 4000, "the limited jobs were still draining"
+    assert Audit.objects.filter(label__startswith="rated|").exists()
