@@ -24,7 +24,6 @@ from django.utils import timezone
 from django_jobs import conf, flow, limits, registry, signals
 from django_jobs import payloads as codec  # enqueue_many takes a parameter named payloads
 from django_jobs.exceptions import InvalidJob, InvalidPayload
-from django_jobs.limits import MAX_KEY_LENGTH
 from django_jobs.models import EnqueueResult as EnqueueResult  # public: django_jobs.EnqueueResult
 from django_jobs.models import Job, JobQuerySet, NewJob, uuid7
 from django_jobs.registry import Handler
@@ -237,17 +236,7 @@ def _resolve(handler: Handler | str) -> Handler:
 
 def check_key(key: object) -> str:
     """Return key if it is a valid dedupe key, else raise InvalidJob."""
-    if not isinstance(key, str):
-        raise InvalidJob(f"key must be a string, not {type(key).__name__}")
-    if not key:
-        raise InvalidJob("key must not be empty (pass None for no key)")
-    if len(key) > MAX_KEY_LENGTH:
-        raise InvalidJob(f"key is {len(key)} characters long; the limit is {MAX_KEY_LENGTH}")
-    if not key.isprintable() or key != key.strip():
-        raise InvalidJob(
-            f"key {key!r} must be printable, without control characters or surrounding spaces"
-        )
-    return key
+    return limits.dedupe_key(key, error=InvalidJob)
 
 
 def _schedule(

@@ -12,7 +12,7 @@ from django.core.checks import Error, Tags, Warning, register
 from django.db import DatabaseError, connections
 
 from django_jobs import conf, flow, limits, registry
-from django_jobs.registry import QUEUE_RE, Backoff
+from django_jobs.registry import Backoff
 from django_jobs.schema import migrate_command, unapplied_migrations
 
 
@@ -130,7 +130,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         except ValueError as exc:
             errors.append(Error(f"{exc}.", hint="None means no limit.", id="django_jobs.E011"))
     channel = s["CHANNEL"]
-    if not (isinstance(channel, str) and len(channel) < 64 and QUEUE_RE.fullmatch(channel)):
+    if not (isinstance(channel, str) and len(channel) < 64 and limits.QUEUE_RE.fullmatch(channel)):
         errors.append(
             Error(
                 f"DJANGO_JOBS['CHANNEL'] must be a name of 1 to 63 letters, digits and _ . : -, "
@@ -208,11 +208,11 @@ def _check_flow(queues: Any, alias: str) -> list[Any]:
 
 
 def _queue_name(value: Any) -> bool:
-    return (
-        isinstance(value, str)
-        and len(value) <= limits.MAX_QUEUE_LENGTH
-        and QUEUE_RE.fullmatch(value) is not None
-    )
+    try:
+        limits.queue_name(value)
+    except ValueError:
+        return False
+    return True
 
 
 # ---- first run: migrations, SQLite ----------------------------------------------

@@ -41,6 +41,53 @@ FINGERPRINT_LENGTH = 64
 # PostgreSQL stores at most 1 GB in one text value.
 MAX_PAYLOAD_BYTES = 2**30
 
+# Job names default to dotted paths ("<locals>" appears in those of nested
+# functions); queue names are plainer. Both are column values and log fields.
+NAME_RE = re.compile(r"[A-Za-z_<][A-Za-z0-9_.:<>\-]*")
+QUEUE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]*")
+
+
+def job_name(value: Any, *, error: type[Exception] = ValueError) -> str:
+    """Return value if it is a valid job name, else raise error saying why."""
+    return _identifier("job name", value, NAME_RE, MAX_NAME_LENGTH, error)
+
+
+def queue_name(value: Any, *, error: type[Exception] = ValueError) -> str:
+    """Return value if it is a valid queue name, else raise error saying why."""
+    return _identifier("queue", value, QUEUE_RE, MAX_QUEUE_LENGTH, error)
+
+
+def _identifier(
+    what: str, value: Any, pattern: re.Pattern[str], limit: int, error: type[Exception]
+) -> str:
+    if not isinstance(value, str):
+        raise error(f"{what} must be a string, not {type(value).__name__}")
+    if not value:
+        raise error(f"{what} must not be empty")
+    if len(value) > limit:
+        raise error(f"{what} is {len(value)} characters long; the limit is {limit}")
+    if not pattern.fullmatch(value):
+        raise error(
+            f"{what} {value!r} may hold only letters, digits and _ . : - "
+            "(no spaces or control characters)"
+        )
+    return value
+
+
+def dedupe_key(value: Any, *, error: type[Exception] = ValueError) -> str:
+    """Return value if it is a valid dedupe key (any printable text), else raise error."""
+    if not isinstance(value, str):
+        raise error(f"key must be a string, not {type(value).__name__}")
+    if not value:
+        raise error("key must not be empty (pass None for no key)")
+    if len(value) > MAX_KEY_LENGTH:
+        raise error(f"key is {len(value)} characters long; the limit is {MAX_KEY_LENGTH}")
+    if not value.isprintable() or value != value.strip():
+        raise error(
+            f"key {value!r} must be printable, without control characters or surrounding spaces"
+        )
+    return value
+
 
 def integer(
     what: str, value: Any, low: int, high: int, *, error: type[Exception] = ValueError

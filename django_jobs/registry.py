@@ -9,7 +9,6 @@ from __future__ import annotations
 import difflib
 import inspect
 import random
-import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, overload
 
 from django_jobs import conf, flow, limits
 from django_jobs.exceptions import HandlerConflict, InvalidJob, UnknownJob
-from django_jobs.limits import MAX_NAME_LENGTH, MAX_PRIORITY, MAX_QUEUE_LENGTH, MIN_PRIORITY
+from django_jobs.limits import MAX_PRIORITY, MIN_PRIORITY
 
 if sys.version_info >= (3, 13):
     from typing import TypeVar
@@ -50,10 +49,6 @@ if TYPE_CHECKING:
 # A handler's payload and return types; Any for an unannotated function (and a bare `Handler`).
 P = TypeVar("P", default=Any)
 R = TypeVar("R", default=Any)
-
-# Default names are dotted paths; "<locals>" appears in those of nested functions.
-NAME_RE = re.compile(r"[A-Za-z_<][A-Za-z0-9_.:<>\-]*")
-QUEUE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,12 +205,12 @@ _generation = 0
 
 def check_name(name: object) -> str:
     """Return name if it is a valid job name, else raise InvalidJob."""
-    return _check_identifier("job name", name, NAME_RE, MAX_NAME_LENGTH)
+    return limits.job_name(name, error=InvalidJob)
 
 
 def check_queue(queue: object, *, allowlist: bool = True) -> str:
     """Return queue if it is a valid queue name (and allowed by QUEUES), else raise InvalidJob."""
-    queue = _check_identifier("queue", queue, QUEUE_RE, MAX_QUEUE_LENGTH)
+    queue = limits.queue_name(queue, error=InvalidJob)
     allowed = conf.get("QUEUES") if allowlist else None
     if allowed is not None and queue not in allowed:
         raise InvalidJob(f"unknown queue {queue!r}: DJANGO_JOBS['QUEUES'] allows {sorted(allowed)}")
@@ -245,21 +240,6 @@ def check_backoff(value: object) -> Backoff | None:
         return Backoff.coerce(value)
     except (TypeError, ValueError) as exc:
         raise InvalidJob(f"invalid backoff: {exc}") from None
-
-
-def _check_identifier(what: str, value: object, pattern: re.Pattern[str], limit: int) -> str:
-    if not isinstance(value, str):
-        raise InvalidJob(f"{what} must be a string, not {type(value).__name__}")
-    if not value:
-        raise InvalidJob(f"{what} must not be empty")
-    if len(value) > limit:
-        raise InvalidJob(f"{what} is {len(value)} characters long; the limit is {limit}")
-    if not pattern.fullmatch(value):
-        raise InvalidJob(
-            f"{what} {value!r} may hold only letters, digits and _ . : - "
-            "(no spaces or control characters)"
-        )
-    return value
 
 
 def register(handler: Handler[P, R]) -> Handler[P, R]:

@@ -45,8 +45,7 @@ from django.dispatch import receiver
 
 from django_jobs import conf, limits, payloads
 from django_jobs.exceptions import InvalidJob
-from django_jobs.limits import MAX_QUEUE_LENGTH
-from django_jobs.registry import QUEUE_RE, Handler, P, R, check_priority
+from django_jobs.registry import Handler, P, R, check_priority
 
 MAX_SCHEDULE_NAME = limits.MAX_SCHEDULE_LENGTH  # kept for imports
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -148,10 +147,11 @@ def make_spec(
                 f"{limits.MAX_SECONDS} (ten years), not {limits.shown(every)}"
             )
         seconds = int(value)
-    if queue is not None and (
-        not isinstance(queue, str) or len(queue) > MAX_QUEUE_LENGTH or not QUEUE_RE.fullmatch(queue)
-    ):
-        raise InvalidSchedule(f"schedule {name!r}: invalid queue name {queue!r}")
+    if queue is not None:
+        try:
+            limits.queue_name(queue)
+        except ValueError:
+            raise InvalidSchedule(f"schedule {name!r}: invalid queue name {queue!r}") from None
     if priority is not None:
         try:
             check_priority(priority)

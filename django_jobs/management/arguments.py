@@ -13,7 +13,6 @@ from datetime import timedelta
 from typing import Any
 
 from django_jobs import limits
-from django_jobs.registry import NAME_RE, QUEUE_RE
 
 
 def _number(text: str, kind: Callable[[str], float], what: str) -> float:
@@ -59,15 +58,19 @@ def duration_or_none(text: str) -> timedelta | None:
 
 
 def queue_name(text: str) -> str:
-    if not QUEUE_RE.fullmatch(text) or len(text) > limits.MAX_QUEUE_LENGTH:
-        raise argparse.ArgumentTypeError(f"{limits.shown(text)} is not a valid queue name")
-    return text
+    try:
+        return limits.queue_name(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{limits.shown(text)} is not a valid queue name"
+        ) from None
 
 
 def job_name(text: str) -> str:
-    if not NAME_RE.fullmatch(text) or len(text) > limits.MAX_NAME_LENGTH:
-        raise argparse.ArgumentTypeError(f"{limits.shown(text)} is not a valid job name")
-    return text
+    try:
+        return limits.job_name(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{limits.shown(text)} is not a valid job name") from None
 
 
 def job_id(text: str) -> uuid.UUID:
