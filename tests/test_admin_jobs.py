@@ -79,6 +79,14 @@ def test_job_list_shows_state_and_lease_holder(admin_client_, three_states):
     assert f'title="{local:%Y-%m-%d %H:%M:%S}">{local:%Y-%m-%d %H:%M}</span>' in text
 
 
+def test_a_retry_waiting_says_how_many_attempts_were_made(admin_client_):
+    # Three attempts failed: the next is the fourth, so "attempt 3 of 8" would mislead.
+    job = JobFactory(attempts=3, max_attempts=8)
+    for page in (url("job_changelist"), url("job_change", job.pk)):
+        text = admin_client_.get(page).content.decode()
+        assert "3 of 8 attempts made" in text and "attempt 3 of 8" not in text
+
+
 def test_job_detail_masks_the_payload(admin_client_):
     job = JobFactory(payload=json.dumps({"token": "abc", "to": "ada@example.com"}))
     text = admin_client_.get(url("job_change", job.pk)).content.decode()

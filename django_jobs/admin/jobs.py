@@ -167,7 +167,12 @@ class JobAdmin(DashboardView, IdOrTermSearch, CancelPermission, NameQueueColumns
             label = f"{label} ({_('lease expired: rescue is due')})"
         if not obj.attempts:
             return label
-        attempt = _("attempt %(n)s of %(of)s") % {"n": obj.attempts, "of": obj.max_attempts}
+        counts = {"n": obj.attempts, "of": obj.max_attempts}
+        # Waiting after a failure, "attempt 3 of 8" read as if the third were the next.
+        if state == JobState.RUNNING:
+            attempt = _("attempt %(n)s of %(of)s") % counts
+        else:
+            attempt = _("%(n)s of %(of)s attempts made") % counts
         return format_html('{}<br><span class="django-jobs-quiet">{}</span>', label, attempt)
 
     @admin.display(description=_("attempts"))
