@@ -16,7 +16,7 @@ class DjangoJobsConfig(AppConfig):
         from django.db.backends.signals import connection_created
         from django.utils.module_loading import autodiscover_modules
 
-        from django_jobs import api, checks, checks_ops, conf, registry, sqlite  # noqa: F401 - checks register themselves
+        from django_jobs import api, checks, conf, registry, sqlite  # noqa: F401 - checks register themselves
 
         # SQLite as the jobs database: IMMEDIATE transactions and WAL on its connections.
         connection_created.connect(sqlite.configure, dispatch_uid="django_jobs.sqlite")

@@ -39,7 +39,6 @@ LAYERS: list[tuple[str, set[str]]] = [
             "",  # django_jobs/__init__.py: the public API, re-exported
             "apps",
             "checks",
-            "checks_ops",
             "admin",
             "management",
             "tasks",

@@ -1,19 +1,16 @@
-"""System checks for the DJANGO_JOBS settings and the jobs database."""
+"""System checks of the DJANGO_JOBS settings: E001..E014, W001, W003, E211."""
 
 from __future__ import annotations
 
-import sys
-from types import FrameType
 from typing import Any
 
 from django.apps import apps
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
-from django.db import DatabaseError, connections
+from django.db import connections
 
 from django_jobs import conf, flow, limits, registry
 from django_jobs.registry import Backoff
-from django_jobs.schema import migrate_command, unapplied_migrations
 
 
 @register(Tags.compatibility)
@@ -215,69 +212,18 @@ def _queue_name(value: Any) -> bool:
     return True
 
 
-# ---- first run: migrations, SQLite ----------------------------------------------
-
-
-@register(Tags.database)
-def check_migrations(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[Any]:
-    """Warn when the jobs database lacks django_jobs' migrations (`check --database ALIAS`)."""
-    alias = conf.get("DATABASE")
-    if not isinstance(alias, str) or alias not in settings.DATABASES:
-        return []  # E003
-    if not databases or alias not in databases:
-        return []
-    if _inside_migrate():
-        return []  # `migrate` runs the database checks just before it applies them
-    try:
-        missing = unapplied_migrations(alias)
-    except DatabaseError:
-        return []  # an unreachable database: Django's own database checks say so
-    if not missing:
-        return []
-    return [
-        Warning(
-            f"{len(missing)} django_jobs migration(s) are not applied on the jobs database "
-            f"{alias!r}: {', '.join(missing)}.",
-            hint=f"Run `{migrate_command(alias)}`. Until then enqueue fails and runjobs "
-            "refuses to start.",
-            id="django_jobs.W020",
-        )
-    ]
-
-
-def _inside_migrate() -> bool:
-    from django.core.management.commands.migrate import Command as Migrate
-
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None:
-        if isinstance(frame.f_locals.get("self"), Migrate):
-            return True
-        frame = frame.f_back
-    return False
-
-
 @register(Tags.compatibility)
-def check_sqlite(app_configs: Any = None, **kwargs: Any) -> list[Any]:
-    """Warn when a SQLite jobs database's OPTIONS undo what concurrent workers need."""
-    from django_jobs import sqlite
-
-    alias = conf.get("DATABASE")
-    if not isinstance(alias, str) or alias not in settings.DATABASES:
-        return []  # E003
-    if connections[alias].vendor != "sqlite":
-        return []
-    notes = sqlite.missing_options(settings.DATABASES[alias])
-    if not notes:
+def check_claim(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """Check DJANGO_JOBS["CLAIM"]."""
+    claim = conf.get("CLAIM")
+    if claim in ("auto", "orm"):
         return []
     return [
-        Warning(
-            f"The SQLite jobs database {alias!r} is set up for one process at a time: "
-            f"{'; '.join(notes)}. Workers and web processes will fail with "
-            '"database is locked".',
-            hint='Remove those OPTIONS, or set "transaction_mode": "IMMEDIATE" and '
-            '"init_command": "PRAGMA journal_mode=WAL;" (django-jobs sets both when '
-            "OPTIONS leave them out).",
-            id="django_jobs.W021",
+        Error(
+            f"DJANGO_JOBS['CLAIM'] must be 'auto' or 'orm', not {limits.shown(claim)}.",
+            hint="'auto': PostgreSQL's one-statement claim, select_for_update(skip_locked=True) "
+            "elsewhere; 'orm': select_for_update(skip_locked=True) on PostgreSQL too.",
+            id="django_jobs.E211",
         )
     ]
 

@@ -1,0 +1,139 @@
+"""System checks of the jobs database: migrations, SQLite's options, autovacuum, a pooler."""
+
+from __future__ import annotations
+
+import sys
+from types import FrameType
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import Error, Tags, Warning, register
+from django.db import DatabaseError, connections
+
+from django_jobs import conf, limits, sqlite
+from django_jobs.schema import migrate_command, unapplied_migrations
+
+
+@register(Tags.database)
+def check_migrations(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[Any]:
+    """Warn when the jobs database lacks django_jobs' migrations (`check --database ALIAS`)."""
+    alias = conf.get("DATABASE")
+    if not isinstance(alias, str) or alias not in settings.DATABASES:
+        return []  # E003
+    if not databases or alias not in databases:
+        return []
+    if _inside_migrate():
+        return []  # `migrate` runs the database checks just before it applies them
+    try:
+        missing = unapplied_migrations(alias)
+    except DatabaseError:
+        return []  # an unreachable database: Django's own database checks say so
+    if not missing:
+        return []
+    return [
+        Warning(
+            f"{len(missing)} django_jobs migration(s) are not applied on the jobs database "
+            f"{alias!r}: {', '.join(missing)}.",
+            hint=f"Run `{migrate_command(alias)}`. Until then enqueue fails and runjobs "
+            "refuses to start.",
+            id="django_jobs.W020",
+        )
+    ]
+
+
+def _inside_migrate() -> bool:
+    from django.core.management.commands.migrate import Command as Migrate
+
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if isinstance(frame.f_locals.get("self"), Migrate):
+            return True
+        frame = frame.f_back
+    return False
+
+
+@register(Tags.compatibility)
+def check_sqlite(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """Warn when a SQLite jobs database's OPTIONS undo what concurrent workers need."""
+    alias = conf.get("DATABASE")
+    if not isinstance(alias, str) or alias not in settings.DATABASES:
+        return []  # E003
+    if connections[alias].vendor != "sqlite":
+        return []
+    notes = sqlite.missing_options(settings.DATABASES[alias])
+    if not notes:
+        return []
+    return [
+        Warning(
+            f"The SQLite jobs database {alias!r} is set up for one process at a time: "
+            f"{'; '.join(notes)}. Workers and web processes will fail with "
+            '"database is locked".',
+            hint='Remove those OPTIONS, or set "transaction_mode": "IMMEDIATE" and '
+            '"init_command": "PRAGMA journal_mode=WAL;" (django-jobs sets both when '
+            "OPTIONS leave them out).",
+            id="django_jobs.W021",
+        )
+    ]
+
+
+@register(Tags.database)
+def check_autovacuum(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[Any]:
+    """Warn when the jobs database does not autovacuum: the jobs table would grow without end."""
+    alias = conf.database()
+    if not databases or alias not in databases or connections[alias].vendor != "postgresql":
+        return []
+    try:
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SHOW autovacuum")
+            setting = cursor.fetchone()[0]
+    except DatabaseError:
+        return []
+    if setting == "on":
+        return []
+    return [
+        Warning(
+            f"autovacuum is off on the jobs database {alias!r}.",
+            hint="Finished jobs are deleted from django_jobs_job; without VACUUM their space is "
+            "never reused and the table and its claim index grow with every job. Turn autovacuum "
+            "on, or VACUUM django_jobs_job and django_jobs_marker every few seconds.",
+            id="django_jobs.W201",
+        )
+    ]
+
+
+@register(Tags.compatibility)
+def check_pooler(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """Warn when LISTEN or prepared statements are on behind a transaction pooler."""
+    pooler = conf.get("POOLER")
+    if pooler not in (None, "transaction"):
+        return [
+            Error(
+                f"DJANGO_JOBS['POOLER'] must be None or 'transaction', not {limits.shown(pooler)}.",
+                hint="Set 'transaction' when the jobs database is reached through PgBouncer "
+                "(or another pooler) in transaction pooling; leave it None otherwise.",
+                id="django_jobs.E210",
+            )
+        ]
+    if not pooler:
+        return []
+    alias = conf.database()
+    fixes = [
+        f"DJANGO_JOBS['{key}'] = False"
+        for key in ("LISTEN", "PREPARED_STATEMENTS")
+        if conf.get(key)
+    ]
+    # Django prepares its own queries too once this psycopg option asks for it.
+    options = connections[alias].settings_dict["OPTIONS"] if alias in settings.DATABASES else {}
+    if options.get("prepare_threshold") is not None:
+        fixes.append(f"DATABASES[{alias!r}]['OPTIONS']['prepare_threshold'] = None")
+    if not fixes:
+        return []
+    return [
+        Warning(
+            "DJANGO_JOBS['POOLER'] is 'transaction', but LISTEN or prepared statements are on.",
+            hint="A transaction pooler hands each transaction to any server session: LISTEN "
+            "never hears a notification and prepared statements go missing (PgBouncer < 1.21). "
+            f"Set {'; '.join(fixes)} (runjobs --no-listen also turns LISTEN off).",
+            id="django_jobs.W202",
+        )
+    ]
