@@ -98,6 +98,25 @@ class JobState(models.TextChoices):
     RUNNING = "running", _("running")  # leased to a worker (or its lease expired: rescue is due)
 
 
+# JobState as conditions on the database clock `now`, for filters, counts and
+# annotations alike. RUNNING counts a job whose lease expired (its row still names
+# its last holder, which may still be running it); "running now" (with_running,
+# the Tasks API's RUNNING) is a leased job whose lease is live.
+def _waiting(now: Any) -> Q:
+    return Q(locked_by__isnull=True, run_at__lte=now)
+
+
+def _scheduled(now: Any) -> Q:
+    return Q(locked_by__isnull=True, run_at__gt=now)
+
+
+_LEASED = Q(locked_by__isnull=False)
+
+
+def _running_now(now: Any) -> Q:
+    return _LEASED & Q(lease_expires_at__gt=now)
+
+
 @dataclass(frozen=True, slots=True)
 class Beat:
     """What a claim writes to the worker's heartbeat row (see WorkerBeat)."""
@@ -687,14 +706,14 @@ class JobQuerySet(models.QuerySet["Job"]):
     # ---- operators (admin, commands) -------------------------------------
 
     def waiting(self) -> JobQuerySet:
-        return self.filter(locked_by__isnull=True, run_at__lte=Now())
+        return self.filter(_waiting(Now()))
 
     def scheduled(self) -> JobQuerySet:
-        return self.filter(locked_by__isnull=True, run_at__gt=Now())
+        return self.filter(_scheduled(Now()))
 
     def running(self) -> JobQuerySet:
         """Leased jobs: JobState.RUNNING (see with_running for those whose lease is live)."""
-        return self.filter(locked_by__isnull=False)
+        return self.filter(_LEASED)
 
     def with_running(self) -> JobQuerySet:
         """Annotate `running`: whether a worker holds the job under a lease not yet expired.
@@ -704,10 +723,7 @@ class JobQuerySet(models.QuerySet["Job"]):
         admin says a rescue is due), but nobody runs it: the next claim takes it over.
         """
         return self.annotate(
-            running=ExpressionWrapper(
-                Q(locked_by__isnull=False, lease_expires_at__gt=Now()),
-                output_field=models.BooleanField(),
-            )
+            running=ExpressionWrapper(_running_now(Now()), output_field=models.BooleanField())
         )
 
     def claimable(self) -> JobQuerySet:
@@ -786,15 +802,14 @@ class JobQuerySet(models.QuerySet["Job"]):
         `now` defaults to the database clock.
         """
         now = Now() if now is None else now
-        due = Q(locked_by__isnull=True, run_at__lte=now)
         return (
             self.order_by()
             .values("queue")
             .annotate(
-                waiting=models.Count("pk", filter=due),
-                scheduled=models.Count("pk", filter=Q(locked_by__isnull=True, run_at__gt=now)),
-                running=models.Count("pk", filter=Q(locked_by__isnull=False)),
-                oldest=models.Min("run_at", filter=due),
+                waiting=models.Count("pk", filter=_waiting(now)),
+                scheduled=models.Count("pk", filter=_scheduled(now)),
+                running=models.Count("pk", filter=_LEASED),
+                oldest=models.Min("run_at", filter=_waiting(now)),
             )
         )
 
@@ -802,8 +817,8 @@ class JobQuerySet(models.QuerySet["Job"]):
         """Annotate each job's JobState as `state`, on the database clock."""
         return self.annotate(
             state=Case(
-                When(locked_by__isnull=False, then=Value(JobState.RUNNING)),
-                When(run_at__gt=Now(), then=Value(JobState.SCHEDULED)),
+                When(_LEASED, then=Value(JobState.RUNNING)),
+                When(_scheduled(Now()), then=Value(JobState.SCHEDULED)),
                 default=Value(JobState.WAITING),
                 output_field=models.CharField(),
             )
