@@ -53,6 +53,7 @@ class Snapshot:
     dead: list[int] = field(default_factory=list)
     dead_by_reason: list[tuple[str, str, int]] = field(default_factory=list)  # value, label, count
     unknown_names: list[status.UnknownNameStatus] = field(default_factory=list)
+    flow: list[status.FlowStatus] = field(default_factory=list)
 
     @property
     def completed_total(self) -> int:
@@ -64,7 +65,7 @@ class Snapshot:
 
 
 def snapshot(alias: str | None = None) -> Snapshot:
-    """Gather the dashboard's figures in four queries."""
+    """Gather the dashboard's figures in four queries (and two per limited group)."""
     alias = alias or conf.database()
     now = timezone.now()
     start = now.replace(second=0, microsecond=0) - timedelta(minutes=WINDOW_MINUTES - 1)
@@ -85,6 +86,7 @@ def snapshot(alias: str | None = None) -> Snapshot:
         row.declared = name in declared
     snap.queues = [by_queue[name] for name in sorted(by_queue)]
     snap.unknown_names = status.unknown_names(alias)
+    snap.flow = status.flow_status(alias)
 
     snap.completed = _per_minute(CompletionMarker.objects.using(alias), "completed_at", start)
     snap.dead = _per_minute(DeadLetter.objects.using(alias), "dead_at", start)

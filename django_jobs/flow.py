@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from django_jobs import limits
@@ -124,6 +125,19 @@ def handler_limits(handlers: Iterable[Any]) -> list[Limit]:
         ),
         key=lambda limit: limit.key,
     )
+
+
+def configured(handlers: Iterable[Any], queues: object) -> list[Limit]:
+    """Return every limited group: the handlers' (sorted), then QUEUES' (sorted)."""
+    return handler_limits(handlers) + sorted(
+        (Limit("queue", q, c, r) for q, (c, r) in queue_limits(queues).items()),
+        key=lambda limit: limit.key,
+    )
+
+
+def window_start(now: datetime, rate: Rate) -> datetime:
+    """Return the start of now's fixed window (as sql._WINDOW_START computes it)."""
+    return datetime.fromtimestamp(now.timestamp() // rate.seconds * rate.seconds, tz=UTC)
 
 
 def queue_limits(setting: object) -> dict[str, tuple[int | None, Rate | None]]:

@@ -2,7 +2,7 @@
 
 Every figure is read from the tables on the database clock, in five queries
 (jobs by queue, markers and dead letters of the last hour by queue, workers,
-the job names no live worker knows).
+the job names no live worker knows), and two per limited group of flow control.
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from typing import Any
 
 from django.db.models import Count, QuerySet
 
-from django_jobs import conf, registry
+from django_jobs import conf, flow, registry
 from django_jobs.fleet import unknown_name_grace
 from django_jobs.models import (
     CompletionMarker,
     DeadLetter,
+    FlowWindow,
     Job,
     QueueState,
     UnknownName,
@@ -65,16 +66,36 @@ class UnknownNameStatus:
 
 
 @dataclass
+class FlowStatus:
+    """A limited group (docs/flow-control.md): its limits and their use now."""
+
+    kind: str  # "name" (a handler) or "queue"
+    value: str
+    global_concurrency: int | None
+    rate_limit: str | None  # "100/m"
+    partitioned: bool
+    running: int  # jobs under a live lease
+    starts: int  # starts in the current rate window (0 without a rate limit)
+    # The busiest partitions: (partition, running, starts), at most BUSIEST of them.
+    partitions: list[tuple[str, int, int]] = field(default_factory=list)
+
+
+BUSIEST = 5
+
+
+@dataclass
 class Status:
     now: datetime
     queues: list[QueueStatus]
     workers: list[WorkerStatus]
     unknown_names: list[UnknownNameStatus] = field(default_factory=list)
+    flow: list[FlowStatus] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "now": self.now.isoformat(),
             "queues": [asdict(q) for q in self.queues],
+            "flow": [asdict(f) for f in self.flow],
             "unknown_names": [
                 {
                     **asdict(u),
@@ -144,6 +165,54 @@ def unknown_names(alias: str | None = None, now: Any = None) -> list[UnknownName
     ]
 
 
+def flow_status(alias: str | None = None, now: datetime | None = None) -> list[FlowStatus]:
+    """Return each limited group with its limits, running jobs and starts in the window."""
+    alias = alias or conf.database()
+    try:
+        groups = flow.configured(registry.all_handlers().values(), conf.get("QUEUES"))
+    except ValueError:  # reported by the system checks (E301)
+        return []
+    if not groups:
+        return []
+    now = now or db_now(alias)
+    limited = [g.value for g in groups if g.kind == "name"]
+    found = []
+    for group in groups:
+        jobs = Job.objects.using(alias).filter(**{group.kind: group.value})
+        if group.kind == "queue":
+            jobs = jobs.exclude(name__in=limited)
+        running = count_by(
+            jobs.filter(locked_by__isnull=False, lease_expires_at__gt=now), "partition"
+        )
+        starts: dict[str, int] = {}
+        if group.rate is not None:
+            windows = FlowWindow.objects.using(alias).filter(
+                key=group.key, window_start=flow.window_start(now, group.rate)
+            )
+            starts = dict(windows.values_list("partition", "starts"))
+        by_partition: dict[str, list[int]] = {}
+        for partition, n in running.items():
+            by_partition.setdefault(partition or "", [0, 0])[0] += n
+        for partition, n in starts.items():
+            by_partition.setdefault(partition, [0, 0])[1] += n
+        busiest = sorted(by_partition.items(), key=lambda item: (-sum(item[1]), item[0]))
+        found.append(
+            FlowStatus(
+                kind=group.kind,
+                value=group.value,
+                global_concurrency=group.concurrency,
+                rate_limit=None if group.rate is None else str(group.rate),
+                partitioned=group.partitioned,
+                running=sum(running.values()),
+                starts=sum(starts.values()),
+                partitions=(
+                    [(p, r, n) for p, (r, n) in busiest[:BUSIEST]] if group.partitioned else []
+                ),
+            )
+        )
+    return found
+
+
 def live_workers(alias: str | None = None) -> list[WorkerStatus]:
     """Return the workers whose heartbeat row is younger than WORKER_EXPIRY."""
     alias = alias or conf.database()
@@ -173,4 +242,5 @@ def status(alias: str | None = None) -> Status:
         queues=queue_status(alias, now),
         workers=live_workers(alias),
         unknown_names=unknown_names(alias, now),
+        flow=flow_status(alias, now),
     )

@@ -382,3 +382,55 @@ def test_limited_jobs_at_higher_priority_never_starve_unlimited_ones(handlers, w
     assert worker.wait() == 0
     assert still > 4000, "the limited jobs were still draining"
     assert Audit.objects.filter(label__startswith="rated|").exists()
+
+
+# ---- status, dashboard -----------------------------------------------------------
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_status_and_dashboard_show_each_limit_and_its_use(handlers, admin_client_):
+    import io
+    import json
+
+    from django.core.management import call_command
+
+    from django_jobs import status
+    from tests.admin_fixtures import url
+
+    with transaction.atomic():
+        for i in range(3):
+            enqueue(handlers["capped"], {"seconds": 0, "label": str(i)})
+            enqueue(handlers["rated"], {"label": str(i)})
+            enqueue(handlers["partitioned"], {"customer": "acme", "seconds": 0, "label": str(i)})
+    limits = _limits(handlers["capped"], handlers["rated"], handlers["partitioned"])
+    Job.objects.claim(queues=["default"], limit=20, token="w#1", lease=30, flow_limits=limits)
+    found = {f.value: f for f in status.flow_status()}
+    capped, rated, partitioned = (
+        found[h.name] for h in (handlers["capped"], handlers["rated"], handlers["partitioned"])
+    )
+    assert (capped.running, capped.global_concurrency, capped.rate_limit) == (2, 2, None)
+    assert (rated.rate_limit, rated.running) == ("20/s", 3)
+    assert rated.starts in (0, 3)  # 0 if the window rolled over since the claim
+    assert partitioned.partitions == [("acme", 1, 0)]
+
+    out = io.StringIO()
+    call_command("jobs", "status", stdout=out)
+    text = out.getvalue()
+    assert "handler tests.flow.capped" in text and "2/2" in text
+    assert "acme: 1 running" in text
+    out = io.StringIO()
+    call_command("jobs", "status", "--json", stdout=out)
+    data = json.loads(out.getvalue())
+    assert {f["value"] for f in data["flow"]} == {g.value for g in limits}
+
+    page = admin_client_.get(url("dashboard")).content.decode()
+    assert 'id="django-jobs-flow"' in page
+    assert 'data-value="tests.flow.capped"' in page
+
+
+@pytest.mark.django_db
+def test_no_limits_no_flow_section():
+    from django_jobs import status
+
+    assert status.flow_status() == []

@@ -135,13 +135,9 @@ class Worker(Settler, ExecutorThreads):
     def _limits(self) -> list[flow.Limit]:
         """Return the flow limits of the handlers and of QUEUES (docs/flow-control.md)."""
         try:
-            queues = flow.queue_limits(conf.get("QUEUES"))
+            found = flow.configured(registry.all_handlers().values(), conf.get("QUEUES"))
         except ValueError as exc:
             raise ImproperlyConfigured(f"DJANGO_JOBS['QUEUES']: {exc}") from None
-        found = flow.handler_limits(registry.all_handlers().values()) + sorted(
-            (flow.Limit("queue", q, c, r) for q, (c, r) in queues.items()),
-            key=lambda g: g.key,
-        )
         if found and connections[self.database].vendor != "postgresql":
             raise ImproperlyConfigured(
                 f"flow limits ({', '.join(g.key for g in found)}) are enforced on PostgreSQL "

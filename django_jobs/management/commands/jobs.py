@@ -131,6 +131,24 @@ class Command(BaseCommand):
                 "no handler: no registered handler declares the queue, so runjobs serves it "
                 "only when started with --queue NAME"
             )
+        if report.flow:
+            self.stdout.write("")
+            self.stdout.write("Flow limits across the fleet (running now, starts this window)")
+            rows = [
+                [
+                    f"{'handler' if f.kind == 'name' else 'queue'} {f.value}",
+                    "-" if f.global_concurrency is None else f"{f.running}/{f.global_concurrency}",
+                    "-" if f.rate_limit is None else f"{f.starts}/{f.rate_limit}",
+                    ", ".join(
+                        f"{p or '(none)'}: {r} running, {n} started" for p, r, n in f.partitions
+                    )
+                    or ("-" if not f.partitioned else "(idle)"),
+                ]
+                for f in report.flow
+            ]
+            self.stdout.write(
+                _table(rows, ["limited", "concurrency", "rate", "busiest partitions"])
+            )
         if report.unknown_names:
             self.stdout.write("")
             self.stdout.write(
