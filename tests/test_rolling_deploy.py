@@ -312,3 +312,15 @@ def test_without_unknown_names_the_admin_and_status_say_nothing_of_them(admin_cl
 def test_the_grace_setting_is_checked(value, valid):
     with override_settings(DJANGO_JOBS={"UNKNOWN_NAME_GRACE": value}):
         assert ("django_jobs.E212" not in {m.id for m in run_checks()}) is valid
+
+
+def test_a_name_no_live_worker_knows_is_logged_once_with_the_fix(run_worker, settings, caplog):
+    # The first-run case: a handler added to jobs.py while runjobs kept the old code.
+    _fast(settings, grace=600)
+    JobFactory.create_batch(2, name="shop.added_later")
+    run_worker()
+    told = [r.getMessage() for r in caplog.records if "shop.added_later" in r.getMessage()]
+    assert len(told) == 1, told
+    assert "2 waiting job(s) named 'shop.added_later'" in told[0]
+    assert "restart the workers" in told[0] and "0:10:00" in told[0]
+    assert Job.objects.filter(name="shop.added_later", attempts=0).count() == 2

@@ -110,6 +110,7 @@ class Upkeep:
         self._next_prune = 0.0
         self._next_unknown = 0.0
         self._unknown_found = False  # the last pass found names no live worker knows
+        self._unknown_told: set[str] = set()  # names already logged: once each, not every pass
         self._grace = unknown_name_grace()  # a bad value fails here, at start
         self._clock: tuple[datetime, float] | None = None  # (database time, monotonic time)
         self._postgres = connections[self.alias].vendor == "postgresql"
@@ -257,6 +258,7 @@ class Upkeep:
         if not found and not self._unknown_found:
             return  # nothing to record, nothing this worker recorded to forget
         self._unknown_found = bool(found)
+        self._tell_unknown(found)
         now = ticker.db_now(self.alias)
         names = UnknownName.objects.using(self.alias)
         names.observe(found, now)
@@ -264,6 +266,26 @@ class Upkeep:
             return
         for entry in names.filter(name__in=list(found), since__lte=now - self._grace):
             self._bury_unknown(entry.name, entry.since, now - self._grace)
+
+    def _tell_unknown(self, found: dict[str, int]) -> None:
+        # The usual first-run cause: a handler added while runjobs kept running the old code.
+        # Without a line, its jobs would wait in silence until UNKNOWN_NAME_GRACE buries them.
+        fate = (
+            "they wait until one does"
+            if self._grace is None
+            else f"they are dead-lettered as unknown_name after UNKNOWN_NAME_GRACE ({self._grace})"
+        )
+        for name in sorted(found.keys() - self._unknown_told):
+            logger.warning(
+                "worker %s: %d waiting job(s) named %r, which no live worker has a handler "
+                "for: restart the workers on code that registers it (%s)",
+                self.host.id,
+                found[name],
+                name,
+                fate,
+                extra={"job_name": name},
+            )
+        self._unknown_told = set(found)
 
     def _bury_unknown(self, name: str, since: datetime, before: datetime) -> None:
         message = (
