@@ -34,6 +34,8 @@ def test_demo_shows_jobs_done_and_a_dead_letter(tmp_path):
     assert "dead letters: 1" in out.stdout
     assert "reason=fatal" in out.stdout
     assert out.stdout.count("SUCCESSFUL Thank you for ordering a") == 3
+    # One line per outcome: Django's own per-task INFO lines would double the tasks'.
+    assert "state=RUNNING" not in out.stdout + out.stderr
     # Where and with which Python to start the site: commands to paste as they are.
     assert f"  cd {ROOT / 'example_project'}\n" in out.stdout
     assert f"  {sys.executable} manage.py runserver\n" in out.stdout

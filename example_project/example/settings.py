@@ -111,5 +111,10 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"short": {"format": "%(asctime)s %(levelname)-7s %(name)s: %(message)s"}},
     "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "short"}},
-    "loggers": {"django_jobs": {"handlers": ["stderr"], "level": "INFO", "propagate": False}},
+    "loggers": {
+        "django_jobs": {"handlers": ["stderr"], "level": "INFO", "propagate": False},
+        # Django logs each task's start and finish at INFO; the worker's one line per
+        # outcome already says it. Failed tasks still log here, at ERROR.
+        "django.tasks": {"handlers": ["stderr"], "level": "WARNING", "propagate": False},
+    },
 }
