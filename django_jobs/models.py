@@ -220,6 +220,15 @@ class NewJob:
     partition: str | None = None  # flow control's partition value (registry.Handler.partition_by)
 
 
+# What a job is, apart from its runs: its dead letter keeps these, a replay gives them back.
+DEFINITION = ("name", "queue", "payload", "priority", "max_attempts", "key", "fingerprint")
+
+
+def definition(job: Any) -> dict[str, Any]:
+    """Return the DEFINITION fields of a job, a claimed job or a dead letter, by name."""
+    return {field: getattr(job, field) for field in DEFINITION}
+
+
 # A job whose key is live or done: a few rounds cover a job finishing mid-enqueue.
 DEDUPE_ROUNDS = 5
 
@@ -1328,14 +1337,8 @@ class DeadLetter(models.Model):
         """Return (unsaved) the letter of a job that dies with `error` as its last one."""
         return cls(
             id=job.id,
-            name=job.name,
-            queue=job.queue,
-            payload=job.payload,
-            priority=job.priority,
-            key=job.key,
-            fingerprint=job.fingerprint,
+            **definition(job),
             attempts=job.attempts if attempts is None else attempts,
-            max_attempts=job.max_attempts,
             reason=reason,
             # Texts made storable here too: a letter is the record that must always commit.
             error=storable_text(error_summary(error), MAX_LABEL + MAX_MESSAGE + 64),
@@ -1362,15 +1365,9 @@ class DeadLetter(models.Model):
             return False
         job = NewJob(
             id=uuid7(),
-            name=self.name,
-            queue=self.queue,
-            payload=self.payload,
-            priority=self.priority,
+            **definition(self),
             run_at=run_at,
             delay=delay,
-            max_attempts=self.max_attempts,
-            key=self.key,
-            fingerprint=self.fingerprint,
             partition=_partition_of(self.name, self.payload),
         )
         jobs = Job.objects.using(alias)
