@@ -25,7 +25,7 @@ class DjangoJobsConfig(AppConfig):
         # When a TASKS backend is django-jobs' (Django >= 6.0), every app's tasks module
         # declares handlers too: its @task functions are the handlers of Django's Tasks.
         if find_spec("django.tasks") is not None:
-            from django_jobs.backend import configured_aliases
+            from django_jobs.tasks.backend import configured_aliases
 
             if configured_aliases():
                 autodiscover_modules("tasks")

@@ -519,7 +519,7 @@ def assert_not_enqueued(
 
 def task_payload(*args: Any, **kwargs: Any) -> dict[str, Any]:
     """Return the job payload of a django.tasks call: ``{"args": [...], "kwargs": {...}}``."""
-    from django_jobs.task_handlers import payload
+    from django_jobs.tasks.handlers import payload
 
     return payload(args, kwargs)
 
@@ -533,7 +533,7 @@ def _handler(handler_or_name: Any) -> Handler:
         from django.tasks import Task
 
         if isinstance(handler_or_name, Task):
-            from django_jobs.backend import JobsBackend
+            from django_jobs.tasks.backend import JobsBackend
 
             handler = registry.lookup(handler_or_name.module_path)
             ours = isinstance(handler_or_name.get_backend(), JobsBackend)

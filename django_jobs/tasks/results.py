@@ -42,7 +42,7 @@ _ENVELOPE_KEYS = frozenset(
 
 def registered_task(name: str) -> Task[..., Any] | None:
     """Return the Task registered under a job name, or None (never imports the name)."""
-    # Only a TaskHandler (task_handlers, which imports this module) has a task.
+    # Only a TaskHandler (tasks.handlers, which imports this module) has a task.
     task = getattr(registry.lookup(name), "task", None)
     return task if isinstance(task, Task) else None
 

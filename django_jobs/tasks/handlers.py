@@ -33,11 +33,12 @@ from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
 from django.utils.json import normalize_json
 
-from django_jobs import registry, signals, task_results
+from django_jobs import registry, signals
 from django_jobs.attempts import MAX_MESSAGE
 from django_jobs.context import JobContext
 from django_jobs.exceptions import InvalidTaskArguments
 from django_jobs.registry import Backoff, Handler
+from django_jobs.tasks import results
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +209,7 @@ def _started(
     # The claim set started_at for the first attempt: that is this attempt's start too.
     attempted = ctx.started_at if ctx.attempt == 1 and ctx.started_at else now
     result: TaskResult[..., Any] = TaskResult(
-        task=task_results.for_row(task, ctx.queue),
+        task=results.for_row(task, ctx.queue),
         id=str(ctx.id),
         status=TaskResultStatus.RUNNING,
         enqueued_at=ctx.enqueued_at,
@@ -218,10 +219,10 @@ def _started(
         args=payload["args"],
         kwargs=payload["kwargs"],
         backend=task.backend,
-        errors=[task_results.task_error(e) for e in ctx.errors],
+        errors=[results.task_error(e) for e in ctx.errors],
         # One per attempt: TaskContext.attempt is len(worker_ids).
         worker_ids=[
-            *task_results.fit(task_results.workers_of(ctx.errors), ctx.attempt - 1),
+            *results.fit(results.workers_of(ctx.errors), ctx.attempt - 1),
             ctx.worker_id,
         ],
     )
@@ -236,7 +237,7 @@ def _returned(result: TaskResult[..., Any], value: Any, ctx: JobContext) -> dict
     # As Django's own backends do: tuples become lists; other non-JSON values fail the attempt.
     value = normalize_json(value)
     object.__setattr__(result, "_return_value", value)
-    return task_results.envelope(value, result, errors=ctx.errors)
+    return results.envelope(value, result, errors=ctx.errors)
 
 
 def _on_job_finished(
@@ -245,7 +246,7 @@ def _on_job_finished(
     """Send task_finished once a task's outcome is settled (in the worker's dispatcher thread)."""
     with _running_lock:
         result = _running.pop(job_id, None)
-    task = task_results.registered_task(name)
+    task = results.registered_task(name)
     if task is None or outcome not in ("succeeded", "dead"):
         return
     if outcome == "succeeded" and result is not None:
@@ -254,7 +255,7 @@ def _on_job_finished(
     else:
         # Dead letters (errors as stored), and jobs settled without running here.
         try:
-            result = task_results.lookup(job_id)
+            result = results.lookup(job_id)
         except (TaskResultDoesNotExist, DatabaseError):
             logger.warning(
                 "task_finished not sent for job %s: its result could not be read",

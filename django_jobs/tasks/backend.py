@@ -60,10 +60,11 @@ if apps.ready and not apps.is_installed("django_jobs"):
     # The imports below load the models, which need the app: say what is missing instead.
     raise ImproperlyConfigured(_not_installed())
 
-from django_jobs import conf, registry, task_handlers, task_results  # noqa: E402
+from django_jobs import conf, registry  # noqa: E402
 from django_jobs.exceptions import HandlerConflict, InvalidJob, InvalidPayload  # noqa: E402
 from django_jobs.registry import Backoff  # noqa: E402
-from django_jobs.task_handlers import Policy, TaskHandler  # noqa: E402
+from django_jobs.tasks import handlers, results  # noqa: E402
+from django_jobs.tasks.handlers import Policy, TaskHandler  # noqa: E402
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -142,7 +143,7 @@ class JobsBackend(BaseTaskBackend):
         if policy.atomic and iscoroutinefunction(task.func):
             raise InvalidTask(f"{task.module_path}: atomic=True needs a sync function, not async")
         try:
-            return task_handlers.register(task, policy)
+            return handlers.register(task, policy)
         except HandlerConflict as exc:
             raise InvalidTask(str(exc)) from exc
 
@@ -188,7 +189,7 @@ class JobsBackend(BaseTaskBackend):
         from django_jobs.api import enqueue_on_commit
 
         handler = self._declare(task)
-        payload = task_handlers.payload(args, kwargs)
+        payload = handlers.payload(args, kwargs)
         try:
             job = enqueue_on_commit(
                 handler,
@@ -217,9 +218,7 @@ class JobsBackend(BaseTaskBackend):
             worker_ids=[],
         )
         # Like job_enqueued: a task is enqueued when its transaction commits, not before.
-        transaction.on_commit(
-            partial(task_handlers.send_enqueued, task, result), using=conf.database()
-        )
+        transaction.on_commit(partial(handlers.send_enqueued, task, result), using=conf.database())
         return result
 
     # ---- results ------------------------------------------------------------
@@ -229,7 +228,7 @@ class JobsBackend(BaseTaskBackend):
 
         Raises TaskResultDoesNotExist for an id that is not a task's job.
         """
-        return task_results.lookup(result_id)
+        return results.lookup(result_id)
 
     # ---- checks -------------------------------------------------------------
 
