@@ -145,9 +145,11 @@ def test_the_walk_sees_imports_at_every_depth() -> None:
     assert len(MODULES) > 60
 
 
-def test_every_module_has_a_layer() -> None:
+def test_every_module_has_a_layer_and_every_layer_entry_is_a_module() -> None:
     for module in MODULES:
         layer_of(module)
+    named = {f"django_jobs.{name}".rstrip(".") for _, names in LAYERS for name in names}
+    assert sorted(named - set(MODULES)) == []
 
 
 def test_imports_never_go_up_a_layer() -> None:

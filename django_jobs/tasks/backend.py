@@ -63,7 +63,7 @@ if apps.ready and not apps.is_installed("django_jobs"):
 from django_jobs import conf, registry  # noqa: E402
 from django_jobs.exceptions import HandlerConflict, InvalidJob, InvalidPayload  # noqa: E402
 from django_jobs.registry import Backoff  # noqa: E402
-from django_jobs.tasks import handlers, results  # noqa: E402
+from django_jobs.tasks import handlers, results, runner  # noqa: E402
 from django_jobs.tasks.handlers import Policy, TaskHandler  # noqa: E402
 
 _P = ParamSpec("_P")
@@ -218,7 +218,7 @@ class JobsBackend(BaseTaskBackend):
             worker_ids=[],
         )
         # Like job_enqueued: a task is enqueued when its transaction commits, not before.
-        transaction.on_commit(partial(handlers.send_enqueued, task, result), using=conf.database())
+        transaction.on_commit(partial(runner.send_enqueued, task, result), using=conf.database())
         return result
 
     # ---- results ------------------------------------------------------------
