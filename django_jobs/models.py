@@ -229,6 +229,15 @@ def definition(job: Any) -> dict[str, Any]:
     return {field: getattr(job, field) for field in DEFINITION}
 
 
+def _write_beat(alias: str, beat: Beat) -> None:
+    """Refresh the worker's heartbeat row the ORM way (sql.CLAIM does it inside the claim)."""
+    WorkerBeat.objects.using(alias).filter(id=beat.worker).update(
+        last_seen_at=Now(),
+        running=beat.running,
+        **({"stats": json.loads(beat.stats)} if beat.stats else {}),
+    )
+
+
 # A job whose key is live or done: a few rounds cover a job finishing mid-enqueue.
 DEDUPE_ROUNDS = 5
 
@@ -373,11 +382,7 @@ class JobQuerySet(models.QuerySet["Job"]):
         alias = self.db
         if not _is_postgres(alias) or conf.get("CLAIM") == "orm":
             if beat is not None:
-                WorkerBeat.objects.using(alias).filter(id=beat.worker).update(
-                    last_seen_at=Now(),
-                    running=beat.running,
-                    **({"stats": json.loads(beat.stats)} if beat.stats else {}),
-                )
+                _write_beat(alias, beat)
             if limit <= 0:
                 return []
             if not connections[alias].features.has_select_for_update_skip_locked:
@@ -388,15 +393,7 @@ class JobQuerySet(models.QuerySet["Job"]):
                 return self.select_for_update(skip_locked=True)._claim_portable(
                     queues, limit, token, lease, exclude_names, names
                 )
-        params = sql.claim_params(
-            list(queues),
-            limit,
-            token,
-            lease,
-            list(exclude_names),
-            beat,
-            None if names is None else list(names),
-        )
+        params = sql.claim_params(queues, limit, token, lease, exclude_names, beat, names)
         return _claimed(sql.run(alias, sql.CLAIM, params), token)
 
     def _claim_flow(
@@ -438,13 +435,7 @@ class JobQuerySet(models.QuerySet["Job"]):
                         break
                     params = {
                         **sql.claim_params(
-                            list(queues),
-                            limit - len(jobs),
-                            token,
-                            lease,
-                            list(exclude_names),
-                            None,
-                            None if names is None else list(names),
+                            queues, limit - len(jobs), token, lease, exclude_names, None, names
                         ),
                         "value": group.value,
                         "key": group.key,
@@ -460,11 +451,7 @@ class JobQuerySet(models.QuerySet["Job"]):
         unlimited = [q for q in queues if q not in limited_queues]
         if conf.get("CLAIM") == "orm":
             if beat is not None:
-                WorkerBeat.objects.using(alias).filter(id=beat.worker).update(
-                    last_seen_at=Now(),
-                    running=beat.running,
-                    **({"stats": json.loads(beat.stats)} if beat.stats else {}),
-                )
+                _write_beat(alias, beat)
             if rest and unlimited:
                 with transaction.atomic(using=alias):
                     jobs += self.select_for_update(skip_locked=True)._claim_portable(
@@ -472,15 +459,7 @@ class JobQuerySet(models.QuerySet["Job"]):
                     )
             return jobs
         params = {
-            **sql.claim_params(
-                unlimited,
-                rest,
-                token,
-                lease,
-                list(exclude_names),
-                beat,
-                None if names is None else list(names),
-            ),
+            **sql.claim_params(unlimited, rest, token, lease, exclude_names, beat, names),
             "limited": limited_names,
         }
         return jobs + _claimed(sql.run(alias, sql.CLAIM_UNLIMITED, params), token)

@@ -13,6 +13,7 @@ before every job enqueued in it.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections
@@ -279,22 +280,22 @@ CLAIM_LIMITED = {"name": _claim_limited("name"), "queue": _claim_limited("queue"
 
 
 def claim_params(
-    queues: list[str],
+    queues: Sequence[str],
     limit: int,
     token: str,
     lease: float,
-    exclude: list[str] | None = None,
+    exclude: Sequence[str] | None = None,
     beat: Any = None,
-    names: list[str] | None = None,
+    names: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Return the parameters of CLAIM (`beat`: a models.Beat, or None; `names`: None for any)."""
-    return {
-        "queues": queues,
+    return {  # lists: psycopg adapts a list, not any sequence, to an array
+        "queues": list(queues),
         "limit": max(limit, 0),
         "token": token,
         "lease": float(lease),
-        "exclude": exclude or [],
-        "names": names,
+        "exclude": list(exclude or []),
+        "names": None if names is None else list(names),
         "beat": beat is not None,
         "worker": beat.worker if beat else "",
         "running": beat.running if beat else 0,
