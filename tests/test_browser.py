@@ -358,6 +358,10 @@ def test_operator_pages_fit_1280_px_with_the_sidebar_open(
     for model in lists:
         fits = check(f"/admin/django_jobs/{model}/", f"list-{model}")
         assert fits["sidebar"] > 200, "the navigation sidebar is open"
+        # The action bar is one line: the Run button beside its select, not under it.
+        for select in b.find_elements(By.CSS_SELECTOR, "select[name=action]"):
+            run = b.find_element(By.CSS_SELECTOR, "button[name=index]")
+            assert abs(run.rect["y"] - select.rect["y"]) < 10, (model, "Run wrapped")
         # Every list links the dashboard.
         b.find_element(By.CSS_SELECTOR, ".object-tools a[href='/admin/django_jobs/job/dashboard/']")
     page = b.page_source

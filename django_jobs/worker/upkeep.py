@@ -273,7 +273,7 @@ class Upkeep:
         fate = (
             "they wait until one does"
             if self._grace is None
-            else f"they are dead-lettered as unknown_name after UNKNOWN_NAME_GRACE ({self._grace})"
+            else f"after UNKNOWN_NAME_GRACE, {self._grace}, they are dead-lettered as unknown_name"
         )
         for name in sorted(found.keys() - self._unknown_told):
             logger.warning(
