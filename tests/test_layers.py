@@ -9,6 +9,7 @@ imports form no circle. docs/architecture.md draws the same table.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -206,3 +207,11 @@ def test_the_imports_form_no_circle(lazy: bool) -> None:
 def test_the_circle_finder_finds_circles() -> None:
     assert cycles({("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")}) == [["a", "b", "c", "a"]]
     assert cycles({("a", "b"), ("b", "c"), ("a", "c")}) == []
+
+
+def test_the_architecture_page_shows_these_layers() -> None:
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| ([a-z ]+) \| (`.*`) \|$", page, re.MULTILINE)
+    shown = {layer: {m.strip("`") for m in modules.split(", ")} for layer, modules in rows}
+    wanted = {layer: {name or "__init__" for name in names} for layer, names in LAYERS}
+    assert shown == wanted
