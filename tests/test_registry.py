@@ -111,3 +111,21 @@ def test_backoff_from_settings_dict():
         Backoff.coerce({"kind": "linear", "base": 1, "ceiling": 2})
     with pytest.raises(ValueError):
         Backoff.exponential(base=10, ceiling=1)
+
+
+def test_handler_enqueue_is_connected_by_the_app_and_names_the_fix_without_it(cleanup, monkeypatch):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from django_jobs import api, registry
+
+    @job
+    def handler(payload, ctx):
+        return payload
+
+    cleanup.append(handler.name)
+    # The registry sits below the enqueue API: the app's ready() hands it down.
+    assert registry._connected().enqueue is api.enqueue
+    assert registry._connected().enqueue_on_commit is api.enqueue_on_commit
+    monkeypatch.setattr(registry, "_enqueue_api", None)
+    with pytest.raises(ImproperlyConfigured, match="add 'django_jobs' to INSTALLED_APPS"):
+        handler.enqueue({})
