@@ -10,6 +10,8 @@ Figures (no-op jobs, as the peers were measured):
   E2   enqueue_many of 10,000 jobs in one call (COPY)              (jobs/s)
   D1   drain 10,000 due jobs, one runjobs process                  (jobs/s)
   D2   the same, two runjobs processes                             (jobs/s)
+  D1F  D1 with flow limits configured on other handlers of the queue (jobs/s)
+  CAP  a handler capped by global_concurrency=4, 50 ms jobs, 2 workers (% of 80/s)
   L1   enqueue-commit to handler start at 20 jobs/s, p50 and p99   (ms)
   idle CPU of a waiting worker (% of one core) and its database round trips per poll
   claim median with 1,000 jobs vs 1,000,000 scheduled + 100,000 due (ms, and the ratio)
@@ -71,8 +73,8 @@ def reset() -> None:
     admin("VACUUM ANALYZE django_jobs_job", DB)
 
 
-def spawn_worker(*args: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def spawn_worker(*args: str, flow: bool = False) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **({"BENCH_FLOW": "1"} if flow else {})}
     # Its log goes to a file, not a pipe: at the default -v 1 a worker writes a line per
     # job, which would fill a pipe nobody reads while it runs and block the worker.
     log = tempfile.TemporaryFile()  # read and closed in finish()
@@ -136,20 +138,51 @@ def fill(n: int) -> None:
         enqueue_many(noop, [{"i": i} for i in range(start, min(n, start + 10_000))])
 
 
-def drain(n: int, workers: int) -> float:
+def drain(n: int, workers: int, flow: bool = False) -> float:
     from django.db.models import Max, Min
 
     from django_jobs.models import CompletionMarker, Job
 
     reset()
     fill(n)
-    procs = [spawn_worker("--burst") for _ in range(workers)]
+    procs = [spawn_worker("--burst", flow=flow) for _ in range(workers)]
     for proc in procs:
         finish(proc)
     assert Job.objects.count() == 0, "jobs left after the drain"
     assert CompletionMarker.objects.count() == n, "a job without its marker"
     span = CompletionMarker.objects.aggregate(first=Min("started_at"), last=Max("completed_at"))
     return n / (span["last"] - span["first"]).total_seconds()
+
+
+def capped(n: int) -> float:
+    """Return the rate of a handler capped by global_concurrency, as % of CAP / CAPPED_SECONDS."""
+    from django.db.models import Max, Min
+
+    from bench.benchapp.jobs import CAP, CAPPED_SECONDS
+    from django_jobs import enqueue_many
+    from django_jobs.models import CompletionMarker, Job
+
+    reset()
+    # Enqueued by name: only the workers (BENCH_FLOW=1) register the handler.
+    from django_jobs.registry import Handler, register, unregister
+
+    register(Handler(func=lambda payload, ctx: None, name="bench.capped"))
+    try:
+        enqueue_many("bench.capped", [{"i": i} for i in range(n)])
+    finally:
+        unregister("bench.capped")
+    procs = [spawn_worker("--concurrency", "4", flow=True) for _ in range(2)]
+    deadline = time.monotonic() + 600
+    while CompletionMarker.objects.count() < n and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        finish(proc, 60)
+    assert Job.objects.count() == 0, "jobs left after the capped drain"
+    span = CompletionMarker.objects.aggregate(first=Min("started_at"), last=Max("completed_at"))
+    rate = n / (span["last"] - span["first"]).total_seconds()
+    return 100 * rate / (CAP / CAPPED_SECONDS)
 
 
 def latency(rate: float, seconds: float) -> tuple[float, float]:
@@ -393,6 +426,20 @@ def main() -> int:
         "jobs/s",
         ">= 8,000",
         measure("D2", drain, size["drain"], 2),
+    )
+    add(
+        "D1F",
+        f"drain {size['drain']:,}, 1 worker, flow limits on other handlers",
+        "jobs/s",
+        "within 10% of D1",
+        measure("D1F", drain, size["drain"], 1, True),
+    )
+    add(
+        "CAP",
+        "global_concurrency=4 of 50 ms jobs, 2 workers",
+        "% of 80/s",
+        ">= 90",
+        measure("CAP", capped, 100 if quick else 800),
     )
     if not only or "L1" in only:
         pairs = [latency(20, size["latency_s"]) for _ in range(runs)]

@@ -20,7 +20,7 @@ import json
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, cast
@@ -362,6 +362,7 @@ class JobQuerySet(models.QuerySet["Job"]):
         beat: Beat | None = None,
         names: Sequence[str] | None = None,
         flow_limits: Sequence[flow.Limit] = (),
+        flow_claim: Collection[str] | None = None,
     ) -> list[ClaimedJob]:
         """Lease up to `limit` jobs of `queues` to `token`, counting an attempt each.
 
@@ -371,13 +372,15 @@ class JobQuerySet(models.QuerySet["Job"]):
         is not in `names` (None: any name) or is in `exclude_names`. With `beat`,
         the worker's heartbeat row is refreshed in the same statement. The jobs of
         `flow_limits`' groups are claimed within their limits (PostgreSQL only;
-        docs/flow-control.md); without any, the claim is one statement.
+        docs/flow-control.md); without any, the claim is one statement. `flow_claim`
+        names the groups (Limit.key) whose jobs to claim now (None: all); the
+        jobs of the others are left alone.
         """
         if not queues:
             return []
         if flow_limits:
             return self._claim_flow(
-                queues, limit, token, lease, exclude_names, beat, names, flow_limits
+                queues, limit, token, lease, exclude_names, beat, names, flow_limits, flow_claim
             )
         alias = self.db
         if not _is_postgres(alias) or conf.get("CLAIM") == "orm":
@@ -406,6 +409,7 @@ class JobQuerySet(models.QuerySet["Job"]):
         beat: Beat | None,
         names: Sequence[str] | None,
         flow_limits: Sequence[flow.Limit],
+        flow_claim: Collection[str] | None = None,
     ) -> list[ClaimedJob]:
         """Claim the limited groups' jobs within their limits, then the others (PostgreSQL).
 
@@ -419,11 +423,14 @@ class JobQuerySet(models.QuerySet["Job"]):
         groups = [
             g
             for g in flow_limits
-            if (g.kind == "queue" and g.value in queues)
-            or (
-                g.kind == "name"
-                and (names is None or g.value in names)
-                and g.value not in exclude_names
+            if (flow_claim is None or g.key in flow_claim)
+            and (
+                (g.kind == "queue" and g.value in queues)
+                or (
+                    g.kind == "name"
+                    and (names is None or g.value in names)
+                    and g.value not in exclude_names
+                )
             )
         ]
         jobs: list[ClaimedJob] = []

@@ -1,8 +1,12 @@
 """No-op handlers, as in the peers' published benchmarks."""
 
+import os
 import time
 
 from django_jobs import job
+
+# CAP: the cap and the duration of bench.capped (theoretical rate: CAP / CAPPED_SECONDS).
+CAP, CAPPED_SECONDS = 4, 0.05
 
 
 @job(name="bench.noop")
@@ -14,3 +18,21 @@ def noop(payload, ctx):
 def started(payload, ctx):
     """Record when the handler started (time.time(): the same clock as the enqueuer's)."""
     return time.time()
+
+
+# Flow control (issue 14), registered in worker processes started with BENCH_FLOW=1:
+# D1F drains bench.noop with these limits configured on other handlers of its queue,
+# CAP measures a handler held to global_concurrency=4.
+if os.environ.get("BENCH_FLOW") == "1":
+
+    @job(name="bench.limited", global_concurrency=5)
+    def limited(payload, ctx):
+        return None
+
+    @job(name="bench.rated", rate_limit="100/s", global_concurrency=10, partition_by="c")
+    def rated(payload, ctx):
+        return None
+
+    @job(name="bench.capped", global_concurrency=CAP)
+    def capped(payload, ctx):
+        time.sleep(CAPPED_SECONDS)

@@ -129,7 +129,13 @@ class Worker(Settler, ExecutorThreads):
         self._names_generation = registry.generation()
         self._flow_limits = self._limits()
         self._limited = {g.value for g in self._flow_limits if g.kind == "name"}
+        self._limited_queues = {g.value for g in self._flow_limits if g.kind == "queue"}
         self._flow_freed = False  # a limited job finished: settle it, then claim again
+        # The limited groups whose jobs the next claim looks for (their keys): all of them
+        # at each poll and wake-up, a group whose slot this worker freed, and those the
+        # last claim found jobs of; not the others, so that a busy worker draining other
+        # jobs does not pay the limited claim's statements each time.
+        self._flow_due: set[str] = {g.key for g in self._flow_limits}
         self._ops = Upkeep(self)  # heartbeat row, schedules, pruning, counters
 
     def _limits(self) -> list[flow.Limit]:
@@ -267,6 +273,8 @@ class Worker(Settler, ExecutorThreads):
 
             self._ops.tick(now)
             if self._want_claim(now >= next_poll) or self._ops.beat_due(now):
+                if now >= next_poll:
+                    self._flow_due = {g.key for g in self._flow_limits}
                 got, asked = self._claim()
                 if asked:
                     self._more = got >= asked
@@ -317,6 +325,7 @@ class Worker(Settler, ExecutorThreads):
         elif isinstance(event, Wake):
             if event.queue is None or event.queue in self.queues:
                 self._more = True
+                self._flow_due = {g.key for g in self._flow_limits}
         elif isinstance(event, Extend):
             run = event.run
             if run in self._inflight and not run.abandoned:
@@ -380,21 +389,31 @@ class Worker(Settler, ExecutorThreads):
                 beat=beat,
                 names=self.names,
                 flow_limits=self._flow_limits,
+                flow_claim=self._flow_due,
             )
         )
         if jobs is None:
             return asked, asked  # the database is away: try again, do not conclude "idle"
+        got = len(jobs)
+        if self._flow_limits:
+            looked_everywhere = len(self._flow_due) == len(self._flow_limits)
+            self._flow_due = {key for job in jobs if (key := self._group_of(job))}
+            if self.burst and got < asked and not looked_everywhere:
+                # Before a burst worker concludes "nothing due", every group is looked at.
+                self._flow_due = {g.key for g in self._flow_limits}
+                got = asked
         self._claimed_total += len(jobs)
         self.stats.claimed += len(jobs)
         for job in jobs:
             self._accept(job)
-        return len(jobs), asked
+        return got, asked
 
     def _names_changed(self) -> None:
         self._names_generation = registry.generation()
         self.names = sorted(registry.all_handlers())
         self._flow_limits = self._limits()
         self._limited = {g.value for g in self._flow_limits if g.kind == "name"}
+        self._limited_queues = {g.value for g in self._flow_limits if g.kind == "queue"}
         self._ops.names_changed()
         logger.info("worker %s: now claims %d job name(s)", self.id, len(self.names))
 
@@ -509,13 +528,18 @@ class Worker(Settler, ExecutorThreads):
                 self._by_name.pop(name, None)
             if name in self._excluded:
                 self._more = True  # the last claim skipped this capped handler's jobs
-            if self._flow_limits and (name in self._limited or self._queue_limited(run)):
-                self._more = self._flow_freed = True  # a fleet-wide slot frees at its settle
+            if self._flow_limits and (key := self._group_of(run.job)):
+                # A fleet-wide slot frees at its settle: settle, then claim the group's jobs.
+                self._more = self._flow_freed = True
+                self._flow_due.add(key)
             if self._held_back and not self._stopping:
                 self._release_held_back()
 
-    def _queue_limited(self, run: Run) -> bool:
-        return any(g.kind == "queue" and g.value == run.job.queue for g in self._flow_limits)
+    def _group_of(self, job: ClaimedJob) -> str | None:
+        """Return the key of the limited group that holds job, if any (its handler's first)."""
+        if job.name in self._limited:
+            return f"name:{job.name}"
+        return f"queue:{job.queue}" if job.queue in self._limited_queues else None
 
     # ---- leases, timeouts and shutdown --------------------------------------
 
