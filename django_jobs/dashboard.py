@@ -1,10 +1,11 @@
 """The queue dashboard: a few indexed, bounded queries and a chart drawn as inline SVG.
 
-Every figure comes from one of four queries, none of which counts a whole big
-table: the live-job table (small by design) grouped by queue, the last hour of
-completion markers and of dead letters along their time indexes, and the
-unreplayed dead letters grouped by reason. The chart is SVG markup with
-presentation attributes only (no script, no style attribute, no CDN), so it
+Every figure comes from a few queries, none of which counts a whole big table:
+the live-job table (small by design) grouped by queue, the last hour of
+completion markers and of dead letters along their time indexes, the unreplayed
+dead letters grouped by reason, and the live workers' heartbeat rows (a handful),
+so that jobs waiting with no worker to run them say so. The chart is SVG markup
+with presentation attributes only (no script, no style attribute, no CDN), so it
 renders offline and under a strict Content-Security-Policy.
 """
 
@@ -21,7 +22,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
 from django_jobs import conf, limits, registry, status
-from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job
+from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job, WorkerBeat
 
 WINDOW_MINUTES = 60
 
@@ -54,6 +55,12 @@ class Snapshot:
     dead_by_reason: list[tuple[str, str, int]] = field(default_factory=list)  # value, label, count
     unknown_names: list[status.UnknownNameStatus] = field(default_factory=list)
     flow: list[status.FlowStatus] = field(default_factory=list)
+    live_workers: int = 0
+
+    @property
+    def stalled(self) -> bool:
+        """Jobs are due but no worker is alive to run them (runjobs not started, or all dead)."""
+        return not self.live_workers and any(row.waiting for row in self.queues)
 
     @property
     def completed_total(self) -> int:
@@ -65,7 +72,7 @@ class Snapshot:
 
 
 def snapshot(alias: str | None = None) -> Snapshot:
-    """Gather the dashboard's figures in four queries (and two per limited group)."""
+    """Gather the dashboard's figures in a few bounded queries (and two per limited group)."""
     alias = alias or conf.database()
     now = timezone.now()
     start = now.replace(second=0, microsecond=0) - timedelta(minutes=WINDOW_MINUTES - 1)
@@ -86,6 +93,7 @@ def snapshot(alias: str | None = None) -> Snapshot:
         row.declared = name in declared
     snap.queues = [by_queue[name] for name in sorted(by_queue)]
     snap.unknown_names = status.unknown_names(alias)
+    snap.live_workers = WorkerBeat.objects.using(alias).live().count()
     snap.flow = status.flow_status(alias)
 
     snap.completed = _per_minute(CompletionMarker.objects.using(alias), "completed_at", start)

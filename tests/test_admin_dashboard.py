@@ -12,7 +12,7 @@ from django.utils import timezone
 from django_jobs import dashboard
 from django_jobs.models import DeadReason
 from tests.admin_fixtures import url
-from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory
+from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory, WorkerBeatFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -120,3 +120,21 @@ def test_a_queue_no_handler_declares_is_flagged(admin_client_):
     assert "no handler" in orphans[: orphans.index("</tr>")]
     default = page[page.index('data-queue="default"') :]
     assert "no handler" not in default[: default.index("</tr>")]
+
+
+def test_jobs_waiting_with_no_live_worker_say_to_start_one(admin_client_):
+    # The first run: orders placed, runjobs never started; the jobs wait and nothing else says why.
+    JobFactory(queue="default")
+    WorkerBeatFactory(last_seen_at=timezone.now() - timedelta(hours=1))  # long dead
+    page = admin_client_.get(url("dashboard")).content.decode()
+    assert "0 live workers" in page
+    assert 'id="django-jobs-stalled"' in page and "python manage.py runjobs" in page
+    WorkerBeatFactory()
+    page = admin_client_.get(url("dashboard")).content.decode()
+    assert "1 live worker<" in page and 'id="django-jobs-stalled"' not in page
+
+
+def test_no_worker_and_nothing_waiting_is_not_an_alarm(admin_client_):
+    JobFactory(queue="default", run_at=timezone.now() + timedelta(hours=1))  # scheduled only
+    page = admin_client_.get(url("dashboard")).content.decode()
+    assert "0 live workers" in page and 'id="django-jobs-stalled"' not in page

@@ -54,6 +54,7 @@ class DashboardView(AnyModelAdmin):
             ),
             "deadletter_url": reverse(f"{self.admin_site.name}:django_jobs_deadletter_changelist"),
             "job_url": reverse(f"{self.admin_site.name}:django_jobs_job_changelist"),
+            "worker_url": reverse(f"{self.admin_site.name}:django_jobs_workerbeat_changelist"),
         }
         return TemplateResponse(request, "admin/django_jobs/dashboard.html", context)
 
