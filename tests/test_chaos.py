@@ -56,6 +56,8 @@ def stats_line(output: str) -> str:
 
 def stat(output: str, phrase: str) -> int:
     line = stats_line(output)
+    if phrase not in line:
+        return 0  # the rarer counts are left out of the line when zero
     before = line.split(phrase)[0].rstrip().rsplit(" ", 1)[-1]
     return int(before)
 

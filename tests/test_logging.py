@@ -33,6 +33,8 @@ def test_default_verbosity_logs_one_line_per_outcome(worker_process):
     assert re.search(rf"job tests\.flaky\[{flaky}\] attempt 2 succeeded in \d+\.\d{{6}}s", out)
     assert f"job tests.fatal[{dead}] attempt 1 dead" in out
     assert "Traceback" not in out.split("dead-lettered")[0]
+    # The last line counts outcomes; the rare counts (released, fenced out, ...) only when not 0.
+    assert re.search(r"stopped: 3 succeeded, 1 retried, 1 dead$", out.strip().splitlines()[-1])
 
 
 def test_verbosity_0_keeps_only_warnings_and_errors(worker_process):

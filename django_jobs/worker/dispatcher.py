@@ -209,17 +209,25 @@ class Worker(Settler, ExecutorThreads):
             self._ops.stopped()
             self._shutdown_threads()
         stats = self.stats
+        # The rare counts only when they happened: "0 late settles fenced out" on every
+        # stop is jargon a first run does not need.
+        rare = [
+            f"{n} {what}"
+            for n, what in (
+                (stats.released, "released"),
+                (stats.reexecuted, "re-executed after an expired lease"),
+                (stats.lost, "late settles fenced out"),
+                (stats.skipped, "skipped"),
+            )
+            if n
+        ]
         logger.info(
-            "worker %s stopped: %d succeeded, %d retried, %d dead, %d released, "
-            "%d re-executed after an expired lease, %d late settles fenced out, %d skipped",
+            "worker %s stopped: %d succeeded, %d retried, %d dead%s",
             self.id,
             stats.succeeded,
             stats.retried,
             stats.dead,
-            stats.released,
-            stats.reexecuted,
-            stats.lost,
-            stats.skipped,
+            "".join(f", {part}" for part in rare),
         )
 
     # ---- what upkeep sees (UpkeepHost) -------------------------------------
