@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from django.db import models
+from django.db import connections, models
 from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
@@ -224,10 +224,13 @@ class UnknownNameQuerySet(models.QuerySet["UnknownName"]):
         # A gap in the observations (no worker was live to look) restarts the
         # clock: an outage of the whole fleet is not an unknown name.
         self.filter(name__in=list(found), seen_at__lt=now - _expiry()).update(since=now)
+        # MySQL and MariaDB upsert on any unique key (the name: the primary key) and
+        # refuse to be told which.
+        target = connections[self.db].features.supports_update_conflicts_with_target
         self.bulk_create(
             [UnknownName(name=n, jobs=jobs, since=now, seen_at=now) for n, jobs in found.items()],
             update_conflicts=True,
-            unique_fields=["name"],
+            unique_fields=["name"] if target else None,
             update_fields=["jobs", "seen_at"],
         )
 

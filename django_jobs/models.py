@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, cast
 
+from django.core.checks import CheckMessage
 from django.db import IntegrityError, connections, models, transaction
 from django.db.models import Case, ExpressionWrapper, F, Q, Value, When
 from django.db.models.functions import Coalesce, Greatest, Now
@@ -78,6 +79,26 @@ def uuid7() -> uuid.UUID:
 
 def _is_postgres(alias: str) -> bool:
     return connections[alias].vendor == "postgresql"
+
+
+# Django's warnings that a database has no partial indexes. On MySQL and MariaDB,
+# migration 0004 adds the plain unique index that keeps keys unique, and the
+# conditional indexes are made without their condition (they still serve the claim).
+_PARTIAL_INDEX_WARNINGS = {"models.W036", "models.W037"}
+
+
+def _covered_partial_index_warnings(
+    errors: list[CheckMessage], databases: Iterable[str] | None
+) -> list[CheckMessage]:
+    """Drop W036/W037 when the only databases lacking partial indexes are MySQL or MariaDB."""
+    lacking = {
+        connections[alias].vendor
+        for alias in databases or ()
+        if not connections[alias].features.supports_partial_indexes
+    }
+    if not lacking <= {"mysql"}:
+        return errors
+    return [e for e in errors if e.id not in _PARTIAL_INDEX_WARNINGS]
 
 
 class DeadReason(models.TextChoices):
@@ -1205,6 +1226,10 @@ class Job(models.Model):
     def __str__(self) -> str:
         return f"{self.name} {self.id}"
 
+    @classmethod
+    def check(cls, **kwargs: Any) -> list[CheckMessage]:
+        return _covered_partial_index_warnings(super().check(**kwargs), kwargs.get("databases"))
+
     @property
     def idempotency_key(self) -> str:
         return self.key if self.key is not None else str(self.id)
@@ -1309,6 +1334,10 @@ class DeadLetter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} {self.id} ({self.get_reason_display()})"
+
+    @classmethod
+    def check(cls, **kwargs: Any) -> list[CheckMessage]:
+        return _covered_partial_index_warnings(super().check(**kwargs), kwargs.get("databases"))
 
     @classmethod
     def for_job(

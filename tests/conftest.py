@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import signal
@@ -12,7 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from django.utils import timezone
 
 from django_jobs import control
@@ -47,6 +48,47 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "postgres" in item.keywords:
             item.add_marker(skip)
+
+
+@contextlib.contextmanager
+def refused_poison_markers():
+    """Make the database refuse (by a trigger) a completion marker whose result is "poison"."""
+    if POSTGRES:
+        statements = [
+            "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "IF NEW.result = '\"poison\"'::jsonb THEN RAISE EXCEPTION 'poisoned result'; "
+            "END IF; RETURN NEW; END $$",
+            "CREATE TRIGGER refuse_poison BEFORE INSERT ON django_jobs_marker "
+            "FOR EACH ROW EXECUTE FUNCTION refuse_poison()",
+        ]
+        cleanup = [
+            "DROP TRIGGER refuse_poison ON django_jobs_marker",
+            "DROP FUNCTION refuse_poison()",
+        ]
+    elif ENGINE == "mariadb":
+        # A SIGNAL arrives as an OperationalError (error 1644), not as a lost connection.
+        statements = [
+            "CREATE TRIGGER refuse_poison BEFORE INSERT ON django_jobs_marker FOR EACH ROW "
+            "IF JSON_UNQUOTE(NEW.result) = 'poison' THEN "
+            "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'poisoned result'; END IF"
+        ]
+        cleanup = ["DROP TRIGGER refuse_poison"]
+    else:
+        statements = [
+            "CREATE TRIGGER refuse_poison BEFORE INSERT ON django_jobs_marker "
+            "WHEN json_extract(NEW.result, '$') = 'poison' "
+            "BEGIN SELECT RAISE(ABORT, 'poisoned result'); END"
+        ]
+        cleanup = ["DROP TRIGGER refuse_poison"]
+    with connection.cursor() as cursor:
+        for statement in statements:
+            cursor.execute(statement)
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            for statement in cleanup:
+                cursor.execute(statement)
 
 
 @pytest.fixture
@@ -131,6 +173,13 @@ def worker_process(tmp_path):
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.settings",
         "TEST_DB_NAME": str(connection.settings_dict["NAME"]),
+        # MariaDB's checks connect to every database: "other" has a test database
+        # only when a test of this run asked for it.
+        "TEST_OTHER_DB_NAME": str(
+            connections["other"].settings_dict["NAME"]
+            if connections["other"].settings_dict["NAME"].startswith("test_")
+            else connection.settings_dict["NAME"]
+        ),
         "PYTHONPATH": str(ROOT),
     }
 

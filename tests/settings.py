@@ -51,8 +51,9 @@ elif os.environ.get("TEST_DB") == "mariadb":
     }
     DATABASES["other"] = {
         **DATABASES["default"],
-        # In worker subprocesses, the test database of "other" (MySQL checks connect to it).
-        "NAME": DATABASES["default"]["NAME"] + "_other",
+        # In worker subprocesses, the test database of "other" (MySQL checks connect to
+        # it), or default's when the run made none (tests/conftest.py's worker_process).
+        "NAME": os.environ.get("TEST_OTHER_DB_NAME", DATABASES["default"]["NAME"] + "_other"),
     }
 else:
     DATABASES = {

@@ -9,7 +9,7 @@ from django.db import connection
 
 from django_jobs.models import QueueState, Schedule
 from tests.admin_fixtures import url
-from tests.conftest import POSTGRES
+from tests.conftest import ENGINE, POSTGRES
 from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory, WorkerBeatFactory
 
 pytestmark = pytest.mark.django_db
@@ -157,6 +157,9 @@ JSONS = {  # for errors, result, queues and stats columns (json / jsonb)
 }
 # Malformed JSON text cannot reach a JSON column: jsonb and SQLite's JSON_VALID check refuse it.
 SQLITE_ONLY = {"raw NUL", "escaped surrogates", "malformed JSON"}  # PostgreSQL refuses these
+# MariaDB's json_valid check refuses lone surrogates, and a 20 MB statement is more than
+# its default max_allowed_packet (16 MB).
+NOT_MARIADB = {"escaped surrogates", "10 MB message"}
 
 COLUMNS = [
     ("deadletter", "payload", TEXTS),
@@ -174,7 +177,7 @@ CASES = [
     pytest.param(model, column, name, values[name], id=f"{model}.{column}-{name}")
     for model, column, values in COLUMNS
     for name in values
-    if not (POSTGRES and name in SQLITE_ONLY)
+    if not (POSTGRES and name in SQLITE_ONLY) and not (ENGINE == "mariadb" and name in NOT_MARIADB)
 ]
 
 

@@ -6,12 +6,13 @@ import pytest
 from django.core.checks import run_checks
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 from django.test import override_settings
 
 import django_jobs
 from django_jobs.routers import JobsRouter
 from tests.conftest import POSTGRES
+from tests.factories import JobFactory
 
 # Model checks ask SQLite whether it has JSON1, which needs the database.
 pytestmark = pytest.mark.django_db(databases=["default", "other"])
@@ -114,6 +115,22 @@ def test_runjobs_refuses_a_heartbeat_as_long_as_the_lease():
 
 def test_migrations_match_the_models():
     call_command("makemigrations", "django_jobs", "--check", "--dry-run", verbosity=0)
+
+
+def test_no_warnings_about_our_partial_indexes():
+    # On MariaDB, migration 0004's plain unique index stands in for the partial one.
+    messages = run_checks(databases=["default", "other"])
+    ours = [m for m in messages if m.id in ("models.W036", "models.W037")]
+    assert ours == []
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="MariaDB's stand-in for a partial index")
+def test_one_live_job_per_key_is_the_database_rule_on_mariadb():
+    JobFactory(key=None)
+    JobFactory(key=None)  # NULL never collides
+    JobFactory(key="k")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        JobFactory(key="k")
 
 
 def test_public_api():

@@ -193,7 +193,7 @@ def test_fuzzed_rows_are_dead_lettered_or_run_and_never_crash_the_worker(batch):
         for row in batch:
             cursor.execute(
                 "INSERT INTO django_jobs_job (id, name, queue, payload, priority, run_at, "
-                "enqueued_at, attempts, max_attempts, key, errors) "
+                f"enqueued_at, attempts, max_attempts, {connection.ops.quote_name('key')}, errors) "
                 "VALUES (%s, %s, 'default', %s, %s, %s, %s, %s, %s, %s, %s)",
                 [
                     Job._meta.pk.get_db_prep_value(uuid.uuid4(), connection),

@@ -32,7 +32,7 @@ from django_jobs.testing import (
     perform,
     task_payload,
 )
-from tests.conftest import POSTGRES
+from tests.conftest import ENGINE, POSTGRES, refused_poison_markers
 from tests.factories import JobFactory, MarkerFactory
 from tests.testapp import jobs as handlers
 from tests.testapp.models import Audit
@@ -312,29 +312,15 @@ def test_a_handler_that_breaks_the_transaction_fails_only_its_attempt():
     assert DeadLetter.objects.get().reason == DeadReason.ATTEMPTS_EXHAUSTED
 
 
+# DDL commits at once on MariaDB: there the test cannot run in a transaction.
+@pytest.mark.django_db(transaction=ENGINE == "mariadb")
 def test_a_settle_the_database_refuses_fails_only_its_job():
     # A trigger refuses the done write of one result: the worker records that attempt
     # as failed; in the test's transaction, the refused statement is rolled back alone.
-    with connection.cursor() as cursor:
-        if POSTGRES:
-            cursor.execute(
-                "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-                "IF NEW.result = '\"poison\"'::jsonb THEN RAISE EXCEPTION 'poisoned result'; "
-                "END IF; RETURN NEW; END $$"
-            )
-            cursor.execute(
-                "CREATE TRIGGER refuse_poison BEFORE INSERT ON django_jobs_marker "
-                "FOR EACH ROW EXECUTE FUNCTION refuse_poison()"
-            )
-        else:
-            cursor.execute(
-                "CREATE TRIGGER refuse_poison BEFORE INSERT ON django_jobs_marker "
-                "WHEN json_extract(NEW.result, '$') = 'poison' "
-                "BEGIN SELECT RAISE(ABORT, 'poisoned result'); END"
-            )
-    poisoned = enqueue(returns, "poison")
-    fine = enqueue(returns, "fine")
-    summary = drain()
+    with refused_poison_markers():
+        poisoned = enqueue(returns, "poison")
+        fine = enqueue(returns, "fine")
+        summary = drain()
     assert [(a.id, a.outcome) for a in summary.attempts] == [
         (poisoned.id, "retried"),
         (fine.id, "succeeded"),

@@ -1,4 +1,4 @@
-"""Real `runjobs` processes, real signals, the real PostgreSQL."""
+"""Real `runjobs` processes, real signals, the real database (PostgreSQL, SQLite, MariaDB)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from django.test import Client
 
 from django_jobs import enqueue
 from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job
-from tests.conftest import wait_for
+from tests.conftest import ENGINE, wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Audit, Order
 
@@ -52,7 +52,30 @@ def test_four_processes_share_ten_thousand_atomic_jobs_exactly_once(worker_proce
     )
 
 
+@pytest.mark.mariadb
+@pytest.mark.skipif(ENGINE != "mariadb", reason="MariaDB's run (PostgreSQL's is above)")
+def test_three_processes_share_five_thousand_atomic_jobs_exactly_once_on_mariadb(worker_process):
+    total = 5_000
+    _enqueue_many(jobs.record_atomic, ({"label": f"job-{i}"} for i in range(total)))
+    started = time.monotonic()
+    workers = [worker_process("--burst", "--concurrency", "4") for _ in range(3)]
+    codes = [w.wait(timeout=600) for w in workers]
+    elapsed = time.monotonic() - started
+    assert codes == [0, 0, 0], [w.output()[-2000:] for w in workers]
+    effects = Audit.objects.count()
+    distinct = Audit.objects.values("job_id").distinct().count()
+    markers = CompletionMarker.objects.count()
+    print(
+        f"3 workers x {total} atomic jobs on MariaDB: {elapsed:.1f}s ({total / elapsed:.0f} jobs/s)"
+        f", lost {total - distinct}, doubled {effects - distinct}, markers {markers}"
+    )
+    assert (effects, distinct, markers) == (total, total, total)
+    assert Job.objects.count() == 0
+    assert DeadLetter.objects.count() == 0
+
+
 @pytest.mark.pgbouncer
+@pytest.mark.mariadb
 @pytest.mark.parametrize("claim", ["auto", "orm"])
 def test_sigkill_loses_nothing_and_counts_the_killed_attempt(worker_process, claim):
     _enqueue_many(jobs.sleep, ({"seconds": 1.0, "label": str(i)} for i in range(6)))

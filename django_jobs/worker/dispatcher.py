@@ -45,6 +45,15 @@ FLUSH_INTERVAL = 0.01
 LOOKAHEAD = 0.02
 
 _DB_ERRORS = (OperationalError, InterfaceError)
+# MySQL's and MariaDB's error for a SIGNAL (a trigger's SQLSTATE '45000'): it comes as
+# an OperationalError, but the statement was refused, not the connection lost.
+_MYSQL_SIGNAL = 1644
+
+
+def _signalled(vendor: str, exc: Exception) -> bool:
+    """Whether exc is a trigger's SIGNAL on MySQL or MariaDB."""
+    return vendor == "mysql" and bool(exc.args) and exc.args[0] == _MYSQL_SIGNAL
+
 
 # The default of the options that __post_init__ reads from DJANGO_JOBS when left None:
 # the fields are typed as resolved, the constructor (see __init__ below) takes None.
@@ -644,7 +653,9 @@ class Worker(Settler, ExecutorThreads):
         conn = connections[self.database]
         try:
             result = operation()
-        except _DB_ERRORS as exc:
+        except Exception as exc:
+            if not isinstance(exc, _DB_ERRORS) or _signalled(conn.vendor, exc):
+                return self._db_refused(exc, settle=settle)
             self._db_failures += 1
             pause = min(RETRY_MAX, RETRY_MIN * 2 ** min(self._db_failures - 1, 10))
             logger.warning(
@@ -656,25 +667,26 @@ class Worker(Settler, ExecutorThreads):
             _close_quietly(conn)
             self._pause(pause)
             return None
-        except Exception as exc:
-            if not settle:
-                if not isinstance(exc, DatabaseError):
-                    raise
-                # A statement failed (a constraint, a trigger): the connection is fine.
-                logger.exception("worker %s: database operation failed", self.id)
-                self._pause(RETRY_MIN)
-                return None
-            # Capped: PostgreSQL's error context can quote megabytes of the value.
-            logger.error(
-                "worker %s: the database refused a settle (%s: %s)",
-                self.id,
-                type_name(exc),
-                storable_text(safe_str(exc), MAX_MESSAGE),
-                exc_info=not isinstance(exc, DatabaseError),
-            )
-            return DbRefused(exc)
         self._db_failures = 0
         return result
+
+    def _db_refused(self, exc: Exception, *, settle: bool) -> DbRefused | None:
+        """Handle a failed statement (a value, a constraint, a trigger): the connection is fine."""
+        if not settle:
+            if not isinstance(exc, DatabaseError):
+                raise exc
+            logger.exception("worker %s: database operation failed", self.id, exc_info=exc)
+            self._pause(RETRY_MIN)
+            return None
+        # Capped: PostgreSQL's error context can quote megabytes of the value.
+        logger.error(
+            "worker %s: the database refused a settle (%s: %s)",
+            self.id,
+            type_name(exc),
+            storable_text(safe_str(exc), MAX_MESSAGE),
+            exc_info=exc if not isinstance(exc, DatabaseError) else None,
+        )
+        return DbRefused(exc)
 
     def _pause(self, seconds: float) -> None:
         """Sleep, but wake early for a stop request."""
