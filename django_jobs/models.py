@@ -384,6 +384,7 @@ class JobQuerySet(models.QuerySet["Job"]):
         names: Sequence[str] | None = None,
         flow_limits: Sequence[flow.Limit] = (),
         flow_claim: Collection[str] | None = None,
+        others: bool = True,
     ) -> list[ClaimedJob]:
         """Lease up to `limit` jobs of `queues` to `token`, counting an attempt each.
 
@@ -395,13 +396,23 @@ class JobQuerySet(models.QuerySet["Job"]):
         `flow_limits`' groups are claimed within their limits (PostgreSQL only;
         docs/flow-control.md); without any, the claim is one statement. `flow_claim`
         names the groups (Limit.key) whose jobs to claim now (None: all); the
-        jobs of the others are left alone.
+        jobs of the others are left alone; so are jobs of no limited group unless
+        `others` (or `beat`: the heartbeat rides on their claim).
         """
         if not queues:
             return []
         if flow_limits:
             return self._claim_flow(
-                queues, limit, token, lease, exclude_names, beat, names, flow_limits, flow_claim
+                queues,
+                limit,
+                token,
+                lease,
+                exclude_names,
+                beat,
+                names,
+                flow_limits,
+                flow_claim,
+                others,
             )
         alias = self.db
         if not _is_postgres(alias) or conf.get("CLAIM") == "orm":
@@ -431,6 +442,7 @@ class JobQuerySet(models.QuerySet["Job"]):
         names: Sequence[str] | None,
         flow_limits: Sequence[flow.Limit],
         flow_claim: Collection[str] | None = None,
+        others: bool = True,
     ) -> list[ClaimedJob]:
         """Claim the limited groups' jobs within their limits, then the others (PostgreSQL).
 
@@ -475,7 +487,9 @@ class JobQuerySet(models.QuerySet["Job"]):
                         "scan": flow.SCAN,
                     }
                     jobs += _claimed(sql.run(alias, sql.CLAIM_LIMITED[group.kind], params), token)
-        rest = max(limit - len(jobs), 0)
+        rest = max(limit - len(jobs), 0) if others else 0
+        if not rest and beat is None:
+            return jobs
         unlimited = [q for q in queues if q not in limited_queues]
         if conf.get("CLAIM") == "orm":
             if beat is not None:

@@ -186,7 +186,9 @@ def test_three_workers_never_run_more_than_the_global_cap(handlers, worker_proce
     elapsed = (max(e for _, e in intervals) - min(s for s, _ in intervals)).total_seconds()
     rate, cap = total / elapsed, 2 / seconds
     print(f"global_concurrency=2, {seconds}s jobs, claim {claim}: {rate:.2f}/s of {cap:.2f}/s")
-    assert rate >= 0.75 * cap
+    # Close to the cap: the gap per job is a settle and a claim (bench CAP measures it);
+    # the floor leaves room for a loaded machine.
+    assert rate >= 0.6 * cap
 
 
 @pytest.mark.postgres
@@ -434,3 +436,21 @@ def test_no_limits_no_flow_section():
     from django_jobs import status
 
     assert status.flow_status() == []
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_worker_drains_limited_and_other_jobs_before_it_leaves(handlers):
+    from django_jobs.worker import Worker
+
+    with transaction.atomic():
+        for i in range(6):
+            enqueue(handlers["capped"], {"seconds": 0.05, "label": str(i)})
+            enqueue(
+                handlers["partitioned"], {"customer": str(i % 2), "seconds": 0, "label": str(i)}
+            )
+        for i in range(20):
+            enqueue(handlers["free"], {"label": str(i)})
+    Worker(burst=True, concurrency=4, listen=False).run()
+    assert Job.objects.count() == 0
+    assert CompletionMarker.objects.count() == 32

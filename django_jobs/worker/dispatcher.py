@@ -145,6 +145,10 @@ class Worker(Settler, ExecutorThreads):
         # last claim found jobs of; not the others, so that a busy worker draining other
         # jobs does not pay the limited claim's statements each time.
         self._flow_due: set[str] = {g.key for g in self._flow_limits}
+        # With limits: whether the next claim looks for other jobs too. Not after one
+        # that found fewer than it asked for, until a poll or wake-up: a worker whose
+        # limited slot frees then claims that group's jobs alone.
+        self._others_due = True
         self._ops = Upkeep(self)  # heartbeat row, schedules, pruning, counters
 
     def _limits(self) -> list[flow.Limit]:
@@ -292,6 +296,7 @@ class Worker(Settler, ExecutorThreads):
             if self._want_claim(now >= next_poll) or self._ops.beat_due(now):
                 if now >= next_poll:
                     self._flow_due = {g.key for g in self._flow_limits}
+                    self._others_due = True
                 got, asked = self._claim()
                 if asked:
                     self._more = got >= asked
@@ -341,7 +346,7 @@ class Worker(Settler, ExecutorThreads):
             self._on_finished(event)
         elif isinstance(event, Wake):
             if event.queue is None or event.queue in self.queues:
-                self._more = True
+                self._more = self._others_due = True
                 self._flow_due = {g.key for g in self._flow_limits}
         elif isinstance(event, Extend):
             run = event.run
@@ -407,17 +412,21 @@ class Worker(Settler, ExecutorThreads):
                 names=self.names,
                 flow_limits=self._flow_limits,
                 flow_claim=self._flow_due,
+                others=self._others_due,
             )
         )
         if jobs is None:
             return asked, asked  # the database is away: try again, do not conclude "idle"
         got = len(jobs)
         if self._flow_limits:
-            looked_everywhere = len(self._flow_due) == len(self._flow_limits)
+            looked_everywhere = self._others_due and len(self._flow_due) == len(self._flow_limits)
             self._flow_due = {key for job in jobs if (key := self._group_of(job))}
+            # The other half found fewer than asked: none left until a poll or wake-up.
+            self._others_due = self._others_due and got >= asked
             if self.burst and got < asked and not looked_everywhere:
                 # Before a burst worker concludes "nothing due", every group is looked at.
                 self._flow_due = {g.key for g in self._flow_limits}
+                self._others_due = True
                 got = asked
         self._claimed_total += len(jobs)
         self.stats.claimed += len(jobs)
@@ -544,7 +553,7 @@ class Worker(Settler, ExecutorThreads):
             else:
                 self._by_name.pop(name, None)
             if name in self._excluded:
-                self._more = True  # the last claim skipped this capped handler's jobs
+                self._more = self._others_due = True  # the last claim skipped its jobs
             if self._flow_limits and (key := self._group_of(run.job)):
                 # A fleet-wide slot frees at its settle: settle, then claim the group's jobs.
                 self._more = self._flow_freed = True
