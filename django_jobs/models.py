@@ -261,6 +261,9 @@ def _write_beat(alias: str, beat: Beat) -> None:
 
 # A job whose key is live or done: a few rounds cover a job finishing mid-enqueue.
 DEDUPE_ROUNDS = 5
+# Rows per INSERT of enqueue_many without PostgreSQL's COPY (SQLite lowers it to
+# what its limit of variables per statement allows).
+BULK_BATCH = 500
 
 
 _CLAIMED_FIELDS = (
@@ -305,11 +308,13 @@ class JobQuerySet(models.QuerySet["Job"]):
         raise InvalidJob(f"key {job.key!r} keeps changing hands; try again")
 
     def insert_many(self, jobs: list[NewJob]) -> list[EnqueueResult]:
-        """Write validated jobs in one transaction (COPY on PostgreSQL); results in input order."""
+        """Write validated jobs in one transaction; results in input order.
+
+        Jobs without a key go in at once: COPY on PostgreSQL, bulk_create in batches
+        of BULK_BATCH elsewhere. Keyed jobs go one by one through insert (dedupe).
+        """
         alias = self.db
         with transaction.atomic(using=alias):
-            if not _is_postgres(alias):
-                return [self.insert(job) for job in jobs]
             results: dict[uuid.UUID, EnqueueResult] = {}
             plain = [job for job in jobs if job.key is None]
             keyed: dict[str, NewJob] = {}
@@ -319,15 +324,19 @@ class JobQuerySet(models.QuerySet["Job"]):
                 first = keyed.setdefault(job.key, job)
                 if first is not job:  # the same key twice in one call
                     results[job.id] = _duplicate(job, first.id, first.fingerprint)
-            now = sql.run(alias, "SELECT statement_timestamp()")[0][0]
-            if plain:
-                with (
-                    connections[alias].cursor() as cursor,
-                    cursor.cursor.copy(sql.COPY_JOBS) as copy,
-                ):
-                    copy.write(_copy_rows(plain, now))
-                for job in plain:
-                    results[job.id] = EnqueueResult(job.id, False, job.name, job.queue, now)
+            if _is_postgres(alias):
+                now = sql.run(alias, "SELECT statement_timestamp()")[0][0]
+                if plain:
+                    with (
+                        connections[alias].cursor() as cursor,
+                        cursor.cursor.copy(sql.COPY_JOBS) as copy,
+                    ):
+                        copy.write(_copy_rows(plain, now))
+            else:
+                now = timezone.now()
+                self.bulk_create([_new_row(job, now) for job in plain], batch_size=BULK_BATCH)
+            for job in plain:
+                results[job.id] = EnqueueResult(job.id, False, job.name, job.queue, now)
             for job in keyed.values():
                 results[job.id] = self.insert(job)
             notify(alias, {job.queue for job in plain if (job.run_at or now) <= now})

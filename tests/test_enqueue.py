@@ -10,6 +10,7 @@ from decimal import Decimal
 import pytest
 from django.db import connection, connections, transaction
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_jobs import (
@@ -24,6 +25,7 @@ from django_jobs import (
 from django_jobs.models import CompletionMarker, DeadLetter, Job
 from django_jobs.registry import unregister
 from django_jobs.signals import job_enqueued
+from tests.conftest import POSTGRES
 from tests.factories import MarkerFactory
 from tests.testapp import jobs
 
@@ -442,6 +444,17 @@ class TestEnqueueMany:
             row = rows[result.id]
             assert json.loads(row.payload) == payload
             assert (row.priority, row.queue, row.attempts, row.errors) == (3, "default", 0, [])
+
+    def test_jobs_without_keys_go_in_batches(self):
+        from django_jobs import enqueue_many
+        from django_jobs.models import BULK_BATCH
+
+        with CaptureQueriesContext(connection) as queries:
+            results = enqueue_many(jobs.noop, list(range(2 * BULK_BATCH + 1)))
+        inserts = [q for q in queries if q["sql"].lstrip().upper().startswith("INSERT")]
+        # PostgreSQL: one COPY; elsewhere: bulk_create, a statement per batch.
+        assert len(inserts) == (0 if POSTGRES else 3)
+        assert Job.objects.count() == len(results) == 2 * BULK_BATCH + 1
 
     def test_keys_dedupe_within_the_call_and_against_the_table(self):
         from django_jobs import enqueue_many
