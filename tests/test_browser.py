@@ -313,6 +313,29 @@ return {
 """
 
 
+# The titles of sorted columns whose words the sort arrows (floated right) overlap.
+ARROWS_OVER_TITLES = """
+const covered = [];
+for (const th of document.querySelectorAll("#result_list thead th.sorted")) {
+  const arrows = th.querySelector(".sortoptions .toggle").getBoundingClientRect();
+  // The words' own boxes: the link around them is a block as wide as the cell.
+  const texts = document.createTreeWalker(th.querySelector(".text"), NodeFilter.SHOW_TEXT);
+  const range = document.createRange();
+  const words = [];
+  while (texts.nextNode()) {
+    range.selectNodeContents(texts.currentNode);
+    words.push(...range.getClientRects());
+  }
+  for (const word of words) {
+    const across = word.left < arrows.right - 1 && word.right > arrows.left + 1;
+    const level = word.top < arrows.bottom - 1 && word.bottom > arrows.top + 1;
+    if (across && level) covered.push(th.innerText);
+  }
+}
+return covered;
+"""
+
+
 def test_operator_pages_fit_1280_px_with_the_sidebar_open(
     browser, live_server_url, example_env, screenshots, capsys
 ):
@@ -344,6 +367,8 @@ def test_operator_pages_fit_1280_px_with_the_sidebar_open(
             # Not crushed either: no column narrower than an icon, no row a tower of letters.
             assert fits["narrowest"] >= 40, (path, "a column is crushed", fits)
             assert fits["tallest"] < 240, (path, "a row is too tall", fits)
+            # A sorted column's arrows sit beside its title's words, not over them.
+            assert not b.execute_script(ARROWS_OVER_TITLES), (path, "sort arrows cover a title")
         return fits
 
     lists = [
