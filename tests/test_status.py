@@ -101,3 +101,12 @@ def test_live_workers_come_from_the_heartbeat_rows_of_real_workers(worker_proces
     assert [w.pid for w in status.live_workers()] == [b.pid]  # a clean exit removes its row
     b.signal(signal.SIGTERM)
     assert b.wait(timeout=20) == 0
+
+
+def test_status_says_to_start_a_worker_when_jobs_wait_for_none(capsys):
+    # The first run: orders placed, runjobs never started.
+    enqueue(jobs.noop, {})
+    call_command("jobs", "status")
+    out = capsys.readouterr().out
+    assert "0 live worker(s)\n1 job(s) are waiting and no worker is running: start one with " in out
+    assert "`python manage.py runjobs`" in out

@@ -167,6 +167,12 @@ class Command(BaseCommand):
             self.stdout.write(_table(rows, ["name", "jobs", "unknown since", "dead-lettered"]))
         self.stdout.write("")
         self.stdout.write(f"{len(report.workers)} live worker(s)")
+        waiting = sum(q.waiting for q in report.queues)
+        if waiting and not report.workers:
+            self.stdout.write(
+                f"{waiting} job(s) are waiting and no worker is running: "
+                "start one with `python manage.py runjobs`"
+            )
         if report.workers:
             rows = [
                 [
