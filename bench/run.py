@@ -3,9 +3,6 @@
 
     python3 dev.py bench            # full run: medians of 3, about five minutes
     python3 dev.py bench --quick    # smoke run: a few hundred jobs, one run each
-    python3 dev.py bench --compare  # E1, D1, D2: PostgreSQL's fast path, its ORM claim, MariaDB
-    python3 dev.py bench --engine mariadb   # E1, E1a, E2, D1, D2 on MariaDB (mysqlclient)
-    python3 dev.py bench --claim orm        # every figure with DJANGO_JOBS["CLAIM"] = "orm"
 
 Figures (no-op jobs, as the peers were measured):
   E1   enqueue_on_commit, one job per call, autocommit            (jobs/s)
@@ -15,6 +12,7 @@ Figures (no-op jobs, as the peers were measured):
   D2   the same, two runjobs processes                             (jobs/s)
   D1F  D1 with flow limits configured on other handlers of the queue (jobs/s)
   CAP  a handler capped by global_concurrency=4, 50 ms jobs, 2 workers (% of 80/s)
+  CAP0 the same jobs without a limit on one worker of 4 threads, for comparison
   L1   enqueue-commit to handler start at 20 jobs/s, p50 and p99   (ms)
   idle CPU of a waiting worker (% of one core) and its database round trips per poll
   claim median with 1,000 jobs vs 1,000,000 scheduled + 100,000 due (ms, and the ratio)
@@ -50,35 +48,7 @@ PG = {
 }
 
 
-# --engine mariadb (BENCH_ENGINE): only these figures; the others read PostgreSQL's
-# statistics or run its claim statement.
-MARIADB_FIGURES = {"E1", "E1A", "E2", "D1", "D2"}
-# --compare: these figures for the fast path, the ORM claim, and MariaDB.
-COMPARE = (("postgres", "auto"), ("postgres", "orm"), ("mariadb", "auto"))
-
-
-def mariadb() -> bool:
-    return os.environ.get("BENCH_ENGINE") == "mariadb"
-
-
 def admin(sql: str, dbname: str = "postgres") -> list[tuple]:
-    if mariadb():
-        import MySQLdb
-
-        conn = MySQLdb.connect(
-            host=os.environ.get("MYSQL_HOST", "127.0.0.1"),
-            port=int(os.environ.get("MYSQL_PORT", "3306")),
-            user=os.environ.get("MYSQL_USER", "root"),
-            password=os.environ.get("MYSQL_PASSWORD", ""),
-            **({} if dbname == "postgres" else {"database": dbname}),
-            autocommit=True,
-        )
-        try:
-            cur = conn.cursor()
-            cur.execute(sql)
-            return list(cur.fetchall()) if cur.description else []
-        finally:
-            conn.close()
     import psycopg
 
     with psycopg.connect(dbname=dbname, autocommit=True, **PG) as conn:
@@ -87,10 +57,6 @@ def admin(sql: str, dbname: str = "postgres") -> list[tuple]:
 
 
 def create_database() -> None:
-    if mariadb():
-        admin(f"DROP DATABASE IF EXISTS `{DB}`")
-        admin(f"CREATE DATABASE `{DB}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
-        return
     admin(f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)')
     admin(f'CREATE DATABASE "{DB}"')
 
@@ -99,43 +65,13 @@ def drop_database() -> None:
     from django.db import connections
 
     connections.close_all()
-    admin(
-        f"DROP DATABASE IF EXISTS `{DB}`"
-        if mariadb()
-        else f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)'
-    )
+    admin(f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)')
 
 
 def reset() -> None:
     """Empty the job tables and vacuum them, so every run starts alike."""
-    if mariadb():
-        for table in ("django_jobs_job", "django_jobs_marker", "django_jobs_deadletter"):
-            admin(f"TRUNCATE TABLE {table}", DB)
-        admin("ANALYZE TABLE django_jobs_job", DB)
-        return
     admin("TRUNCATE django_jobs_job, django_jobs_marker, django_jobs_deadletter", DB)
     admin("VACUUM ANALYZE django_jobs_job", DB)
-
-
-def compare(args: argparse.Namespace) -> int:
-    """Print E1, D1 and D2 for PostgreSQL's fast path, its ORM claim and MariaDB, side by side."""
-    rows = []
-    for engine, claim in COMPARE:
-        command = [sys.executable, __file__, "--engine", engine, "--claim", claim]
-        command += ["--only", "E1,D1,D2", *(["--quick"] if args.quick else [])]
-        command += ["--runs", str(args.runs)] if args.runs else []
-        print(f"  {engine}, claim {claim} ...", flush=True)  # noqa: T201
-        out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
-        if out.returncode:
-            print(out.stdout[-2000:] + out.stderr[-2000:])  # noqa: T201
-            return out.returncode
-        for line in out.stdout.splitlines():
-            if line.startswith(("| E1 ", "| D1 ", "| D2 ")):
-                rows.append(f"| {engine}, {claim} | {line[2:]}")
-    print("| database, claim | figure | median | min–max | target |")  # noqa: T201
-    print("|---|---|---|---|---|")  # noqa: T201
-    print("\n".join(rows))  # noqa: T201
-    return 0
 
 
 def spawn_worker(*args: str, flow: bool = False) -> subprocess.Popen:
@@ -219,8 +155,12 @@ def drain(n: int, workers: int, flow: bool = False) -> float:
     return n / (span["last"] - span["first"]).total_seconds()
 
 
-def capped(n: int) -> float:
-    """Return the rate of a handler capped by global_concurrency, as % of CAP / CAPPED_SECONDS."""
+def capped(n: int, limited: bool = True) -> float:
+    """Return the rate of a handler capped by global_concurrency, as % of CAP / CAPPED_SECONDS.
+
+    Not limited (CAP0): the same jobs, no limit, on one worker with CAP threads: what
+    the worker reaches on this machine without flow control, for comparison.
+    """
     from django.db.models import Max, Min
 
     from bench.benchapp.jobs import CAP, CAPPED_SECONDS
@@ -228,15 +168,21 @@ def capped(n: int) -> float:
     from django_jobs.models import CompletionMarker, Job
 
     reset()
-    # Enqueued by name: only the workers (BENCH_FLOW=1) register the handler.
+    name = "bench.capped" if limited else "bench.sleep"
+    # Enqueued by name: only the workers (BENCH_FLOW=1) register bench.capped.
     from django_jobs.registry import Handler, register, unregister
 
-    register(Handler(func=lambda payload, ctx: None, name="bench.capped"))
+    if limited:
+        register(Handler(func=lambda payload, ctx: None, name=name))
     try:
-        enqueue_many("bench.capped", [{"i": i} for i in range(n)])
+        enqueue_many(name, [{"i": i} for i in range(n)])
     finally:
-        unregister("bench.capped")
-    procs = [spawn_worker("--concurrency", "4", flow=True) for _ in range(2)]
+        if limited:
+            unregister(name)
+    if limited:
+        procs = [spawn_worker("--concurrency", str(CAP), flow=True) for _ in range(2)]
+    else:
+        procs = [spawn_worker("--concurrency", str(CAP))]
     deadline = time.monotonic() + 600
     while CompletionMarker.objects.count() < n and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -419,25 +365,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, help="runs per figure (default 3; 1 with --quick)")
     parser.add_argument("--only", help="comma-separated figures to run, e.g. D1,D2")
     parser.add_argument("--keep", action="store_true", help="keep the benchmark database")
-    parser.add_argument(
-        "--engine",
-        choices=["postgres", "mariadb"],
-        default="postgres",
-        help="mariadb: the local MariaDB (127.0.0.1:3306, root), figures E1, E1A, E2, D1, D2",
-    )
-    parser.add_argument(
-        "--claim", choices=["auto", "orm"], default="auto", help='DJANGO_JOBS["CLAIM"]'
-    )
-    parser.add_argument(
-        "--compare",
-        action="store_true",
-        help="E1, D1, D2 of PostgreSQL's fast path, its ORM claim and MariaDB, side by side",
-    )
     args = parser.parse_args()
-    if args.compare:
-        return compare(args)
-    os.environ["BENCH_ENGINE"] = args.engine
-    os.environ["BENCH_CLAIM"] = args.claim
     quick = args.quick
     runs = args.runs or (1 if quick else 3)
     size = {
@@ -452,8 +380,6 @@ def main() -> int:
         "pgbench_s": 2 if quick else 10,
     }
     only = set(args.only.upper().split(",")) if args.only else None
-    if mariadb():
-        only = (only or MARIADB_FIGURES) & MARIADB_FIGURES
 
     create_database()
     import django
@@ -475,9 +401,7 @@ def main() -> int:
             print(f"  {key:<5} {label}: {_fmt(values)} {unit}", flush=True)  # noqa: T201
 
     print(
-        f"django-jobs benchmarks on {DB} ({args.engine}, claim {args.claim}; "
-        f"{'quick' if quick else f'medians of {runs}'})",
-        flush=True,
+        f"django-jobs benchmarks on {DB} ({'quick' if quick else f'medians of {runs}'})", flush=True
     )  # noqa: T201
     add(
         "E1",
@@ -527,6 +451,13 @@ def main() -> int:
         "% of 80/s",
         ">= 90",
         measure("CAP", capped, 100 if quick else 800),
+    )
+    add(
+        "CAP0",
+        "the same jobs without a limit, 1 worker x 4 threads",
+        "% of 80/s",
+        "",
+        measure("CAP0", capped, 100 if quick else 800, False),
     )
     if not only or "L1" in only:
         pairs = [latency(20, size["latency_s"]) for _ in range(runs)]

@@ -282,13 +282,6 @@ _CLAIMED_FIELDS = (
 )
 
 
-class _KeyCompleted(Exception):
-    """Rolls back an insert whose key's marker appeared meanwhile (JobQuerySet._insert_keyed)."""
-
-    def __init__(self, marker: tuple[uuid.UUID, str | None]) -> None:
-        self.marker = marker
-
-
 class JobQuerySet(models.QuerySet["Job"]):
     """Named state changes of live jobs: every insert, settle and notify of a job row."""
 
@@ -365,28 +358,22 @@ class JobQuerySet(models.QuerySet["Job"]):
         if _is_postgres(alias):
             rows = sql.run(alias, sql.INSERT_KEYED, _insert_params(job))
             if rows:
-                kind, job_id, fingerprint, _notified, enqueued_at, recheck = rows[0]
-                if recheck and (done := sql.run(alias, sql.MARKER_OF_KEY, [job.key])):
-                    self.filter(id=job_id).delete()  # in the caller's transaction
-                    return ("completed", *done[0], None)
+                kind, job_id, fingerprint, _notified, enqueued_at = rows[0]
                 return kind, job_id, fingerprint, enqueued_at
         else:
-            markers = CompletionMarker.objects.using(alias)
-            done = markers.filter(key=job.key).values_list("job_id", "fingerprint").first()
+            done = (
+                CompletionMarker.objects.using(alias)
+                .filter(key=job.key)
+                .values_list("job_id", "fingerprint")
+                .first()
+            )
             if done is not None:
                 return ("completed", *done, None)
             now = timezone.now()
             try:
                 with transaction.atomic(using=alias):
                     _new_row(job, now).save(using=alias, force_insert=True)
-                    # The insert may have waited for a live job of the key to settle
-                    # (its marker written after the look above): look again.
-                    done = markers.filter(key=job.key).values_list("job_id", "fingerprint")
-                    if done := done.first():
-                        raise _KeyCompleted(done)
                 return "inserted", job.id, None, now
-            except _KeyCompleted as completed:
-                return ("completed", *completed.marker, None)
             except IntegrityError:
                 pass  # a live job holds the key
         live = self.filter(key=job.key).values_list("id", "fingerprint").first()
@@ -489,26 +476,37 @@ class JobQuerySet(models.QuerySet["Job"]):
             )
         ]
         jobs: list[ClaimedJob] = []
-        if groups and limit > 0:
+
+        def group_params(group: flow.Limit) -> dict[str, Any]:
+            return {
+                **sql.claim_params(
+                    queues, limit - len(jobs), token, lease, exclude_names, None, names
+                ),
+                "value": group.value,
+                "key": group.key,
+                "limited": limited_names if group.kind == "queue" else [],
+                "cap": group.concurrency,
+                "rate": group.rate.count if group.rate else None,
+                "window": group.rate.seconds if group.rate else 1,
+                "partitioned": group.partitioned,
+                "scan": flow.SCAN,
+            }
+
+        if len(groups) == 1 and limit > 0 and connections[alias].get_autocommit():
+            # One group (a worker whose slot freed): lock and claim in one round trip.
+            [group] = groups
+            rows = sql.run_locked(
+                alias, group.key, sql.CLAIM_LIMITED[group.kind], group_params(group)
+            )
+            jobs += _claimed(rows, token)
+        elif groups and limit > 0:
             with transaction.atomic(using=alias):
                 sql.run(alias, sql.FLOW_LOCK, [sorted(g.key for g in groups)])
                 for group in groups:
                     if len(jobs) >= limit:
                         break
-                    params = {
-                        **sql.claim_params(
-                            queues, limit - len(jobs), token, lease, exclude_names, None, names
-                        ),
-                        "value": group.value,
-                        "key": group.key,
-                        "limited": limited_names if group.kind == "queue" else [],
-                        "cap": group.concurrency,
-                        "rate": group.rate.count if group.rate else None,
-                        "window": group.rate.seconds if group.rate else 1,
-                        "partitioned": group.partitioned,
-                        "scan": flow.SCAN,
-                    }
-                    jobs += _claimed(sql.run(alias, sql.CLAIM_LIMITED[group.kind], params), token)
+                    rows = sql.run(alias, sql.CLAIM_LIMITED[group.kind], group_params(group))
+                    jobs += _claimed(rows, token)
         rest = max(limit - len(jobs), 0) if others else 0
         if not rest and beat is None:
             return jobs

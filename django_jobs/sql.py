@@ -178,6 +178,32 @@ SELECT pg_advisory_xact_lock(hashtextextended('django_jobs.flow:' || k, 0))
 FROM unnest(%s::text[]) AS k
 """
 
+
+def run_locked(alias: str, key: str, statement: str, params: Any) -> list[tuple[Any, ...]]:
+    """Run statement after FLOW_LOCK of key, in one transaction sent in one round trip.
+
+    BEGIN, the lock, the statement and COMMIT go out together (psycopg's pipeline
+    mode); the server still runs them in order, so the statement's snapshot is
+    taken once the lock is granted. The connection must be in autocommit.
+    """
+    connection = connections[alias]
+    connection.validate_no_broken_transaction()
+    with connection.wrap_database_errors:
+        connection.ensure_connection()
+        raw = connection.connection
+        prepare = conf.get("PREPARED_STATEMENTS") or None
+        lock, cursor = raw.cursor(), raw.cursor()
+        try:
+            with raw.pipeline(), raw.transaction():
+                lock.execute(FLOW_LOCK, [[key]], prepare=prepare)
+                cursor.execute(statement, params, prepare=prepare)
+            rows: list[tuple[Any, ...]] = cursor.fetchall()
+            return rows
+        finally:
+            lock.close()
+            cursor.close()
+
+
 # The current window's start on the database clock: fixed windows aligned to the epoch.
 _WINDOW_START = (
     "to_timestamp(floor(extract(epoch FROM statement_timestamp()) / %(window)s::int)"
@@ -380,8 +406,8 @@ RETURNING CASE WHEN %(notify)s AND run_at <= statement_timestamp()
 # Enqueue one job with a dedupe key, unless the key has a live job or a
 # completion marker. The ON CONFLICT target is the partial unique index on key,
 # so two concurrent enqueues of one key make one row. Returns what happened:
-# ("inserted", id, NULL, _, enqueued_at, recheck) or ("completed", marker's job id,
-# fingerprint, NULL, NULL, false); no row means a live job holds the key (look it up).
+# ("inserted", id, NULL, _, enqueued_at) or ("completed", marker's job id,
+# fingerprint, NULL, NULL); no row means a live job holds the key (look it up).
 INSERT_KEYED = """
 WITH completed AS (
     SELECT job_id, fingerprint FROM django_jobs_marker WHERE key = %(key)s
@@ -399,19 +425,11 @@ inserted AS (
     RETURNING id, queue, run_at <= statement_timestamp() AS due, enqueued_at
 )
 SELECT 'inserted', id, NULL, CASE WHEN due AND %(notify)s THEN pg_notify(%(channel)s, queue) END,
-       enqueued_at,
-       -- A live job held the key as this statement began, yet the insert went in: that
-       -- job settled while the insert waited for it, maybe writing a marker this
-       -- statement cannot see. The caller looks again (MARKER_OF_KEY).
-       EXISTS (SELECT 1 FROM django_jobs_job WHERE key = %(key)s)
+       enqueued_at
 FROM inserted
 UNION ALL
-SELECT 'completed', job_id, fingerprint, NULL, NULL, false FROM completed
+SELECT 'completed', job_id, fingerprint, NULL, NULL FROM completed
 """
-
-# The completion marker of a key, read after INSERT_KEYED (a statement of its own:
-# a snapshot taken after the insert's wait).
-MARKER_OF_KEY = "SELECT job_id, fingerprint FROM django_jobs_marker WHERE key = %s"
 
 # Bulk enqueue of jobs without keys: COPY is the fast path (rows come ready-made,
 # ids from the client, times from one statement_timestamp() of the same transaction).

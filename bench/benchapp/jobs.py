@@ -20,6 +20,12 @@ def started(payload, ctx):
     return time.time()
 
 
+@job(name="bench.sleep")
+def sleep(payload, ctx):
+    """CAP0: the jobs of bench.capped without a limit, on as many threads as its cap."""
+    time.sleep(CAPPED_SECONDS)
+
+
 # Flow control (issue 14), registered in worker processes started with BENCH_FLOW=1:
 # D1F drains bench.noop with these limits configured on other handlers of its queue,
 # CAP measures a handler held to global_concurrency=4.
