@@ -5,8 +5,8 @@ UniqueConstraint django_jobs_job_key_unique there (models.W036), and one key cou
 then be held by two live jobs. A plain unique index on the nullable key is the same
 rule on these databases: NULL (a job without a key) never collides with NULL.
 PostgreSQL and SQLite keep their partial index; this migration does nothing there.
-(Their conditional indexes, claim and lease, are created there without their
-condition: they still serve the claim, models.W037.)
+MariaDB's claim and lease indexes need nothing: Django makes them without their
+condition (models.W037), and they still serve the claim.
 """
 
 from django.db import migrations
