@@ -3,6 +3,9 @@
 
     python3 dev.py bench            # full run: medians of 3, about five minutes
     python3 dev.py bench --quick    # smoke run: a few hundred jobs, one run each
+    python3 dev.py bench --compare  # E1, D1, D2: PostgreSQL's fast path, its ORM claim, MariaDB
+    python3 dev.py bench --engine mariadb   # E1, E1a, E2, D1, D2 on MariaDB (mysqlclient)
+    python3 dev.py bench --claim orm        # every figure with DJANGO_JOBS["CLAIM"] = "orm"
 
 Figures (no-op jobs, as the peers were measured):
   E1   enqueue_on_commit, one job per call, autocommit            (jobs/s)
@@ -48,7 +51,35 @@ PG = {
 }
 
 
+# --engine mariadb (BENCH_ENGINE): only these figures; the others read PostgreSQL's
+# statistics or run its claim statement.
+MARIADB_FIGURES = {"E1", "E1A", "E2", "D1", "D2"}
+# --compare: these figures for the fast path, the ORM claim, and MariaDB.
+COMPARE = (("postgres", "auto"), ("postgres", "orm"), ("mariadb", "auto"))
+
+
+def mariadb() -> bool:
+    return os.environ.get("BENCH_ENGINE") == "mariadb"
+
+
 def admin(sql: str, dbname: str = "postgres") -> list[tuple]:
+    if mariadb():
+        import MySQLdb
+
+        conn = MySQLdb.connect(
+            host=os.environ.get("MYSQL_HOST", "127.0.0.1"),
+            port=int(os.environ.get("MYSQL_PORT", "3306")),
+            user=os.environ.get("MYSQL_USER", "root"),
+            password=os.environ.get("MYSQL_PASSWORD", ""),
+            **({} if dbname == "postgres" else {"database": dbname}),
+            autocommit=True,
+        )
+        try:
+            cur = conn.cursor()
+            cur.execute(sql)
+            return list(cur.fetchall()) if cur.description else []
+        finally:
+            conn.close()
     import psycopg
 
     with psycopg.connect(dbname=dbname, autocommit=True, **PG) as conn:
@@ -57,6 +88,10 @@ def admin(sql: str, dbname: str = "postgres") -> list[tuple]:
 
 
 def create_database() -> None:
+    if mariadb():
+        admin(f"DROP DATABASE IF EXISTS `{DB}`")
+        admin(f"CREATE DATABASE `{DB}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+        return
     admin(f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)')
     admin(f'CREATE DATABASE "{DB}"')
 
@@ -65,13 +100,43 @@ def drop_database() -> None:
     from django.db import connections
 
     connections.close_all()
-    admin(f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)')
+    admin(
+        f"DROP DATABASE IF EXISTS `{DB}`"
+        if mariadb()
+        else f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)'
+    )
 
 
 def reset() -> None:
     """Empty the job tables and vacuum them, so every run starts alike."""
+    if mariadb():
+        for table in ("django_jobs_job", "django_jobs_marker", "django_jobs_deadletter"):
+            admin(f"TRUNCATE TABLE {table}", DB)
+        admin("ANALYZE TABLE django_jobs_job", DB)
+        return
     admin("TRUNCATE django_jobs_job, django_jobs_marker, django_jobs_deadletter", DB)
     admin("VACUUM ANALYZE django_jobs_job", DB)
+
+
+def compare(args: argparse.Namespace) -> int:
+    """Print E1, D1 and D2 for PostgreSQL's fast path, its ORM claim and MariaDB, side by side."""
+    rows = []
+    for engine, claim in COMPARE:
+        command = [sys.executable, __file__, "--engine", engine, "--claim", claim]
+        command += ["--only", "E1,D1,D2", *(["--quick"] if args.quick else [])]
+        command += ["--runs", str(args.runs)] if args.runs else []
+        print(f"  {engine}, claim {claim} ...", flush=True)  # noqa: T201
+        out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+        if out.returncode:
+            print(out.stdout[-2000:] + out.stderr[-2000:])  # noqa: T201
+            return out.returncode
+        for line in out.stdout.splitlines():
+            if line.startswith(("| E1 ", "| D1 ", "| D2 ")):
+                rows.append(f"| {engine}, {claim} | {line[2:]}")
+    print("| database, claim | figure | median | min–max | target |")  # noqa: T201
+    print("|---|---|---|---|---|")  # noqa: T201
+    print("\n".join(rows))  # noqa: T201
+    return 0
 
 
 def spawn_worker(*args: str, flow: bool = False) -> subprocess.Popen:
@@ -365,7 +430,25 @@ def main() -> int:
     parser.add_argument("--runs", type=int, help="runs per figure (default 3; 1 with --quick)")
     parser.add_argument("--only", help="comma-separated figures to run, e.g. D1,D2")
     parser.add_argument("--keep", action="store_true", help="keep the benchmark database")
+    parser.add_argument(
+        "--engine",
+        choices=["postgres", "mariadb"],
+        default="postgres",
+        help="mariadb: the local MariaDB (127.0.0.1:3306, root), figures E1, E1A, E2, D1, D2",
+    )
+    parser.add_argument(
+        "--claim", choices=["auto", "orm"], default="auto", help='DJANGO_JOBS["CLAIM"]'
+    )
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="E1, D1, D2 of PostgreSQL's fast path, its ORM claim and MariaDB, side by side",
+    )
     args = parser.parse_args()
+    if args.compare:
+        return compare(args)
+    os.environ["BENCH_ENGINE"] = args.engine
+    os.environ["BENCH_CLAIM"] = args.claim
     quick = args.quick
     runs = args.runs or (1 if quick else 3)
     size = {
@@ -380,6 +463,8 @@ def main() -> int:
         "pgbench_s": 2 if quick else 10,
     }
     only = set(args.only.upper().split(",")) if args.only else None
+    if mariadb():
+        only = (only or MARIADB_FIGURES) & MARIADB_FIGURES
 
     create_database()
     import django
@@ -401,7 +486,9 @@ def main() -> int:
             print(f"  {key:<5} {label}: {_fmt(values)} {unit}", flush=True)  # noqa: T201
 
     print(
-        f"django-jobs benchmarks on {DB} ({'quick' if quick else f'medians of {runs}'})", flush=True
+        f"django-jobs benchmarks on {DB} ({args.engine}, claim {args.claim}; "
+        f"{'quick' if quick else f'medians of {runs}'})",
+        flush=True,
     )  # noqa: T201
     add(
         "E1",

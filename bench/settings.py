@@ -17,6 +17,21 @@ DATABASES = {
         "NAME": os.environ.get("BENCH_DB", "django_jobs_bench"),
     }
 }
+if os.environ.get("BENCH_ENGINE") == "mariadb":
+    # bench/run.py --engine mariadb: the local MariaDB, as the test suite's stage uses it.
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.mysql",
+            "HOST": os.environ.get("MYSQL_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("MYSQL_PORT", "3306"),
+            "USER": os.environ.get("MYSQL_USER", "root"),
+            "PASSWORD": os.environ.get("MYSQL_PASSWORD", ""),
+            "NAME": os.environ.get("BENCH_DB", "django_jobs_bench"),
+            "OPTIONS": {"charset": "utf8mb4"},
+        }
+    }
+# bench/run.py --claim orm: the ORM claim on PostgreSQL too.
+DJANGO_JOBS = {"CLAIM": os.environ.get("BENCH_CLAIM", "auto")}
 INSTALLED_APPS = ["django.contrib.contenttypes", "django_jobs", "bench.benchapp"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LOGGING = {

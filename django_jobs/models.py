@@ -282,6 +282,13 @@ _CLAIMED_FIELDS = (
 )
 
 
+class _KeyCompleted(Exception):
+    """Rolls back an insert whose key's marker appeared meanwhile (JobQuerySet._insert_keyed)."""
+
+    def __init__(self, marker: tuple[uuid.UUID, str | None]) -> None:
+        self.marker = marker
+
+
 class JobQuerySet(models.QuerySet["Job"]):
     """Named state changes of live jobs: every insert, settle and notify of a job row."""
 
@@ -358,22 +365,28 @@ class JobQuerySet(models.QuerySet["Job"]):
         if _is_postgres(alias):
             rows = sql.run(alias, sql.INSERT_KEYED, _insert_params(job))
             if rows:
-                kind, job_id, fingerprint, _notified, enqueued_at = rows[0]
+                kind, job_id, fingerprint, _notified, enqueued_at, recheck = rows[0]
+                if recheck and (done := sql.run(alias, sql.MARKER_OF_KEY, [job.key])):
+                    self.filter(id=job_id).delete()  # in the caller's transaction
+                    return ("completed", *done[0], None)
                 return kind, job_id, fingerprint, enqueued_at
         else:
-            done = (
-                CompletionMarker.objects.using(alias)
-                .filter(key=job.key)
-                .values_list("job_id", "fingerprint")
-                .first()
-            )
+            markers = CompletionMarker.objects.using(alias)
+            done = markers.filter(key=job.key).values_list("job_id", "fingerprint").first()
             if done is not None:
                 return ("completed", *done, None)
             now = timezone.now()
             try:
                 with transaction.atomic(using=alias):
                     _new_row(job, now).save(using=alias, force_insert=True)
+                    # The insert may have waited for a live job of the key to settle
+                    # (its marker written after the look above): look again.
+                    done = markers.filter(key=job.key).values_list("job_id", "fingerprint")
+                    if done := done.first():
+                        raise _KeyCompleted(done)
                 return "inserted", job.id, None, now
+            except _KeyCompleted as completed:
+                return ("completed", *completed.marker, None)
             except IntegrityError:
                 pass  # a live job holds the key
         live = self.filter(key=job.key).values_list("id", "fingerprint").first()

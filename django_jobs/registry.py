@@ -203,6 +203,26 @@ _handlers: dict[str, Handler[Any, Any]] = {}
 _generation = 0
 
 
+def _check_signature(f: Callable[..., Any]) -> None:
+    """Refuse at import a function the worker cannot call as f(payload, ctx).
+
+    Otherwise `def send(payload)` registers, and each of its jobs fails with a
+    TypeError on every attempt before it reaches the dead letters.
+    """
+    try:
+        signature = inspect.signature(f)
+    except (TypeError, ValueError):
+        return  # no signature to read (some builtins): the worker will tell
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        title = getattr(f, "__qualname__", repr(f))
+        raise InvalidJob(
+            f"@job {title}{signature}: the worker calls a handler with two arguments, "
+            f"the payload and the job context; declare it as def {title}(payload, ctx)"
+        ) from None
+
+
 def check_name(name: object) -> str:
     """Return name if it is a valid job name, else raise InvalidJob."""
     return limits.job_name(name, error=InvalidJob)
@@ -367,6 +387,7 @@ def job(
     def decorate(f: Callable[[P, JobContext], R]) -> Handler[P, R]:
         if not callable(f):
             raise TypeError("@job decorates a function")
+        _check_signature(f)
         handler = Handler(
             func=f,
             name=check_name(name if name is not None else f"{f.__module__}.{f.__qualname__}"),

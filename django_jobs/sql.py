@@ -406,8 +406,8 @@ RETURNING CASE WHEN %(notify)s AND run_at <= statement_timestamp()
 # Enqueue one job with a dedupe key, unless the key has a live job or a
 # completion marker. The ON CONFLICT target is the partial unique index on key,
 # so two concurrent enqueues of one key make one row. Returns what happened:
-# ("inserted", id, NULL, _, enqueued_at) or ("completed", marker's job id,
-# fingerprint, NULL, NULL); no row means a live job holds the key (look it up).
+# ("inserted", id, NULL, _, enqueued_at, recheck) or ("completed", marker's job id,
+# fingerprint, NULL, NULL, false); no row means a live job holds the key (look it up).
 INSERT_KEYED = """
 WITH completed AS (
     SELECT job_id, fingerprint FROM django_jobs_marker WHERE key = %(key)s
@@ -425,11 +425,19 @@ inserted AS (
     RETURNING id, queue, run_at <= statement_timestamp() AS due, enqueued_at
 )
 SELECT 'inserted', id, NULL, CASE WHEN due AND %(notify)s THEN pg_notify(%(channel)s, queue) END,
-       enqueued_at
+       enqueued_at,
+       -- A live job held the key as this statement began, yet the insert went in: that
+       -- job settled while the insert waited for it, maybe writing a marker this
+       -- statement cannot see. The caller looks again (MARKER_OF_KEY).
+       EXISTS (SELECT 1 FROM django_jobs_job WHERE key = %(key)s)
 FROM inserted
 UNION ALL
-SELECT 'completed', job_id, fingerprint, NULL, NULL FROM completed
+SELECT 'completed', job_id, fingerprint, NULL, NULL, false FROM completed
 """
+
+# The completion marker of a key, read after INSERT_KEYED (a statement of its own:
+# a snapshot taken after the insert's wait).
+MARKER_OF_KEY = "SELECT job_id, fingerprint FROM django_jobs_marker WHERE key = %s"
 
 # Bulk enqueue of jobs without keys: COPY is the fast path (rows come ready-made,
 # ids from the client, times from one statement_timestamp() of the same transaction).

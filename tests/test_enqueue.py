@@ -368,6 +368,41 @@ class TestTransactions:
         assert results["second"].id == results["first"].id
         assert Job.objects.count() == 1
 
+    def test_a_key_that_completes_while_the_enqueue_waits_is_a_duplicate(self):
+        # The worker's settle deletes the live job and writes its marker in one
+        # transaction; an enqueue of the key waits for it, then must see the marker.
+        live = enqueue(jobs.record, {"label": "x"}, key="settling")
+        [claimed] = Job.objects.claim(queues=["default"], limit=1, token="w#1", lease=30)
+        settled = threading.Event()
+        release = threading.Event()
+        results = {}
+
+        def worker():
+            with transaction.atomic():
+                Job.objects.complete([(claimed.id, claimed.token, None)])
+                settled.set()
+                release.wait(10)
+            connection.close()
+
+        def enqueuer():
+            settled.wait(10)
+            results["again"] = enqueue(jobs.record, {"label": "x"}, key="settling")
+            connection.close()
+
+        threads = [threading.Thread(target=worker), threading.Thread(target=enqueuer)]
+        for t in threads:
+            t.start()
+        settled.wait(10)
+        threads[1].join(0.5)
+        assert threads[1].is_alive(), "the enqueue must wait for the settle"
+        release.set()
+        for t in threads:
+            t.join(10)
+        assert results["again"].duplicate is True
+        assert results["again"].id == live.id
+        assert Job.objects.count() == 0
+        assert CompletionMarker.objects.get().key == "settling"
+
     @pytest.mark.postgres
     def test_many_threads_racing_on_one_key(self):
         barrier = threading.Barrier(8)

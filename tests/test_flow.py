@@ -186,9 +186,8 @@ def test_three_workers_never_run_more_than_the_global_cap(handlers, worker_proce
     elapsed = (max(e for _, e in intervals) - min(s for s, _ in intervals)).total_seconds()
     rate, cap = total / elapsed, 2 / seconds
     print(f"global_concurrency=2, {seconds}s jobs, claim {claim}: {rate:.2f}/s of {cap:.2f}/s")
-    # Close to the cap: the gap per job is a settle and a claim (bench CAP measures it);
-    # the floor leaves room for a loaded machine.
-    assert rate >= 0.6 * cap
+    # How close to the cap is a speed, which a loaded CI machine cannot judge: bench's CAP
+    # figure measures it. An overlap of exactly 2 above shows both slots were used.
 
 
 @pytest.mark.postgres

@@ -129,3 +129,27 @@ def test_handler_enqueue_is_connected_by_the_app_and_names_the_fix_without_it(cl
     monkeypatch.setattr(registry, "_enqueue_api", None)
     with pytest.raises(ImproperlyConfigured, match="add 'django_jobs' to INSTALLED_APPS"):
         handler.enqueue({})
+
+
+@pytest.mark.parametrize(
+    "signature", ["(payload)", "()", "(payload, ctx, extra)", "(*, payload, ctx)"]
+)
+def test_a_handler_the_worker_cannot_call_is_refused_at_import(signature):
+    # Else every job of it fails with a TypeError on each attempt, then dies.
+    namespace: dict = {}
+    exec(f"def send{signature}: pass", namespace)  # noqa: S102
+    with pytest.raises(InvalidJob, match=r"declare it as def send\(payload, ctx\)"):
+        job(name="tests.signature_check")(namespace["send"])
+    assert lookup("tests.signature_check") is None
+
+
+@pytest.mark.parametrize(
+    "signature", ["(payload, ctx)", "(payload, ctx=None)", "(*args)", "(payload, *rest, **kw)"]
+)
+def test_handlers_the_worker_can_call_register(signature):
+    namespace: dict = {}
+    exec(f"def send{signature}: pass", namespace)  # noqa: S102
+    try:
+        job(name="tests.signature_ok")(namespace["send"])
+    finally:
+        unregister("tests.signature_ok")

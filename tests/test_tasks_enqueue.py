@@ -312,6 +312,9 @@ def test_invalid_options_refuse_the_tasks_that_use_them():
 def test_a_native_handler_name_cannot_be_taken_by_a_task(declared):
     from django_jobs import job
 
-    job(name=f"{__name__}.module_level_function")(module_level_coroutine)
+    def occupant(payload, ctx):
+        return "ran"
+
+    job(name=f"{__name__}.module_level_function")(occupant)
     with pytest.raises(InvalidTask, match="taken"):
         task(module_level_function)
