@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -18,6 +18,7 @@ from django_jobs.exceptions import LeaseLost
 from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job
 from django_jobs.signals import job_dead_lettered, job_finished, job_started
 from django_jobs.worker import Worker
+from django_jobs.worker.dispatcher import _signalled
 from tests.factories import JobFactory, MarkerFactory
 from tests.testapp import jobs
 from tests.testapp.models import Audit
@@ -480,3 +481,18 @@ def test_stop_from_another_thread_releases_claimed_jobs():
     assert Job.objects.count() == 4
     assert set(Job.objects.values_list("attempts", flat=True)) == {0}
     assert not Job.objects.filter(locked_by__isnull=False).exists()
+
+
+@pytest.mark.parametrize(
+    ("vendor", "args", "refused"),
+    [
+        ("mysql", (1644, "poisoned result"), True),  # a trigger's SIGNAL SQLSTATE '45000'
+        ("mysql", (2006, "Server has gone away"), False),
+        ("mysql", (2013, "Lost connection to server during query"), False),
+        ("mysql", (1213, "Deadlock found when trying to get lock"), False),  # retried
+        ("postgresql", (1644, "not a MySQL error number here"), False),
+        ("mysql", (), False),
+    ],
+)
+def test_only_a_signal_is_a_refused_statement_among_operational_errors(vendor, args, refused):
+    assert _signalled(vendor, OperationalError(*args)) is refused
