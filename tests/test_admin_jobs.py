@@ -94,6 +94,12 @@ def test_job_detail_masks_the_payload(admin_client_):
     assert "&quot;token&quot;: &quot;********&quot;" in text and "ada@example.com" in text
 
 
+def test_job_detail_shows_the_flow_control_partition(admin_client_):
+    job = JobFactory(partition="customer-4217")
+    text = admin_client_.get(url("job_change", job.pk)).content.decode()
+    assert "customer-4217" in text
+
+
 def test_job_search(admin_client_, three_states):
     keyed = JobFactory(key="order-9")
 

@@ -128,7 +128,7 @@ class JobAdmin(DashboardView, IdOrTermSearch, CancelPermission, NameQueueColumns
             {
                 "fields": [
                     ("name", "queue"),
-                    ("id", "key"),
+                    ("id", "key", "partition"),
                     ("state_label", "priority", "attempts_of"),
                     ("run_at", "enqueued_at"),
                     ("started_at", "attempted_at"),
