@@ -32,10 +32,10 @@ from django_jobs.admin.display import (
     attempt_history,
     bounded_pre,
     cell,
-    list_when,
     pretty_payload,
     showable,
     when,
+    when_column,
 )
 from django_jobs.models import CompletionMarker, DeadLetter, DeadLetterQuerySet, Job, ReplayReport
 
@@ -104,9 +104,7 @@ class DeadLetterAdmin(IdOrTermSearch, ReadOnlyAdmin):
     def name_cell(self, obj: DeadLetter) -> SafeString | str:
         return cell(obj.name, 64, name=True)
 
-    @admin.display(description=_("dead at"), ordering="dead_at")
-    def dead_at_cell(self, obj: DeadLetter) -> SafeString | str:
-        return list_when(obj.dead_at)
+    dead_at_cell = when_column("dead_at", _("dead at"))
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         head = Substr("error", 1, TITLE_LIMIT)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from django.contrib import admin
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.html import conditional_escape, format_html, format_html_join
@@ -15,6 +17,9 @@ from django.utils.translation import gettext_lazy as _
 
 from django_jobs import payloads
 from django_jobs.attempts import error_summary
+
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
 
 EMPTY = "—"
 
@@ -177,6 +182,16 @@ def list_when(value: datetime | None) -> SafeString | str:
         return EMPTY
     full = when(value)
     return format_html('<span title="{}">{}</span>', full, full[:16])
+
+
+def when_column(field: str, description: StrOrPromise) -> Callable[[Any, Any], SafeString | str]:
+    """Return a list column showing the time in `field` (as list_when does), sortable by it."""
+
+    @admin.display(description=description, ordering=field)
+    def column(model_admin: Any, obj: Any) -> SafeString | str:
+        return list_when(getattr(obj, field))
+
+    return column
 
 
 def when(value: datetime | None) -> str:

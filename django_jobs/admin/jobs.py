@@ -32,6 +32,7 @@ from django_jobs.admin.display import (
     pretty_payload,
     showable,
     when,
+    when_column,
 )
 from django_jobs.attempts import worker_of
 from django_jobs.models import DeadLetter, Job, JobQuerySet, JobState, RunningJob, UnknownName
@@ -181,9 +182,7 @@ class JobAdmin(DashboardView, IdOrTermSearch, CancelPermission, NameQueueColumns
     def attempts_of(self, obj: Job) -> str:
         return f"{obj.attempts} / {obj.max_attempts}"
 
-    @admin.display(description=_("run at"), ordering="run_at")
-    def run_at_cell(self, obj: Job) -> SafeString | str:
-        return list_when(obj.run_at)
+    run_at_cell = when_column("run_at", _("run at"))
 
     @admin.display(description=_("lease holder"))
     def lease_holder(self, obj: Job) -> str:

@@ -15,7 +15,7 @@ from django.utils.translation import gettext_lazy as _
 from rangefilter.filters import DateRangeFilter
 
 from django_jobs.admin.base import IdOrTermSearch, NameQueueColumns, ReadOnlyAdmin
-from django_jobs.admin.display import EMPTY, cell, list_when, pretty_json
+from django_jobs.admin.display import EMPTY, cell, pretty_json, when_column
 from django_jobs.models import CompletionMarker, DeadLetter
 
 
@@ -66,9 +66,7 @@ class CompletionMarkerAdmin(IdOrTermSearch, NameQueueColumns, ReadOnlyAdmin):
     def key_cell(self, obj: CompletionMarker) -> SafeString | str:
         return cell(obj.key, 64, name=True)
 
-    @admin.display(description=_("completed at"), ordering="completed_at")
-    def completed_at_cell(self, obj: CompletionMarker) -> SafeString | str:
-        return list_when(obj.completed_at)
+    completed_at_cell = when_column("completed_at", _("completed at"))
 
     @admin.display(description=_("worker"), ordering="worker_id")
     def worker_cell(self, obj: CompletionMarker) -> SafeString | str:

@@ -12,7 +12,7 @@ from django.utils.translation import gettext_lazy as _
 
 from django_jobs import conf
 from django_jobs.admin.base import OperationsAdmin
-from django_jobs.admin.display import cell, list_when, pretty_json
+from django_jobs.admin.display import cell, pretty_json, when_column
 from django_jobs.models import WorkerBeat
 
 
@@ -39,13 +39,8 @@ class WorkerBeatAdmin(OperationsAdmin):
     def busy(self, obj: WorkerBeat) -> str:
         return f"{obj.running} / {obj.concurrency}"
 
-    @admin.display(description=_("started at"), ordering="started_at")
-    def started(self, obj: WorkerBeat) -> SafeString | str:
-        return list_when(obj.started_at)
-
-    @admin.display(description=_("last seen"), ordering="last_seen_at")
-    def last_seen(self, obj: WorkerBeat) -> SafeString | str:
-        return list_when(obj.last_seen_at)
+    started = when_column("started_at", _("started at"))
+    last_seen = when_column("last_seen_at", _("last seen"))
 
     @admin.display(description=_("queues"))
     def queues_cell(self, obj: WorkerBeat) -> SafeString | str:
