@@ -15,6 +15,18 @@ from typing import Any
 from django_jobs import limits
 
 
+def add_repeatable(
+    parser: argparse.ArgumentParser,
+    *flags: str,
+    dest: str,
+    type: Callable[[str], Any],
+    metavar: str,
+    help: str,
+) -> None:
+    """Add an option that may be given more than once: its values end up in a list at dest."""
+    parser.add_argument(*flags, action="append", dest=dest, type=type, metavar=metavar, help=help)
+
+
 def _number(text: str, kind: Callable[[str], float], what: str) -> float:
     try:
         return kind(text)

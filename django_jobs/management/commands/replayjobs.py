@@ -16,6 +16,7 @@ from django.utils.dateparse import parse_date, parse_datetime
 
 from django_jobs import limits
 from django_jobs.management.arguments import (
+    add_repeatable,
     free_text,
     job_id,
     job_name,
@@ -82,25 +83,25 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
+        add_repeatable(
+            parser,
             "--reason",
-            action="append",
             dest="reasons",
             type=reason,
             metavar="REASON",
             help=f"Only this reason (repeatable): {', '.join(DeadReason.values)}.",
         )
-        parser.add_argument(
+        add_repeatable(
+            parser,
             "--name",
-            action="append",
             dest="names",
             type=job_name,
             metavar="NAME",
             help="Only jobs of this name (repeatable).",
         )
-        parser.add_argument(
+        add_repeatable(
+            parser,
             "--queue",
-            action="append",
             dest="queues",
             type=queue_name,
             metavar="QUEUE",
@@ -115,9 +116,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--dead-before", type=when, metavar="WHEN", help="Only letters that died before WHEN."
         )
-        parser.add_argument(
+        add_repeatable(
+            parser,
             "--id",
-            action="append",
             dest="ids",
             type=job_id,
             metavar="JOB_ID",

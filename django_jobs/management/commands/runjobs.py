@@ -17,6 +17,7 @@ from django.db import DatabaseError
 
 from django_jobs import registry, schema
 from django_jobs.management.arguments import (
+    add_repeatable,
     positive_int,
     queue_name,
     seconds,
@@ -58,10 +59,10 @@ class Command(BaseCommand):
     help = "Run a django-jobs worker: claim due jobs and run their handlers."
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
+        add_repeatable(
+            parser,
             "--queue",
             "-q",
-            action="append",
             dest="queues",
             type=queue_name,
             metavar="NAME",
