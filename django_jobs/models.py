@@ -366,9 +366,9 @@ class JobQuerySet(models.QuerySet["Job"]):
             rows = sql.run(alias, sql.INSERT_KEYED, _insert_params(job))
             if rows:
                 kind, job_id, fingerprint, _notified, enqueued_at, recheck = rows[0]
-                if recheck and (done := sql.run(alias, sql.MARKER_OF_KEY, [job.key])):
+                if recheck and (marker := sql.run(alias, sql.MARKER_OF_KEY, [job.key])):
                     self.filter(id=job_id).delete()  # in the caller's transaction
-                    return ("completed", *done[0], None)
+                    return ("completed", *marker[0], None)
                 return kind, job_id, fingerprint, enqueued_at
         else:
             markers = CompletionMarker.objects.using(alias)
@@ -381,9 +381,9 @@ class JobQuerySet(models.QuerySet["Job"]):
                     _new_row(job, now).save(using=alias, force_insert=True)
                     # The insert may have waited for a live job of the key to settle
                     # (its marker written after the look above): look again.
-                    done = markers.filter(key=job.key).values_list("job_id", "fingerprint")
-                    if done := done.first():
-                        raise _KeyCompleted(done)
+                    again = markers.filter(key=job.key).values_list("job_id", "fingerprint")
+                    if (late := again.first()) is not None:
+                        raise _KeyCompleted(late)
                 return "inserted", job.id, None, now
             except _KeyCompleted as completed:
                 return ("completed", *completed.marker, None)

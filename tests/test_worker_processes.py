@@ -53,7 +53,7 @@ def test_four_processes_share_ten_thousand_atomic_jobs_exactly_once(worker_proce
 
 
 @pytest.mark.mariadb
-@pytest.mark.skipif(ENGINE != "mariadb", reason="MariaDB's run (PostgreSQL's is above)")
+@pytest.mark.skipif(ENGINE != "mariadb", reason="MariaDB's run only (see the test above)")
 def test_three_processes_share_five_thousand_atomic_jobs_exactly_once_on_mariadb(worker_process):
     total = 5_000
     _enqueue_many(jobs.record_atomic, ({"label": f"job-{i}"} for i in range(total)))
