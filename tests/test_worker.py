@@ -19,11 +19,19 @@ from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job
 from django_jobs.signals import job_dead_lettered, job_finished, job_started
 from django_jobs.worker import Worker
 from django_jobs.worker.dispatcher import _signalled
+from tests.conftest import POSTGRES
 from tests.factories import JobFactory, MarkerFactory
 from tests.testapp import jobs
 from tests.testapp.models import Audit
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True, params=["auto", "orm"] if POSTGRES else ["auto"])
+def claim_path(request, settings):
+    """Run each test on PostgreSQL's one-statement claim and on the ORM claim."""
+    settings.DJANGO_JOBS = {**settings.DJANGO_JOBS, "CLAIM": request.param}
+    return request.param
 
 
 def test_success_deletes_the_job_and_writes_its_marker(run_worker):
