@@ -114,17 +114,18 @@ class DeadReason(models.TextChoices):
 class JobState(models.TextChoices):
     """What an operator sees of a live job, derived from its run-at and lease."""
 
-    WAITING = "waiting", _("waiting")  # due, not leased
+    WAITING = "waiting", _("waiting")  # due: not leased, or its lease expired (rescue is due)
     SCHEDULED = "scheduled", _("scheduled")  # not due yet (delayed, or retrying after backoff)
-    RUNNING = "running", _("running")  # leased to a worker (or its lease expired: rescue is due)
+    RUNNING = "running", _("running")  # leased to a worker, and the lease is live
 
 
 # JobState as conditions on the database clock `now`, for filters, counts and
-# annotations alike. RUNNING counts a job whose lease expired (its row still names
-# its last holder, which may still be running it); "running now" (with_running,
-# the Tasks API's RUNNING) is a leased job whose lease is live.
+# annotations alike, and the one definition of "running" (the admin's, jobs
+# status', flow control's and the Tasks API's): a leased job whose lease is live. A
+# job whose lease expired is waiting: nobody holds it any more, and the next claim
+# takes it over first (the admin says a rescue is due).
 def _waiting(now: Any) -> Q:
-    return Q(locked_by__isnull=True, run_at__lte=now)
+    return Q(locked_by__isnull=True, run_at__lte=now) | _lease_expired(now)
 
 
 def _scheduled(now: Any) -> Q:
@@ -136,6 +137,10 @@ _LEASED = Q(locked_by__isnull=False)
 
 def _running_now(now: Any) -> Q:
     return _LEASED & Q(lease_expires_at__gt=now)
+
+
+def _lease_expired(now: Any) -> Q:
+    return _LEASED & Q(lease_expires_at__lt=now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -775,27 +780,19 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.filter(_scheduled(Now()))
 
     def running(self) -> JobQuerySet:
-        """Leased jobs: JobState.RUNNING (see with_running for those whose lease is live)."""
-        return self.filter(_LEASED)
+        """JobState.RUNNING: leased jobs whose lease is live."""
+        return self.filter(_running_now(Now()))
 
     def with_running(self) -> JobQuerySet:
-        """Annotate `running`: whether a worker holds the job under a lease not yet expired.
-
-        The one definition of "running now". A leased job whose lease expired is
-        still JobState.RUNNING to operators (the row names its last holder, and the
-        admin says a rescue is due), but nobody runs it: the next claim takes it over.
-        """
+        """Annotate `running`: whether the job is JobState.RUNNING (under a live lease)."""
         return self.annotate(
             running=ExpressionWrapper(_running_now(Now()), output_field=models.BooleanField())
         )
 
     def claimable(self) -> JobQuerySet:
-        """Jobs a claim may take now: due and unleased, or leased past their lease."""
-        now = Now()
-        return self.filter(
-            Q(locked_by__isnull=True, run_at__lte=now)
-            | Q(locked_by__isnull=False, lease_expires_at__lt=now)
-        )
+        """Jobs a claim may take now: JobState.WAITING (due and unleased, or leased past
+        their lease)."""
+        return self.filter(_waiting(Now()))
 
     def names_unknown_to(self, known: Iterable[str]) -> models.QuerySet[Any, Mapping[str, Any]]:
         """Per name not in `known`: the number of its claimable jobs (`jobs`).
@@ -871,7 +868,7 @@ class JobQuerySet(models.QuerySet["Job"]):
             .annotate(
                 waiting=models.Count("pk", filter=_waiting(now)),
                 scheduled=models.Count("pk", filter=_scheduled(now)),
-                running=models.Count("pk", filter=_LEASED),
+                running=models.Count("pk", filter=_running_now(now)),
                 oldest=models.Min("run_at", filter=_waiting(now)),
             )
         )
@@ -880,7 +877,7 @@ class JobQuerySet(models.QuerySet["Job"]):
         """Annotate each job's JobState as `state`, on the database clock."""
         return self.annotate(
             state=Case(
-                When(_LEASED, then=Value(JobState.RUNNING)),
+                When(_running_now(Now()), then=Value(JobState.RUNNING)),
                 When(_scheduled(Now()), then=Value(JobState.SCHEDULED)),
                 default=Value(JobState.WAITING),
                 output_field=models.CharField(),

@@ -181,9 +181,7 @@ def flow_status(alias: str | None = None, now: datetime | None = None) -> list[F
         jobs = Job.objects.using(alias).filter(**{group.kind: group.value})
         if group.kind == "queue":
             jobs = jobs.exclude(name__in=limited)
-        running = count_by(
-            jobs.filter(locked_by__isnull=False, lease_expires_at__gt=now), "partition"
-        )
+        running = count_by(jobs.running(), "partition")
         starts: dict[str, int] = {}
         if group.rate is not None:
             windows = FlowWindow.objects.using(alias).filter(

@@ -69,7 +69,7 @@ def test_job_list_shows_state_and_lease_holder(admin_client_, three_states):
     # Each row's state cell, its first word (the state filter's links name them all, too).
     cells = re.findall(r'<td class="field-state_label">(.*?)</td>', text, re.S)
     states = sorted(re.sub(r"<[^>]+>", " ", cell).split()[0].lower() for cell in cells)
-    assert states == ["running", "running", "scheduled", "waiting"]
+    assert states == ["running", "scheduled", "waiting", "waiting"]  # an expired lease waits
     assert "web-1:4242:abc123" in text and "#7" not in text  # the worker, not the claim number
     assert "lease expired: rescue is due" in text and "expired 5s ago" in text
     assert re.search(r"\d+s left", text)  # the running job's lease: how long it has left

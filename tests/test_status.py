@@ -12,8 +12,9 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from django_jobs import enqueue, status
-from django_jobs.models import CompletionMarker, DeadLetter, Job, WorkerBeat
+from django_jobs.models import CompletionMarker, DeadLetter, Job, JobState, WorkerBeat
 from tests.conftest import wait_for
+from tests.factories import JobFactory
 from tests.testapp import jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -110,3 +111,29 @@ def test_status_says_to_start_a_worker_when_jobs_wait_for_none(capsys):
     out = capsys.readouterr().out
     assert "0 live worker(s)\n1 job(s) are waiting and no worker is running: start one with " in out
     assert "`python manage.py runjobs`" in out
+
+
+def test_running_means_a_live_lease_everywhere():
+    """One definition of running: a job whose lease expired is waiting (a claim takes it
+    over first), in the state filter, the per-queue counts, the Tasks API's annotation
+    and jobs status alike."""
+    live = JobFactory(leased=True)
+    expired = JobFactory(lease_expired=True)
+    waiting = JobFactory()
+    jobs_ = Job.objects.all()
+    assert set(jobs_.running().values_list("id", flat=True)) == {live.id}
+    assert set(jobs_.waiting().values_list("id", flat=True)) == {expired.id, waiting.id}
+    assert set(jobs_.claimable().values_list("id", flat=True)) == {expired.id, waiting.id}
+    states = dict(jobs_.with_state().values_list("id", "state"))
+    assert states == {
+        live.id: JobState.RUNNING,
+        expired.id: JobState.WAITING,
+        waiting.id: JobState.WAITING,
+    }
+    assert dict(jobs_.with_running().values_list("id", "running")) == {
+        live.id: True,
+        expired.id: False,
+        waiting.id: False,
+    }
+    [counts] = jobs_.counts_by_queue()
+    assert (counts["running"], counts["waiting"], counts["scheduled"]) == (1, 2, 0)

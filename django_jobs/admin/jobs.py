@@ -157,13 +157,10 @@ class JobAdmin(DashboardView, IdOrTermSearch, CancelPermission, NameQueueColumns
     def state_label(self, obj: Job) -> SafeString | str:
         state = getattr(obj, "state", None)
         label = str(JobState(state).label) if state else EMPTY
-        expired = (
-            state == JobState.RUNNING
-            and obj.lease_expires_at
-            and obj.lease_expires_at < timezone.now()
-        )
+        # Waiting, but still naming the worker whose lease ran out.
+        expired = state == JobState.WAITING and obj.locked_by is not None
         since = getattr(obj, "unknown_since", None)
-        if since is not None and (expired or state == JobState.WAITING):
+        if since is not None and state == JobState.WAITING:
             when = timezone.localtime(since).strftime("%Y-%m-%d %H:%M")
             label = f"{label} ({_('no live worker knows this name since')} {when})"
         elif expired:
@@ -262,7 +259,7 @@ class RunningJobAdmin(CancelPermission, NameQueueColumns, OperationsAdmin):
     ]
 
     def get_queryset(self, request: HttpRequest) -> Any:
-        return super().get_queryset(request).filter(locked_by__isnull=False)
+        return cast(JobQuerySet, super().get_queryset(request)).running()
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
