@@ -90,6 +90,11 @@ def partition_of(name: str, partition_by: str | Partitioner, payload: Any) -> st
             f"{name}: the partition value is {len(value)} characters long; "
             f"the limit is {MAX_PARTITION_LENGTH}"
         )
+    if not value.isprintable():  # NUL and lone surrogates: the database would refuse them
+        raise InvalidJob(
+            f"{name}: the partition value {limits.shown(value)} must be printable text, "
+            "without control characters or lone surrogates"
+        )
     return value
 
 

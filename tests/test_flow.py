@@ -59,6 +59,22 @@ def test_rates_parse_into_fixed_windows():
     assert str(flow.parse_rate("7/h")) == "7/h"
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("value", ["a\x00b", "\ud800", "tab\there", "x" * 201])
+def test_a_partition_the_database_cannot_store_is_refused_and_writes_nothing(value):
+    by_callable = job(
+        name="tests.flow.hostile", global_concurrency=1, partition_by=lambda p: value
+    )(lambda payload, ctx: None)
+    try:
+        with pytest.raises(InvalidJob, match="partition value"):
+            enqueue(by_callable, {})
+        assert Job.objects.count() == 0
+    finally:
+        from django_jobs.registry import unregister
+
+        unregister("tests.flow.hostile")
+
+
 @pytest.mark.django_db
 def test_partition_is_evaluated_at_enqueue_and_stored(handlers):
     result = enqueue(handlers["partitioned"], {"customer": 42, "seconds": 0, "label": "a"})
