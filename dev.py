@@ -153,7 +153,12 @@ def postgres_ready(python: str) -> bool:
         "port=os.environ.get('PGPORT', '5432'), user=os.environ.get('PGUSER', 'postgres'), "
         "dbname='postgres', connect_timeout=5).close()"
     )
-    return subprocess.run([python, "-c", check], capture_output=True, check=False).returncode == 0
+    return runs(python, check)
+
+
+def runs(python: str, code: str) -> bool:
+    """Whether python runs code without an error (a connection check, an import)."""
+    return subprocess.run([python, "-c", code], capture_output=True, check=False).returncode == 0
 
 
 def ensure_browser() -> bool:
@@ -403,13 +408,13 @@ def mariadb_ready(python: str) -> bool:
         "port=int(os.environ.get('MYSQL_PORT', '3306')), user=os.environ.get('MYSQL_USER', "
         "'root'), password=os.environ.get('MYSQL_PASSWORD', ''), connect_timeout=5).close()"
     )
-    return subprocess.run([python, "-c", check], capture_output=True, check=False).returncode == 0
+    return runs(python, check)
 
 
 def ensure_mysqlclient() -> str:
     """Install the mariadb group (mysqlclient, built against Debian's client library)."""
     python = ensure_venv("test")
-    if subprocess.run([python, "-c", "import MySQLdb"], capture_output=True).returncode:
+    if not runs(python, "import MySQLdb"):
         if not shutil.which("pkg-config") or not glob.glob("/usr/include/*/mysql.h"):
             apt_install(["pkg-config", "default-libmysqlclient-dev"], "for mysqlclient")
     return ensure_venv("mariadb")
