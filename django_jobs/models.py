@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from django.core.checks import CheckMessage
@@ -107,6 +107,8 @@ class DeadReason(models.TextChoices):
     ATTEMPTS_EXHAUSTED = "attempts_exhausted", _("attempts exhausted")
     FATAL = "fatal", _("fatal error")
     CANCELLED = "cancelled", _("cancelled")
+    # A workflow step whose parent died, when the step asked for on_parent_dead="dead".
+    PARENT_DEAD = "parent_dead", _("parent dead")
     # A hand-edited column the worker cannot use, or a row the database refused to update.
     MALFORMED = "malformed", _("malformed row")
 
@@ -117,6 +119,7 @@ class JobState(models.TextChoices):
     WAITING = "waiting", _("waiting")  # due: not leased, or its lease expired (rescue is due)
     SCHEDULED = "scheduled", _("scheduled")  # not due yet (delayed, or retrying after backoff)
     RUNNING = "running", _("running")  # leased to a worker, and the lease is live
+    BLOCKED = "blocked", _("blocked")  # a workflow step waiting for its parents to finish
 
 
 # JobState as conditions on the database clock `now`, for filters, counts and
@@ -124,6 +127,11 @@ class JobState(models.TextChoices):
 # status', flow control's and the Tasks API's): a leased job whose lease is live. A
 # job whose lease expired is waiting: nobody holds it any more, and the next claim
 # takes it over first (the admin says a rescue is due).
+# The run_at of a blocked workflow step (docs/workflows.md): never due, so no
+# claim needs a condition of its own; its last parent's settle sets it to now.
+BLOCKED_UNTIL = datetime(9000, 1, 1, tzinfo=UTC)
+
+
 def _waiting(now: Any) -> Q:
     return Q(locked_by__isnull=True, run_at__lte=now) | _lease_expired(now)
 
@@ -1221,6 +1229,18 @@ class Job(models.Model):
         blank=True,
         help_text=_("Flow control's partition value, from the handler's partition_by."),
     )
+    # Workflows (docs/workflows.md). db_default: rows written by raw SQL, or by a
+    # worker of an earlier release during a deploy, get 0 without naming the columns.
+    waiting_for = models.IntegerField(
+        default=0,
+        db_default=0,
+        help_text=_("Parents not finished yet; while above 0 the job is blocked."),
+    )
+    dependents = models.IntegerField(
+        default=0,
+        db_default=0,
+        help_text=_("Jobs registered as waiting for this one (their settle releases them)."),
+    )
 
     objects = JobsDatabaseManager.from_queryset(JobQuerySet)()
 
@@ -1299,6 +1319,79 @@ class FlowWindow(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} {self.partition}"
+
+
+class OnParentDead(models.TextChoices):
+    """What a workflow step does when a job it waits for is dead-lettered."""
+
+    WAIT = "wait", _("wait (until the parent's letter is replayed and succeeds)")
+    DEAD = "dead", _("dead-letter it too (reason parent_dead)")
+
+
+class Dependency(models.Model):
+    """One edge of a workflow: job `job_id` waits until the work of `parent_key` is done.
+
+    `parent_key` is the parent's idempotency key (its dedupe key, or its id as
+    text), the key its completion marker is written under. `satisfied_at` is set
+    in the transaction that writes that marker, which also counts down the
+    dependent's `Job.waiting_for`. Rows are kept after that: they are the graph
+    the workflow page draws and what `ctx.parent_results` reads.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    job_id = models.UUIDField(help_text=_("The waiting job (its letter's id if it died)."))
+    parent_key = models.CharField(
+        max_length=MAX_KEY_LENGTH, help_text=_("The parent's dedupe key, or its id.")
+    )
+    parent_id = models.UUIDField(help_text=_("The parent's job id when the edge was written."))
+    on_parent_dead = models.CharField(
+        max_length=8, choices=OnParentDead.choices, default=OnParentDead.WAIT
+    )
+    created_at = models.DateTimeField()
+    satisfied_at = models.DateTimeField(
+        null=True, blank=True, help_text=_("When the parent's completion marker was written.")
+    )
+
+    objects = JobsDatabaseManager()
+
+    class Meta:
+        db_table = "django_jobs_dependency"
+        verbose_name_plural = _("dependencies")
+        indexes = [
+            models.Index(fields=["job_id"], name="django_jobs_dependency_job"),
+            # The settle of a parent finds the edges it releases by key.
+            models.Index(fields=["parent_key"], name="django_jobs_dependency_parent"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job_id", "parent_key"], name="django_jobs_dependency_unique"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} after {self.parent_key}"
+
+
+class WorkflowStep(models.Model):
+    """A job written by `workflow(name=...)`: the workflow page and cancel find steps here."""
+
+    job_id = models.UUIDField(primary_key=True, help_text=_("The step's job id."))
+    workflow = models.CharField(max_length=MAX_KEY_LENGTH)
+    name = models.CharField(max_length=MAX_NAME_LENGTH, help_text=_("The step's handler."))
+    key = models.CharField(max_length=MAX_KEY_LENGTH, null=True, blank=True)
+    created_at = models.DateTimeField()
+
+    objects = JobsDatabaseManager()
+
+    class Meta:
+        db_table = "django_jobs_workflow_step"
+        ordering = ["workflow", "created_at", "job_id"]
+        indexes = [
+            models.Index(fields=["workflow", "created_at"], name="django_jobs_step_workflow"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workflow}: {self.name} {self.job_id}"
 
 
 class CompletionMarker(models.Model):
