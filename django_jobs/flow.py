@@ -14,6 +14,7 @@ from typing import Any
 
 from django_jobs import limits
 from django_jobs.exceptions import InvalidJob
+from django_jobs.payloads import safe_str
 
 # The longest partition value stored with a job (the partition column).
 MAX_PARTITION_LENGTH = 200
@@ -72,7 +73,12 @@ def check_partition_by(value: object) -> str | Partitioner:
 def partition_of(name: str, partition_by: str | Partitioner, payload: Any) -> str:
     """Return the partition value of payload for handler `name`, else raise InvalidJob."""
     if callable(partition_by):
-        value = partition_by(payload)
+        try:
+            value = partition_by(payload)
+        except Exception as exc:  # the user's code: name it; BaseExceptions go through
+            raise InvalidJob(
+                f"{name}: partition_by raised {type(exc).__name__}: {safe_str(exc)}"
+            ) from exc
         if not isinstance(value, str):
             raise InvalidJob(f"{name}: partition_by returned {type(value).__name__}, not a string")
     else:

@@ -89,6 +89,11 @@ def test_partition_is_evaluated_at_enqueue_and_stored(handlers):
         assert Job.objects.get(id=result.id).partition == "xy"
         with pytest.raises(InvalidJob):
             enqueue(by_callable, {"a": 1, "b": 2})  # not a string
+        # The callable's own failure is the caller's InvalidJob, naming it, with nothing written.
+        with pytest.raises(InvalidJob, match="partition_by raised KeyError: 'b'") as raised:
+            enqueue(by_callable, {"a": "x"})
+        assert isinstance(raised.value.__cause__, KeyError)
+        assert not Job.objects.filter(name="tests.flow.callable", partition="x").exists()
     finally:
         from django_jobs.registry import unregister
 
