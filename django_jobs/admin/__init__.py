@@ -41,6 +41,7 @@ from django_jobs.admin.markers import CompletionMarkerAdmin
 from django_jobs.admin.queues import QueueStateAdmin
 from django_jobs.admin.schedules import ScheduleAdmin
 from django_jobs.admin.workers import WorkerBeatAdmin
+from django_jobs.admin.workflows import WorkflowStepAdmin
 
 __all__ = [
     "ATTEMPTS_SHOWN",
@@ -64,6 +65,7 @@ __all__ = [
     "ScheduleAdmin",
     "StateFilter",
     "WorkerBeatAdmin",
+    "WorkflowStepAdmin",
     "attempt_history",
     "bounded_pre",
     "cancel_jobs",

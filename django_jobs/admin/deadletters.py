@@ -37,7 +37,15 @@ from django_jobs.admin.display import (
     when,
     when_column,
 )
-from django_jobs.models import CompletionMarker, DeadLetter, DeadLetterQuerySet, Job, ReplayReport
+from django_jobs.admin.workflows import WorkflowFields, parents_list, parents_of
+from django_jobs.models import (
+    CompletionMarker,
+    DeadLetter,
+    DeadLetterQuerySet,
+    DeadReason,
+    Job,
+    ReplayReport,
+)
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
@@ -59,7 +67,7 @@ class ReplayedFilter(admin.SimpleListFilter):
 
 
 @admin.register(DeadLetter)
-class DeadLetterAdmin(IdOrTermSearch, ReadOnlyAdmin):
+class DeadLetterAdmin(IdOrTermSearch, WorkflowFields, ReadOnlyAdmin):
     # Fits 1280 px with the sidebar open: the name links the letter, short times, a cut
     # error. The id (searchable), queue, enqueued-at and attempts are on the detail page.
     list_display = ["name_cell", "reason", "dead_at_cell", "error_line", "replayed"]
@@ -97,6 +105,11 @@ class DeadLetterAdmin(IdOrTermSearch, ReadOnlyAdmin):
         (_("Payload"), {"fields": ["payload_json"]}),
         (_("Error"), {"fields": ["error_pre", "traceback_pre", "attempt_table"]}),
     ]
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        # Right after the job's own facts: for a blocked job, what it waits for is the news.
+        first, *rest = self.fieldsets
+        return [first, *self.workflow_fieldset(obj), *rest]
 
     # -- columns and fields
 
@@ -342,6 +355,11 @@ class DeadLetterAdmin(IdOrTermSearch, ReadOnlyAdmin):
                 "replayed_by": letter.replayed_by,
                 "target": self._replay_target(letter) if letter.replayed_at else None,
             }
+            if letter.reason == DeadReason.PARENT_DEAD:
+                # Which parent died (and where it is now): the cause to put right first.
+                alias = letter._state.db or DeadLetter.objects.db
+                edges = parents_of([letter.pk], alias).get(letter.pk, [])
+                extra["summary"]["parents"] = parents_list(self.admin_site.name, edges, alias)
             if letter.replayed_at is None and self.has_replay_permission(request):
                 blocked = self._why_not_replayable(letter)
                 if blocked:

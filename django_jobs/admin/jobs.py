@@ -32,10 +32,18 @@ from django_jobs.admin.display import (
     pretty_payload,
     showable,
     when,
-    when_column,
 )
+from django_jobs.admin.workflows import WorkflowFields
 from django_jobs.attempts import worker_of
-from django_jobs.models import DeadLetter, Job, JobQuerySet, JobState, RunningJob, UnknownName
+from django_jobs.models import (
+    BLOCKED_UNTIL,
+    DeadLetter,
+    Job,
+    JobQuerySet,
+    JobState,
+    RunningJob,
+    UnknownName,
+)
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
@@ -58,7 +66,9 @@ class StateFilter(admin.SimpleListFilter):
         if value == JobState.WAITING:
             return jobs.waiting()
         if value == JobState.SCHEDULED:
-            return jobs.scheduled()
+            return jobs.scheduled().filter(waiting_for=0)  # a blocked job's run_at is ahead too
+        if value == JobState.BLOCKED:
+            return jobs.filter(waiting_for__gt=0)
         if value == JobState.RUNNING:
             return jobs.running()
         return queryset
@@ -113,7 +123,9 @@ class CancelPermission:
 
 
 @admin.register(Job)
-class JobAdmin(DashboardView, IdOrTermSearch, CancelPermission, NameQueueColumns, ReadOnlyAdmin):
+class JobAdmin(
+    DashboardView, IdOrTermSearch, CancelPermission, WorkflowFields, NameQueueColumns, ReadOnlyAdmin
+):
     # Fits 1280 px with the sidebar open: the name links the job, the state says the attempt,
     # the lease (holder and time left) is one column.
     list_display = ["name_cell", "queue_cell", "state_label", "run_at_cell", "lease"]
@@ -141,6 +153,11 @@ class JobAdmin(DashboardView, IdOrTermSearch, CancelPermission, NameQueueColumns
         (_("Earlier attempts"), {"fields": ["attempt_table"]}),
     ]
 
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        # Right after the job's own facts: for a blocked job, what it waits for is the news.
+        first, *rest = self.fieldsets
+        return [first, *self.workflow_fieldset(obj), *rest]
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         # Since when no live worker knows the job's name (a subquery: no query per row).
         unknown = UnknownName.objects.current().filter(name=OuterRef("name")).values("since")
@@ -156,7 +173,11 @@ class JobAdmin(DashboardView, IdOrTermSearch, CancelPermission, NameQueueColumns
     @admin.display(description=_("state"), ordering="state")
     def state_label(self, obj: Job) -> SafeString | str:
         state = getattr(obj, "state", None)
+        if obj.waiting_for > 0:  # whatever the annotation says: a blocked job's run_at is ahead
+            state = JobState.BLOCKED
         label = str(JobState(state).label) if state else EMPTY
+        if state == JobState.BLOCKED:
+            label = f"{label} ({_('waiting for %(n)s parent(s)') % {'n': obj.waiting_for}})"
         # Waiting, but still naming the worker whose lease ran out.
         expired = state == JobState.WAITING and obj.locked_by is not None
         since = getattr(obj, "unknown_since", None)
@@ -179,7 +200,11 @@ class JobAdmin(DashboardView, IdOrTermSearch, CancelPermission, NameQueueColumns
     def attempts_of(self, obj: Job) -> str:
         return f"{obj.attempts} / {obj.max_attempts}"
 
-    run_at_cell = when_column("run_at", _("run at"))
+    @admin.display(description=_("run at"), ordering="run_at")
+    def run_at_cell(self, obj: Job) -> SafeString | str:
+        if obj.run_at >= BLOCKED_UNTIL:  # the sentinel of a blocked job, not a date to read
+            return format_html('<span class="django-jobs-quiet">{}</span>', _("after its parents"))
+        return list_when(obj.run_at)
 
     @admin.display(description=_("lease holder"))
     def lease_holder(self, obj: Job) -> str:

@@ -1,0 +1,164 @@
+"""Where the work of a job is now: live (its state), finished (its marker) or dead (its letter).
+
+A workflow step, or the parent a blocked job waits for, is named by the id its job
+had when the row was written. That job may have finished (its completion marker has
+its id), died (its dead letter has its id) or died and been replayed (the letter's
+``replay_job_id`` is the new job, which is followed, up to ``REPLAY_HOPS`` letters).
+``resolve`` answers for many ids in a few queries per hop; ``state_annotation`` does
+the first hop in SQL, for counts over workflows too big to read into memory.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.models import Case, Exists, OuterRef, Subquery, Value, When
+from django.db.models import CharField as CharFieldType
+from django.utils.translation import gettext_lazy as _
+
+from django_jobs.models import (
+    CompletionMarker,
+    DeadLetter,
+    Job,
+    JobState,
+    WorkflowStep,
+)
+
+# States a step can be in, beyond the live JobStates.
+DONE = "done"
+DEAD = "dead"
+REPLAYED = "replayed"  # only from state_annotation: the letter was replayed, follow it
+GONE = "gone"  # no row at all: its marker was pruned (or a hand-deleted row)
+
+LABELS: dict[str, Any] = {
+    JobState.WAITING: JobState.WAITING.label,
+    JobState.SCHEDULED: JobState.SCHEDULED.label,
+    JobState.RUNNING: JobState.RUNNING.label,
+    JobState.BLOCKED: JobState.BLOCKED.label,
+    DONE: _("done"),
+    DEAD: _("dead"),
+    GONE: _("gone"),
+}
+# The order of the legend and of the counts: the way work moves.
+ORDER = [
+    JobState.BLOCKED,
+    JobState.SCHEDULED,
+    JobState.WAITING,
+    JobState.RUNNING,
+    DONE,
+    DEAD,
+    GONE,
+]
+LIVE = {JobState.BLOCKED, JobState.SCHEDULED, JobState.WAITING, JobState.RUNNING}
+
+REPLAY_HOPS = 10  # letters followed through their replays, a bound against a hand-made loop
+CHUNK = 2000  # ids per IN (...) list
+
+
+@dataclass(frozen=True)
+class Where:
+    """The work of one id now: its state and the row that shows it."""
+
+    state: str
+    current: uuid.UUID  # the live job's, the marker's or the letter's id (a replay's, if any)
+    reason: str = ""  # a dead letter's reason
+    waiting_for: int = 0  # a blocked job's parents not finished
+    replays: int = 0  # dead letters followed to get here
+
+    @property
+    def admin_model(self) -> str | None:
+        """The admin's model name of the row that shows it (None: no row)."""
+        if self.state in LIVE:
+            return "job"
+        return {DONE: "completionmarker", DEAD: "deadletter"}.get(self.state)
+
+    @property
+    def label(self) -> str:
+        return str(LABELS.get(self.state, self.state))
+
+
+def _chunks(ids: list[uuid.UUID]) -> Iterable[list[uuid.UUID]]:
+    for start in range(0, len(ids), CHUNK):
+        yield ids[start : start + CHUNK]
+
+
+def resolve(ids: Iterable[uuid.UUID], alias: str) -> dict[uuid.UUID, Where]:
+    """Find where the work of each id is now; ids with no row at all are GONE."""
+    found: dict[uuid.UUID, Where] = {}
+    # original id -> the id looked at now
+    todo = {job_id: job_id for job_id in ids}
+    for hop in range(REPLAY_HOPS + 1):
+        if not todo:
+            break
+        looking = list(set(todo.values()))
+        at: dict[uuid.UUID, Where] = {}
+        follow: dict[uuid.UUID, uuid.UUID] = {}
+        for chunk in _chunks(looking):
+            jobs = Job.objects.using(alias).filter(id__in=chunk).with_state()
+            rows = jobs.values_list("id", "state", "waiting_for")  # type: ignore[misc]  # with_state's annotation
+            for job_id, state, waiting_for in rows:
+                # Blocked is decided here too, so that this reads right whatever with_state says.
+                shown = JobState.BLOCKED if waiting_for > 0 else state
+                at[job_id] = Where(shown, job_id, waiting_for=waiting_for, replays=hop)
+        rest = [job_id for job_id in looking if job_id not in at]
+        for chunk in _chunks(rest):
+            markers = CompletionMarker.objects.using(alias).filter(job_id__in=chunk)
+            for job_id in markers.values_list("job_id", flat=True):
+                at[job_id] = Where(DONE, job_id, replays=hop)
+        rest = [job_id for job_id in rest if job_id not in at]
+        for chunk in _chunks(rest):
+            letters = DeadLetter.objects.using(alias).filter(id__in=chunk)
+            for job_id, reason, replay in letters.values_list("id", "reason", "replay_job_id"):
+                if replay is not None and hop < REPLAY_HOPS:
+                    follow[job_id] = replay
+                else:
+                    at[job_id] = Where(DEAD, job_id, reason=reason, replays=hop)
+        following: dict[uuid.UUID, uuid.UUID] = {}
+        for original, current in todo.items():
+            if current in at:
+                found[original] = at[current]
+            elif current in follow:
+                following[original] = follow[current]
+            else:
+                found[original] = Where(GONE, current, replays=hop)
+        todo = following
+    return found
+
+
+def state_annotation(field: str = "job_id") -> Case:
+    """The state of the job whose id is in `field`, in SQL; a replayed letter is REPLAYED."""
+    job_id = OuterRef(field)
+    live = Job.objects.filter(id=job_id)
+    return Case(
+        When(Exists(live.filter(waiting_for__gt=0)), then=Value(JobState.BLOCKED.value)),
+        When(
+            Exists(live),
+            then=Subquery(live.with_state().values("state")[:1]),  # type: ignore[misc]  # with_state's annotation
+        ),
+        When(Exists(CompletionMarker.objects.filter(job_id=job_id)), then=Value(DONE)),
+        When(
+            Exists(DeadLetter.objects.filter(id=job_id, replay_job_id__isnull=False)),
+            then=Value(REPLAYED),
+        ),
+        When(Exists(DeadLetter.objects.filter(id=job_id)), then=Value(DEAD)),
+        default=Value(GONE),
+        output_field=CharFieldType(),
+    )
+
+
+def step_of(job_id: uuid.UUID, alias: str) -> tuple[str, uuid.UUID] | None:
+    """The workflow and step id of a job, going back through the letters it was replayed from."""
+    for _hop in range(REPLAY_HOPS + 1):
+        step = WorkflowStep.objects.using(alias).filter(job_id=job_id).values_list("workflow")
+        found = step.first()
+        if found is not None:
+            return found[0], job_id
+        letter = DeadLetter.objects.using(alias).filter(replay_job_id=job_id).values_list("id")
+        earlier = letter.first()
+        if earlier is None:
+            return None
+        job_id = earlier[0]
+    return None

@@ -1,0 +1,461 @@
+"""The workflow pages: every workflow with its steps' states, and one page per workflow.
+
+The list groups WorkflowStep rows by workflow name, a page of names at a time; the
+states are counted for the names on the page only, in one grouped query (the first
+hop of a step's work in SQL, replayed letters followed in Python). A workflow's page
+draws its graph (graph.py) when it has at most GRAPH_LIMIT steps; a bigger one gets
+its steps per layer and a paginated table. Cancelling a workflow needs the jobs'
+cancel permission, as the job lists' action does.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.models import CHANGE
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db.models import Count, Min, QuerySet
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.http import urlencode
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext_lazy as _
+
+from django_jobs.admin import graph, steps
+from django_jobs.admin.base import AnyModelAdmin, log_changes
+from django_jobs.admin.display import EMPTY, cell, showable, when
+from django_jobs.models import DeadLetter, Dependency, Job, WorkflowStep
+
+# Steps drawn as a graph at most; past it, a page of counts per layer and a table.
+GRAPH_LIMIT = 300
+WORKFLOWS_PER_PAGE = 50
+STEPS_PER_PAGE = 100
+PARENTS_SHOWN = 20  # per blocked step in the table, and on a job's page
+
+
+def admin_url(site: str, where: steps.Where) -> str | None:
+    """The admin page of the row that shows where the work is (None: no row)."""
+    model = where.admin_model
+    if model is None:
+        return None
+    return reverse(f"{site}:django_jobs_{model}_change", args=[where.current])
+
+
+def workflow_url(site: str, name: str) -> str:
+    return reverse(f"{site}:django_jobs_workflow") + "?" + urlencode({"name": name})
+
+
+def state_counts(step_rows: QuerySet[Any], alias: str) -> dict[str, Counter[str]]:
+    """Count the steps per workflow and state (replayed letters followed to their jobs)."""
+    rows = (
+        step_rows.order_by()
+        .annotate(state=steps.state_annotation())
+        .values("workflow", "state")
+        .annotate(n=Count("pk"))
+    )
+    counts: dict[str, Counter[str]] = defaultdict(Counter)
+    replayed = False
+    for row in rows:
+        if row["state"] == steps.REPLAYED:
+            replayed = True
+        else:
+            counts[row["workflow"]][row["state"]] += row["n"]
+    if replayed:
+        again = step_rows.order_by().annotate(state=steps.state_annotation())
+        pairs = list(again.filter(state=steps.REPLAYED).values_list("job_id", "workflow"))
+        where = steps.resolve([job_id for job_id, _ in pairs], alias)
+        for job_id, workflow in pairs:
+            counts[workflow][where[job_id].state] += 1
+    return counts
+
+
+def parents_of(job_ids: Iterable[uuid.UUID], alias: str) -> dict[uuid.UUID, list[Dependency]]:
+    """The Dependency rows of each job, oldest first."""
+    found: dict[uuid.UUID, list[Dependency]] = defaultdict(list)
+    ids = list(job_ids)
+    for start in range(0, len(ids), steps.CHUNK):
+        edges = Dependency.objects.using(alias).filter(job_id__in=ids[start : start + steps.CHUNK])
+        for edge in edges.order_by("created_at", "id"):
+            found[edge.job_id].append(edge)
+    return found
+
+
+def parents_list(
+    site: str, edges: Sequence[Dependency], alias: str, limit: int = PARENTS_SHOWN
+) -> SafeString | str:
+    """A list of parents: key, state now (linked), satisfied or not."""
+    if not edges:
+        return EMPTY
+    shown = list(edges[:limit])
+    where = steps.resolve([e.parent_id for e in shown], alias)
+    items = []
+    for edge in shown:
+        at = where[edge.parent_id]
+        url = admin_url(site, at)
+        state = format_html('<a href="{}">{}</a>', url, at.label) if url else at.label
+        if edge.satisfied_at is not None:
+            done = format_html(
+                '<span class="django-jobs-satisfied" title="{}">✓ {}</span>',
+                when(edge.satisfied_at),
+                _("satisfied"),
+            )
+        else:
+            done = format_html('<strong class="django-jobs-unsatisfied">{}</strong>', _("waiting"))
+        items.append((cell(edge.parent_key, 60, name=True), state, done))
+    more = ""
+    if len(edges) > limit:
+        more = format_html(
+            '<li class="django-jobs-quiet">{}</li>',
+            _("and %(n)s more") % {"n": len(edges) - limit},
+        )
+    return format_html(
+        '<ul class="django-jobs-parents">{}{}</ul>',
+        format_html_join("", "<li><code>{}</code>: {}, {}</li>", items),
+        more,
+    )
+
+
+@admin.register(WorkflowStep)
+class WorkflowStepAdmin(AnyModelAdmin):
+    """The workflow list and pages; the steps themselves are shown on their workflow's page."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_jobs.cancel_job")  # as the job lists' action
+
+    def get_urls(self) -> list[Any]:
+        wrap = self.admin_site.admin_view
+        return [
+            path("workflow/", wrap(self.workflow_view), name="django_jobs_workflow"),
+            path(
+                "workflow/cancel/",
+                wrap(self.cancel_view),
+                name="django_jobs_workflow_cancel",
+            ),
+            *super().get_urls(),
+        ]
+
+    def _context(self, request: HttpRequest, title: Any) -> dict[str, Any]:
+        return {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "opts": self.opts,
+            "app_label": self.opts.app_label,
+            "list_url": reverse(f"{self.admin_site.name}:django_jobs_workflowstep_changelist"),
+        }
+
+    def _refuse_nul(self, request: HttpRequest) -> HttpResponse | None:
+        data = request.POST if request.method == "POST" else request.GET
+        if any("\x00" in text for key, values in data.lists() for text in (key, *values)):
+            return HttpResponseBadRequest(_("A NUL character is not allowed in a workflow name."))
+        return None
+
+    # -- the list
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        refused = self._refuse_nul(request)
+        if refused is not None:
+            return refused
+        term = request.GET.get("q", "").strip()
+        all_steps = WorkflowStep.objects.all()
+        alias = all_steps.db
+        found = all_steps.filter(workflow__icontains=term) if term else all_steps
+        groups = (
+            found.order_by()
+            .values("workflow")
+            .annotate(steps=Count("pk"), first=Min("created_at"))
+            .order_by("-first", "workflow")
+        )
+        page = Paginator(groups, WORKFLOWS_PER_PAGE).get_page(request.GET.get("p"))
+        rows = list(page.object_list)
+        names = [row["workflow"] for row in rows]
+        counts = state_counts(WorkflowStep.objects.filter(workflow__in=names), alias)
+        site = self.admin_site.name
+        table = []
+        for row in rows:
+            n = counts[row["workflow"]]
+            table.append(
+                {
+                    "name": cell(row["workflow"], 80, name=True),
+                    "url": workflow_url(site, row["workflow"]),
+                    "steps": row["steps"],
+                    "done": n[steps.DONE],
+                    "running": n["running"],
+                    "blocked": n["blocked"],
+                    "waiting": n["waiting"] + n["scheduled"],
+                    "dead": n[steps.DEAD],
+                    "gone": n[steps.GONE],
+                    "first": when(row["first"]),
+                }
+            )
+        context = {
+            **self._context(request, _("Workflows")),
+            "rows": table,
+            "page": page,
+            "term": term,
+            "page_links": _page_links(page, {"q": term} if term else {}),
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, "admin/django_jobs/workflows.html", context)
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        """A step's page is its workflow's page."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        step_id = _uuid(object_id)
+        step = None if step_id is None else WorkflowStep.objects.filter(job_id=step_id).first()
+        if step is None:
+            raise Http404(_("No such workflow step."))
+        return HttpResponseRedirect(workflow_url(self.admin_site.name, step.workflow))
+
+    # -- one workflow
+
+    def workflow_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        refused = self._refuse_nul(request)
+        if refused is not None:
+            return refused
+        name = request.GET.get("name")
+        if name is None:
+            return HttpResponseRedirect(
+                reverse(f"{self.admin_site.name}:django_jobs_workflowstep_changelist")
+            )
+        step_rows = WorkflowStep.objects.filter(workflow=name)
+        alias = step_rows.db
+        total = step_rows.count()
+        if not total:
+            raise Http404(_("No workflow has this name."))
+        site = self.admin_site.name
+        counts = state_counts(step_rows, alias)[name]
+        order = ("created_at", "job_id")
+        context = {
+            **self._context(request, _("Workflow")),
+            "subtitle": cell(name, 120),
+            "name": showable(name),
+            "total": total,
+            "legend": [
+                (state, steps.LABELS[state], graph.COLORS[state][0], counts[state])
+                for state in steps.ORDER
+            ],
+            "first": when(step_rows.aggregate(first=Min("created_at"))["first"]),
+            "live": sum(counts[state] for state in steps.LIVE),
+            "cancel_url": reverse(f"{site}:django_jobs_workflow_cancel"),
+            "can_cancel": self.has_cancel_permission(request),
+            "graph_limit": GRAPH_LIMIT,
+        }
+        if total <= GRAPH_LIMIT:
+            rows = list(step_rows.order_by(*order))
+            ids = [row.job_id for row in rows]
+            parents = parents_of(ids, alias)
+            edges = [(e.parent_id, e.job_id) for row in rows for e in parents[row.job_id]]
+            layer = graph.layers(ids, edges)
+            where = steps.resolve(ids, alias)
+            nodes = [
+                graph.Node(
+                    key=row.job_id,
+                    name=showable(row.name),
+                    state=where[row.job_id].state,
+                    state_label=where[row.job_id].label,
+                    url=admin_url(site, where[row.job_id]),
+                    title=f"{showable(row.name)}: {where[row.job_id].label} ({row.job_id})",
+                )
+                for row in rows
+            ]
+            context["svg"] = graph.draw(nodes, edges, title=f"{_('Workflow')} {showable(name)}")
+            context["steps"] = self._step_rows(rows, where, parents, layer, alias)
+        else:
+            ids = list(step_rows.values_list("job_id", flat=True))
+            # Only the two columns of the edges: a hundred thousand rows, not models.
+            edges = []
+            for start in range(0, len(ids), steps.CHUNK):
+                chunk = ids[start : start + steps.CHUNK]
+                edges += list(
+                    Dependency.objects.using(alias)
+                    .filter(job_id__in=chunk)
+                    .values_list("parent_id", "job_id")
+                )
+            layer = graph.layers(ids, edges)
+            per_layer = Counter(layer.values())
+            context["layers"] = sorted(per_layer.items())
+            page = Paginator(step_rows.order_by(*order), STEPS_PER_PAGE).get_page(
+                request.GET.get("p")
+            )
+            rows = list(page.object_list)
+            page_ids = [row.job_id for row in rows]
+            where = steps.resolve(page_ids, alias)
+            parents = parents_of(page_ids, alias)
+            context["steps"] = self._step_rows(rows, where, parents, layer, alias)
+            context["page"] = page
+            context["page_links"] = _page_links(page, {"name": name})
+        return TemplateResponse(request, "admin/django_jobs/workflow.html", context)
+
+    def _step_rows(
+        self,
+        rows: list[WorkflowStep],
+        where: dict[uuid.UUID, steps.Where],
+        parents: dict[uuid.UUID, list[Dependency]],
+        layer: dict[Any, int],
+        alias: str,
+    ) -> list[dict[str, Any]]:
+        site = self.admin_site.name
+        table = []
+        for row in rows:
+            at = where[row.job_id]
+            edges = parents.get(row.job_id, [])
+            table.append(
+                {
+                    "layer": layer.get(row.job_id, 1),
+                    "name": cell(row.name, 80, name=True),
+                    "key": cell(row.key, 40, name=True),
+                    "state": at.state,
+                    "label": at.label,
+                    "reason": at.reason,
+                    "url": admin_url(site, at),
+                    "job_id": row.job_id,
+                    "current": at.current if at.current != row.job_id else None,
+                    "created": when(row.created_at),
+                    # What a blocked step waits for; the others' parents are on their pages.
+                    "parents": parents_list(site, edges, alias)
+                    if at.state == "blocked"
+                    else len(edges),
+                }
+            )
+        return table
+
+    # -- cancel
+
+    def cancel_view(self, request: HttpRequest) -> HttpResponse:
+        """Cancel the steps of a workflow that have not finished (POST)."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not (self.has_view_permission(request) and self.has_cancel_permission(request)):
+            raise PermissionDenied
+        refused = self._refuse_nul(request)
+        if refused is not None:
+            return refused
+        name = request.POST.get("name", "")
+        step_rows = WorkflowStep.objects.filter(workflow=name)
+        alias = step_rows.db
+        where = steps.resolve(step_rows.values_list("job_id", flat=True), alias)
+        live = sorted({at.current for at in where.values() if at.state in steps.LIVE})
+        jobs = Job.objects.using(alias).filter(id__in=live)
+        names = dict(jobs.values_list("id", "name"))
+        report = jobs.cancel(by=request.user.get_username())
+        # A running step's handler is stopped by its worker: flag it for the next heartbeat.
+        Job.objects.using(alias).filter(id__in=report.running).request_cancel()
+        if report.cancelled:
+            moved = f"Cancelled with workflow {name[:100]}: moved from the live jobs."
+            entries = [
+                (pk, f"{names.get(pk, '')} {pk} (cancelled)", moved) for pk in report.cancelled
+            ]
+            log_changes(request, DeadLetter, entries, CHANGE)
+        if report.running:
+            asked = f"Cancel requested with workflow {name[:100]}."
+            entries = [(pk, f"{names.get(pk, '')} {pk}", asked) for pk in report.running]
+            log_changes(request, Job, entries, CHANGE)
+        message = _(
+            "Workflow %(name)s: %(cancelled)s step(s) cancelled (moved to the dead letters, "
+            "where they can be replayed)"
+        ) % {"name": showable(name)[:100], "cancelled": len(report.cancelled)}
+        if report.running:
+            message += _("; asked the workers of %(n)s running step(s) to stop them") % {
+                "n": len(report.running)
+            }
+        if not live:
+            message = _("Workflow %(name)s has no live step: nothing to cancel") % {
+                "name": showable(name)[:100]
+            }
+        self.message_user(request, f"{message}.", messages.SUCCESS if live else messages.WARNING)
+        return HttpResponseRedirect(workflow_url(self.admin_site.name, name))
+
+
+def _uuid(text: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(text).strip())
+    except ValueError:
+        return None
+
+
+def _page_links(page: Any, params: dict[str, str]) -> list[tuple[Any, str | None]]:
+    """(label, url or None for the current page and the gaps) for a page's paginator."""
+    paginator = page.paginator
+    if paginator.num_pages <= 1:
+        return []
+    links: list[tuple[Any, str | None]] = []
+    for number in paginator.get_elided_page_range(page.number, on_each_side=2, on_ends=1):
+        if number == paginator.ELLIPSIS or number == page.number:
+            links.append((number, None))
+        else:
+            links.append((number, "?" + urlencode({**params, "p": number})))
+    return links
+
+
+class WorkflowFields:
+    """A job's or a letter's workflow: a link to its page, and the parents it waits for."""
+
+    admin_site: admin.AdminSite
+    WORKFLOW_FIELDS = ("workflow_link", "parents_table")
+
+    def workflow_fieldset(self, obj: Any) -> list[tuple[Any, dict[str, Any]]]:
+        """The Workflow section of the page, when the job is a step or waits for jobs."""
+        if obj is None:
+            return []
+        alias = obj._state.db or WorkflowStep.objects.db
+        has_parents = Dependency.objects.using(alias).filter(job_id=obj.pk).exists()
+        if not has_parents and steps.step_of(obj.pk, alias) is None:
+            return []
+        return [(_("Workflow"), {"fields": list(self.WORKFLOW_FIELDS)})]
+
+    @admin.display(description=_("workflow"))
+    def workflow_link(self, obj: Any) -> SafeString | str:
+        alias = obj._state.db or WorkflowStep.objects.db
+        found = steps.step_of(obj.pk, alias)
+        if found is None:
+            return EMPTY
+        workflow, step_id = found
+        url = workflow_url(self.admin_site.name, workflow)
+        link = format_html(
+            '<a href="{}" id="django-jobs-workflow-link">{}</a>', url, cell(workflow, 120)
+        )
+        if step_id != obj.pk:
+            return format_html("{} ({} {})", link, _("replayed from step"), step_id)
+        return link
+
+    @admin.display(description=_("waits for"))
+    def parents_table(self, obj: Any) -> SafeString | str:
+        alias = obj._state.db or WorkflowStep.objects.db
+        edges = parents_of([obj.pk], alias).get(obj.pk, [])
+        return parents_list(self.admin_site.name, edges, alias, limit=100)
