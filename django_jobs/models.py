@@ -504,19 +504,10 @@ class JobQuerySet(models.QuerySet["Job"]):
         jobs: list[ClaimedJob] = []
 
         def group_params(group: flow.Limit) -> dict[str, Any]:
-            return {
-                **sql.claim_params(
-                    queues, limit - len(jobs), token, lease, exclude_names, None, names
-                ),
-                "value": group.value,
-                "key": group.key,
-                "limited": limited_names if group.kind == "queue" else [],
-                "cap": group.concurrency,
-                "rate": group.rate.count if group.rate else None,
-                "window": group.rate.seconds if group.rate else 1,
-                "partitioned": group.partitioned,
-                "scan": flow.SCAN,
-            }
+            claim = sql.claim_params(
+                queues, limit - len(jobs), token, lease, exclude_names, None, names
+            )
+            return sql.claim_limited_params(group, claim, limited_names)
 
         if len(groups) == 1 and limit > 0 and connections[alias].get_autocommit():
             # One group (a worker whose slot freed): lock and claim in one round trip.

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections
 
-from django_jobs import conf
+from django_jobs import conf, flow
 from django_jobs.attempts import LEASE_EXPIRED, LEASE_EXPIRED_MESSAGE
 
 # split_part(locked_by, '#', 1) below is the SQL twin of attempts.worker_of: the
@@ -218,9 +218,14 @@ def _claim_limited(column: str) -> str:
     # starts (its snapshot then holds every lease a previous holder committed):
     # - running: its leased rows whose lease has not expired, per partition;
     # - window: its starts in the current fixed window, per partition;
-    # - candidates: at most %(scan)s of its expired leases and of its due jobs, in
-    #   claim order, from the worker's unpaused queues, names it knows and not
-    #   capped in this process; ranked per partition, expired leases first;
+    # - room: how many an unpartitioned group can start now, min(limit, cap -
+    #   running, rate - starts) (LEAST ignores a missing limit's NULL); a
+    #   partitioned group's room is per partition, known only after ranking: %(scan)s;
+    # - candidates: per unpaused queue of the worker (a walk of its claim index, in
+    #   claim order, that stops at that many), at most that many of its expired
+    #   leases and of its due jobs, of names it knows and not capped in this
+    #   process (none read when the group is full); ranked per partition, expired
+    #   leases first;
     # - picked: those whose rank is within the partition's room,
     #   min(cap - running, rate - starts), locked with SKIP LOCKED;
     # - claimed: leased as by CLAIM; counted: their starts added to the window.
@@ -241,24 +246,32 @@ flow_window AS MATERIALIZED (
     SELECT partition AS part, starts FROM django_jobs_flow_window
     WHERE key = %(key)s AND window_start = {_WINDOW_START}
 ),
+room AS MATERIALIZED (
+    SELECT CASE WHEN %(partitioned)s::boolean THEN %(scan)s::int ELSE GREATEST(0, LEAST(
+        %(limit)s::int,
+        %(cap)s::int - (SELECT COALESCE(sum(n), 0) FROM running),
+        %(rate)s::int - (SELECT COALESCE(sum(starts), 0) FROM flow_window)))::int END AS n
+),
 candidates AS MATERIALIZED (
-    (SELECT id, {_PART} AS part, true AS expired, priority, run_at
-     FROM django_jobs_job
-     WHERE locked_by IS NOT NULL AND lease_expires_at < statement_timestamp()
-       AND {column} = %(value)s AND queue IN (SELECT name FROM active)
-       AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
-       AND name <> ALL(%(exclude)s::text[]) AND name <> ALL(%(limited)s::text[])
-     ORDER BY lease_expires_at
-     LIMIT %(scan)s)
-    UNION ALL
-    (SELECT id, {_PART} AS part, false AS expired, priority, run_at
-     FROM django_jobs_job
-     WHERE locked_by IS NULL AND run_at <= statement_timestamp()
-       AND {column} = %(value)s AND queue IN (SELECT name FROM active)
-       AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
-       AND name <> ALL(%(exclude)s::text[]) AND name <> ALL(%(limited)s::text[])
-     ORDER BY priority DESC, run_at, id
-     LIMIT %(scan)s)
+    SELECT c.* FROM active AS q CROSS JOIN LATERAL (
+        (SELECT id, {_PART} AS part, true AS expired, priority, run_at
+         FROM django_jobs_job
+         WHERE locked_by IS NOT NULL AND lease_expires_at < statement_timestamp()
+           AND queue = q.name AND {column} = %(value)s
+           AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
+           AND name <> ALL(%(exclude)s::text[]) AND name <> ALL(%(limited)s::text[])
+         ORDER BY lease_expires_at
+         LIMIT (SELECT n FROM room))
+        UNION ALL
+        (SELECT id, {_PART} AS part, false AS expired, priority, run_at
+         FROM django_jobs_job
+         WHERE locked_by IS NULL AND run_at <= statement_timestamp()
+           AND queue = q.name AND {column} = %(value)s
+           AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
+           AND name <> ALL(%(exclude)s::text[]) AND name <> ALL(%(limited)s::text[])
+         ORDER BY priority DESC, run_at, id
+         LIMIT (SELECT n FROM room))
+    ) AS c
 ),
 ranked AS MATERIALIZED (
     SELECT c.id, c.expired, c.priority, c.run_at,
@@ -303,6 +316,26 @@ counted AS (
 
 
 CLAIM_LIMITED = {"name": _claim_limited("name"), "queue": _claim_limited("queue")}
+
+
+def claim_limited_params(
+    group: flow.Limit, claim: dict[str, Any], limited: Sequence[str]
+) -> dict[str, Any]:
+    """Return the parameters of CLAIM_LIMITED[group.kind]: claim_params' and the group's.
+
+    `limited` names the handlers with limits of their own (a queue's group leaves them out).
+    """
+    return {
+        **claim,
+        "value": group.value,
+        "key": group.key,
+        "limited": list(limited) if group.kind == "queue" else [],
+        "cap": group.concurrency,
+        "rate": group.rate.count if group.rate else None,
+        "window": group.rate.seconds if group.rate else 1,
+        "partitioned": group.partitioned,
+        "scan": flow.SCAN,
+    }
 
 
 def claim_params(

@@ -140,6 +140,53 @@ def test_claim_leases_at_most_the_cap_and_takes_slots_back_when_leases_expire(
     assert jobs.filter(name=capped.name, locked_by="w3#1").count() == 2
 
 
+def _claim_index_reads(group, limit):
+    """Rows CLAIM_LIMITED reads along the claim index, by EXPLAIN ANALYZE (rolled back)."""
+    from django_jobs import sql
+
+    claim = sql.claim_params(["default"], limit, "w#explain", 30, names=None)
+    params = sql.claim_limited_params(group, claim, [])
+    with transaction.atomic():
+        [[plan]] = sql.run(
+            "default", "EXPLAIN (ANALYZE, FORMAT JSON) " + sql.CLAIM_LIMITED["name"], params
+        )
+        transaction.set_rollback(True)
+
+    def nodes(node):
+        yield node
+        for child in node.get("Plans", ()):
+            yield from nodes(child)
+
+    walks = [n for n in nodes(plan[0]["Plan"]) if n.get("Index Name") == "django_jobs_job_claim"]
+    assert walks, "the due jobs are read along the claim index"
+    return sum(
+        (n["Actual Rows"] + n.get("Rows Removed by Filter", 0)) * n["Actual Loops"] for n in walks
+    )
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_an_unpartitioned_groups_claim_reads_no_more_due_rows_than_it_may_start(handlers):
+    from django_jobs import enqueue_many
+
+    capped = handlers["capped"]  # global_concurrency=2
+    enqueue_many(capped, [{"seconds": 0, "label": str(i)} for i in range(300)])
+    [group] = _limits(capped)
+    assert _claim_index_reads(group, 10) == 2
+    assert _claim_index_reads(group, 1) == 1
+    jobs = Job.objects.all()
+    assert (
+        len(jobs.claim(queues=["default"], limit=1, token="w#1", lease=30, flow_limits=[group]))
+        == 1
+    )
+    assert _claim_index_reads(group, 10) == 1
+    assert (
+        len(jobs.claim(queues=["default"], limit=10, token="w#2", lease=30, flow_limits=[group]))
+        == 1
+    )
+    assert _claim_index_reads(group, 10) == 0  # full: nothing read
+
+
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_claim_caps_each_partition(handlers):
