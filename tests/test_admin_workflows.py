@@ -379,3 +379,10 @@ def test_the_graph_layers_ignore_cycles_and_foreign_parents():
     a, b, c, outside = (uuid.uuid4() for _ in range(4))
     layers = graph.layers([a, b, c], [(a, b), (b, c), (c, b), (outside, a)])
     assert layers[a] == 1 and layers[b] == layers[c] == 2
+
+
+def test_the_admin_index_links_the_workflows_for_those_who_may_see_them(login):
+    assert 'id="django-jobs-index-workflows"' in login("view_workflowstep").get("/admin/").text
+    assert 'id="django-jobs-index-workflows"' not in login("view_job").get("/admin/").text
+    app = login("view_workflowstep").get("/admin/django_jobs/").text
+    assert 'href="/admin/django_jobs/workflowstep/"' in app

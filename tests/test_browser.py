@@ -437,3 +437,121 @@ def test_operator_pages_fit_1280_px_with_the_sidebar_open(
     assert label_box["x"] + label_box["width"] <= svg_box["x"] + svg_box["width"] + 0.5
     with capsys.disabled():
         print(f"\n[browser] screenshots in {screenshots}")
+
+
+# A workflow as enqueue and settle leave it: a diamond with a wide middle (each state once),
+# under a long name, written directly (docs/workflows.md, "How it is kept exact").
+WORKFLOW = """
+from datetime import timedelta
+from django.utils import timezone
+from django_jobs.models import (
+    BLOCKED_UNTIL, CompletionMarker, DeadLetter, DeadReason, Dependency, Job, WorkflowStep, uuid7,
+)
+now = timezone.now()
+name = "order-2026-12-01-ada.lovelace@example.com-" + "express-shipping-" * 6
+charge = uuid7()
+CompletionMarker.objects.create(
+    job_id=charge, key="charge-" + name[:40], name="shop.jobs.charge_the_customers_card",
+    queue="default", enqueued_at=now, completed_at=now,
+)
+middle = []
+for i in range(12):
+    job_id = uuid7()
+    middle.append(job_id)
+    if i == 0:
+        DeadLetter.objects.create(
+            id=job_id, name="shop.jobs.send_confirmation_email", queue="default", payload="{}",
+            attempts=3, max_attempts=3, reason=DeadReason.FATAL, error="boom",
+            enqueued_at=now, dead_at=now,
+        )
+    else:
+        Job.objects.create(
+            id=job_id, name="shop.jobs.reserve_stock_in_warehouse_%d" % i, queue="default",
+            payload="{}", run_at=now + timedelta(minutes=i % 3), enqueued_at=now, max_attempts=3,
+            locked_by="w:1:a#%d" % i if i % 4 == 1 else None,
+            lease_expires_at=now + timedelta(minutes=5) if i % 4 == 1 else None,
+        )
+ship = uuid7()
+Job.objects.create(
+    id=ship, name="shop.jobs.ship_the_parcel", queue="default", payload="{}",
+    run_at=BLOCKED_UNTIL, enqueued_at=now, max_attempts=3, waiting_for=len(middle),
+)
+steps = [(charge, "shop.jobs.charge_the_customers_card")]
+steps += [(m, "shop.jobs.reserve_stock") for m in middle] + [(ship, "shop.jobs.ship_the_parcel")]
+WorkflowStep.objects.bulk_create([
+    WorkflowStep(job_id=j, workflow=name, name=n, created_at=now + timedelta(milliseconds=k))
+    for k, (j, n) in enumerate(steps)
+])
+edges = [(m, charge, True) for m in middle] + [(ship, m, False) for m in middle]
+Dependency.objects.bulk_create([
+    Dependency(job_id=j, parent_key=str(p), parent_id=p, created_at=now,
+               satisfied_at=now if done else None)
+    for j, p, done in edges
+])
+print(name)
+"""
+
+
+def test_the_workflow_page_draws_its_graph_and_fits_1280_px(
+    browser, live_server_url, example_env, screenshots, capsys
+):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    b, base = browser, live_server_url
+    wait = WebDriverWait(b, 15)
+    name = (
+        manage(example_env, "shell", "-c", WORKFLOW).strip().splitlines()[-1]
+    )  # after Django's note
+    b.set_window_size(1280, 1000)
+    b.get(f"{base}/admin/login/?next=/admin/")
+    b.find_element(By.ID, "id_username").send_keys("admin")
+    b.find_element(By.ID, "id_password").send_keys("admin")
+    b.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    wait.until(ec.url_to_be(f"{base}/admin/"))
+
+    # The list of workflows: the long name wraps, the page does not scroll sideways.
+    b.get(f"{base}/admin/django_jobs/workflowstep/")
+    page = b.execute_script(FITS)["page"]
+    assert page[0] <= page[1], ("the workflow list scrolls sideways", page)
+    row = b.find_element(By.CSS_SELECTOR, "tr.django-jobs-workflow")
+    assert row.find_elements(By.TAG_NAME, "td")[0].text == "14"
+    b.save_screenshot(str(screenshots / "workflows.png"))
+    row.find_element(By.CSS_SELECTOR, "th a").click()
+    svg = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "svg.django-jobs-graph")))
+    assert b.find_element(By.ID, "django-jobs-workflow-name").text == name
+
+    # The graph renders: a box per step, drawn with a size, each one a link.
+    assert svg.size["width"] > 300 and svg.size["height"] > 300
+    nodes = svg.find_elements(By.CSS_SELECTOR, "a.django-jobs-node")
+    assert len(nodes) == 14
+    states = sorted(n.get_attribute("data-state") for n in nodes)
+    assert {"done", "dead", "running", "blocked", "waiting", "scheduled"} <= set(states)
+    assert all(n.find_element(By.TAG_NAME, "rect").size["width"] > 100 for n in nodes)
+    # Labels read as labels: the admin underlines every other link of the content.
+    underline = "return getComputedStyle(arguments[0]).textDecorationLine"
+    assert b.execute_script(underline, nodes[0]) == "none"
+    assert len(svg.find_elements(By.CSS_SELECTOR, "path.django-jobs-edge")) == 24
+    fits = b.execute_script(FITS)
+    assert fits["page"][0] <= fits["page"][1], ("the workflow page scrolls sideways", fits)
+    assert fits["sidebar"] > 200, "the navigation sidebar is open"
+    box = b.find_element(By.CSS_SELECTOR, ".django-jobs-graph-box")
+    assert box.rect["x"] + box.rect["width"] <= 1280
+    b.save_screenshot(str(screenshots / "workflow.png"))
+    if django.VERSION >= (6, 0):  # the example project sends a strict CSP there
+        assert csp_violations(b) == []
+
+    # A node leads to its row: the blocked step's job page, which lists what it waits for.
+    blocked = next(n for n in nodes if n.get_attribute("data-state") == "blocked")
+    b.execute_script("arguments[0].scrollIntoView({block: 'center', inline: 'center'})", blocked)
+    blocked.find_element(By.TAG_NAME, "rect").click()
+    wait.until(ec.url_contains("/admin/django_jobs/job/"))
+    parents = b.find_element(By.CSS_SELECTOR, "ul.django-jobs-parents")
+    assert len(parents.find_elements(By.TAG_NAME, "li")) == 12
+    assert b.find_element(By.ID, "django-jobs-workflow-link").text.startswith("order-2026-12-01")
+    fits = b.execute_script(FITS)
+    assert fits["page"][0] <= fits["page"][1], ("the blocked job's page scrolls sideways", fits)
+    b.save_screenshot(str(screenshots / "workflow-blocked-job.png"))
+    with capsys.disabled():
+        print(f"\n[browser] screenshots in {screenshots}")

@@ -156,6 +156,14 @@ class JobAdmin(
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         # Right after the job's own facts: for a blocked job, what it waits for is the news.
         first, *rest = self.fieldsets
+        if obj is not None and obj.waiting_for > 0:  # "after its parents", not the year 9000
+            fields = [
+                tuple("run_at_cell" if f == "run_at" else f for f in row)
+                if isinstance(row, tuple)
+                else row
+                for row in first[1]["fields"]
+            ]
+            first = (first[0], {**first[1], "fields": fields})
         return [first, *self.workflow_fieldset(obj), *rest]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:

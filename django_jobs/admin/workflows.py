@@ -263,7 +263,7 @@ class WorkflowStepAdmin(AnyModelAdmin):
         order = ("created_at", "job_id")
         context = {
             **self._context(request, _("Workflow")),
-            "subtitle": cell(name, 120),
+            "crumb": cell(name, 120),
             "name": showable(name),
             "total": total,
             "legend": [
