@@ -31,7 +31,15 @@ from django_jobs.registry import Backoff, job
 from django_jobs.schedules import periodic
 
 if TYPE_CHECKING:
-    from django_jobs.api import EnqueueResult, enqueue, enqueue_many, enqueue_on_commit
+    from django_jobs.api import (
+        EnqueueResult,
+        enqueue,
+        enqueue_many,
+        enqueue_on_commit,
+        workflow,
+    )
+    from django_jobs.control import cancel_workflow
+    from django_jobs.models import OnParentDead
 
 __version__ = "0.1.0"
 
@@ -45,18 +53,29 @@ __all__ = [
     "InvalidTaskArguments",
     "JobContext",
     "JobsError",
+    "OnParentDead",
     "Snooze",
     "UnknownJob",
     "UnstorableResult",
+    "cancel_workflow",
     "enqueue",
     "enqueue_many",
     "enqueue_on_commit",
     "job",
     "periodic",
+    "workflow",
 ]
 
 # These import the models, which need the app registry: load them on first use.
-_LAZY = {"enqueue", "enqueue_many", "enqueue_on_commit", "EnqueueResult"}
+_LAZY = {
+    "enqueue": "api",
+    "enqueue_many": "api",
+    "enqueue_on_commit": "api",
+    "EnqueueResult": "api",
+    "workflow": "api",
+    "cancel_workflow": "control",
+    "OnParentDead": "models",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -71,7 +90,8 @@ def __getattr__(name: str) -> Any:
                 "'django_jobs' is not in INSTALLED_APPS: add it (and 'rangefilter' for the "
                 "admin), then run `python manage.py migrate`"
             )
-        from django_jobs import api as module
+        from django_jobs import api, control, models
 
+        module = {"api": api, "control": control, "models": models}[_LAZY[name]]
         return getattr(module, name)
     raise AttributeError(f"module 'django_jobs' has no attribute {name!r}")

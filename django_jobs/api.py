@@ -10,11 +10,12 @@ callback would lose the job.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -23,9 +24,9 @@ from django.utils import timezone
 
 from django_jobs import conf, flow, limits, registry, signals
 from django_jobs import payloads as codec  # enqueue_many takes a parameter named payloads
-from django_jobs.exceptions import InvalidJob, InvalidPayload
+from django_jobs.exceptions import IdempotencyConflict, InvalidJob, InvalidPayload
 from django_jobs.models import EnqueueResult as EnqueueResult  # public: django_jobs.EnqueueResult
-from django_jobs.models import Job, JobQuerySet, NewJob, uuid7
+from django_jobs.models import Job, JobQuerySet, NewJob, OnParentDead, Parent, Step, uuid7
 from django_jobs.registry import Handler
 from django_jobs.schema import migrate_command
 
@@ -42,14 +43,23 @@ def enqueue(
     priority: int | None = None,
     queue: str | None = None,
     max_attempts: int | None = None,
+    after: Iterable[Any] | None = None,
+    on_parent_dead: str = "wait",
 ) -> EnqueueResult:
     """Write a job now on the jobs database, inside whatever transaction is open there.
 
     Raises InvalidJob (or its subclasses InvalidPayload, UnknownJob) for bad
     arguments and IdempotencyConflict when `key` belongs to a job with another
     name or payload; in both cases nothing is written.
+
+    `after`: job ids (UUID or its text), EnqueueResults or dedupe keys of jobs
+    this one waits for; it runs once all have finished (docs/workflows.md).
+    `on_parent_dead` ("wait" or "dead") says what it does when one of them is
+    dead-lettered.
     """
     job = _prepare(handler, payload, key, delay, run_at, priority, queue, max_attempts)
+    if after or on_parent_dead != "wait":
+        return _write_after(job, conf.database(), _parents(after), _mode(on_parent_dead))
     return _write(job, conf.database())
 
 
@@ -64,21 +74,28 @@ def enqueue_on_commit(
     queue: str | None = None,
     max_attempts: int | None = None,
     commit_of: str | None = None,
+    after: Iterable[Any] | None = None,
+    on_parent_dead: str = "wait",
 ) -> EnqueueResult:
     """Enqueue a job that exists if and only if the current transaction commits.
 
     The row is written in the caller's transaction on the jobs database (at
     once when no transaction is open). `commit_of` ties the job to the commit
     of another database alias instead: the row is then written after that
-    commit, which is NOT atomic (a crash in between loses the job).
+    commit, which is NOT atomic (a crash in between loses the job). `after`
+    and `on_parent_dead` as for ``enqueue`` (with `commit_of`, the parents are
+    looked up when the row is written).
     """
     job = _prepare(handler, payload, key, delay, run_at, priority, queue, max_attempts)
     alias = conf.database()
+    write: Any = _write
+    if after or on_parent_dead != "wait":
+        write = partial(_write_after, parents=_parents(after), mode=_mode(on_parent_dead))
     if commit_of is None or commit_of == alias:
-        return _write(job, alias)
+        return cast(EnqueueResult, write(job, alias))
     if commit_of not in connections:
         raise InvalidJob(f"commit_of names no database alias in DATABASES: {commit_of!r}")
-    transaction.on_commit(partial(_write, job, alias), using=commit_of)
+    transaction.on_commit(partial(write, job, alias), using=commit_of)
     return EnqueueResult(job.id, None, job.name, job.queue)
 
 
@@ -280,6 +297,156 @@ def _write(job: NewJob, alias: str) -> EnqueueResult:
     if signals.job_enqueued.receivers:
         transaction.on_commit(partial(_send_enqueued, result), using=alias)
     return result
+
+
+def _write_after(job: NewJob, alias: str, parents: list[Parent], mode: str) -> EnqueueResult:
+    if not parents:
+        return _write(job, alias)
+    try:
+        result = JobQuerySet(Job, using=alias).insert_after(job, parents, mode)
+    except DatabaseError as exc:
+        _explain_missing_tables(exc, alias)
+        raise
+    if signals.job_enqueued.receivers:
+        transaction.on_commit(partial(_send_enqueued, result), using=alias)
+    return result
+
+
+def _parents(after: Iterable[Any] | None) -> list[Parent]:
+    """Validate `after`: each item a job id (UUID or its text), an EnqueueResult or a dedupe key."""
+    if after is None:
+        return []
+    if isinstance(after, str | bytes | EnqueueResult | uuid.UUID):
+        raise InvalidJob(f"after must be a list of jobs, not one {type(after).__name__}")
+    try:
+        items = list(after)
+    except TypeError:
+        raise InvalidJob(
+            f"after must be a list of job ids, EnqueueResults or keys, not {type(after).__name__}"
+        ) from None
+    parents = []
+    for item in items:
+        if isinstance(item, EnqueueResult):
+            parents.append(Parent(id=item.id))
+        elif isinstance(item, uuid.UUID):
+            parents.append(Parent(id=item))
+        elif isinstance(item, str):
+            key = limits.dedupe_key(item, error=InvalidJob)
+            try:
+                parents.append(Parent(id=uuid.UUID(key), key=key))
+            except ValueError:
+                parents.append(Parent(key=key))
+        else:
+            raise InvalidJob(
+                "after takes job ids (UUID or text), EnqueueResults or dedupe keys, "
+                f"not {type(item).__name__}"
+            )
+    return parents
+
+
+def _mode(on_parent_dead: object) -> str:
+    if on_parent_dead not in OnParentDead.values:
+        raise InvalidJob(f'on_parent_dead must be "wait" or "dead", not {on_parent_dead!r}')
+    return str(on_parent_dead)
+
+
+class Workflow:
+    """Steps enqueued together: see ``workflow()`` and docs/workflows.md."""
+
+    def __init__(self, name: str) -> None:
+        self.name = limits.workflow_name(name, error=InvalidJob)
+        # One per step, in order; after the block, what was written (a keyed
+        # step whose key a live or finished job holds: that job's, duplicate).
+        self.results: list[EnqueueResult] = []
+        self._steps: list[Step] = []
+        self._ids: dict[uuid.UUID, int] = {}
+        self._keys: dict[str, int] = {}
+        self._closed = False
+
+    def __enter__(self) -> Workflow:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        closed, self._closed = self._closed, True
+        if kind is None and not closed:
+            self._write()
+
+    def enqueue(
+        self,
+        handler: Handler | str,
+        payload: Any = None,
+        *,
+        after: Iterable[Any] = (),
+        on_parent_dead: str = "wait",
+        key: str | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        delay: timedelta | float | None = None,
+        run_at: datetime | None = None,
+    ) -> EnqueueResult:
+        """Validate a step now and return its result (its id made here); it is written at exit.
+
+        `after` may name steps of this workflow (their results, ids or keys) and
+        any existing job. A key given twice in one workflow makes one step: the
+        second call returns the first's result, marked duplicate. A parent
+        still unfinished when the step is written makes it blocked, and its
+        `delay` or `run_at` then no longer apply: it runs when its last parent
+        finishes.
+        """
+        if self._closed:
+            raise InvalidJob(f"workflow {self.name!r} is written already: enqueue inside its block")
+        job = _prepare(handler, payload, key, delay, run_at, priority, queue, max_attempts)
+        mode = _mode(on_parent_dead)
+        parents: list[int | Parent] = []
+        for parent in _parents(after):
+            index = None if parent.id is None else self._ids.get(parent.id)
+            if index is None and parent.key is not None:
+                index = self._keys.get(parent.key)
+            parents.append(parent if index is None else index)
+        if job.key is not None and (first := self._keys.get(job.key)) is not None:
+            held = self._steps[first].job
+            if held.fingerprint != job.fingerprint:
+                raise IdempotencyConflict(job.key, held.id)
+            return EnqueueResult(held.id, True, job.name, job.queue)
+        self._ids[job.id] = len(self._steps)
+        if job.key is not None:
+            self._keys[job.key] = len(self._steps)
+        self._steps.append(Step(job, parents, mode))
+        result = EnqueueResult(job.id, False, job.name, job.queue)
+        self.results.append(result)
+        return result
+
+    def _write(self) -> None:
+        if not self._steps:
+            return
+        alias = conf.database()
+        try:
+            self.results = JobQuerySet(Job, using=alias).insert_workflow(self.name, self._steps)
+        except Exception as exc:  # COPY raises psycopg's own errors, not Django's
+            _explain_missing_tables(exc, alias)
+            raise
+        if signals.job_enqueued.receivers:
+            for result in self.results:
+                transaction.on_commit(partial(_send_enqueued, result), using=alias)
+
+
+def workflow(*, name: str) -> Workflow:
+    """Enqueue steps that wait for each other, written together when the block exits.
+
+    ::
+
+        with workflow(name=f"order-{order.pk}") as w:
+            a = w.enqueue(charge, {"order": order.pk})
+            w.enqueue(ship, {"order": order.pk}, after=[a])
+
+    The steps are validated at each ``w.enqueue``; at the end of the block (if
+    it raised nothing) they are written in bulk in the caller's transaction on
+    the jobs database, as ``enqueue_on_commit`` writes; a block that raises
+    writes nothing. Raises InvalidJob for a name that is not printable text of
+    1 to 255 characters.
+    """
+    return Workflow(name)
 
 
 # PostgreSQL's undefined_table and undefined_column.

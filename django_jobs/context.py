@@ -37,11 +37,27 @@ class JobContext:
     # Most handlers never look at the cancellation event: make it on first use.
     _event: threading.Event | None = field(default=None, repr=False)
     _cancel_requested: bool = field(default=False, repr=False)
+    # Workflows: reads the parents' results (the worker hands in the store's reader);
+    # called on first use of parent_results, whose answer is kept.
+    _parents: Callable[[], dict[str, Any]] | None = field(default=None, repr=False)
+    _parent_results: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
     def key(self) -> str:
         """The dedupe key given at enqueue, else the job id as text."""
         return self.dedupe_key if self.dedupe_key is not None else str(self.id)
+
+    @property
+    def parent_results(self) -> dict[str, Any]:
+        """The results of the jobs this one waited for (``after``), by each one's key.
+
+        Each parent's idempotency key (its dedupe key, or its job id as text)
+        maps to the JSON result in its completion marker. Read from the database
+        on first access; ``{}`` for a job without parents.
+        """
+        if self._parent_results is None:
+            self._parent_results = {} if self._parents is None else self._parents()
+        return self._parent_results
 
     @property
     def cancelled(self) -> threading.Event:

@@ -5,6 +5,7 @@ querysets (QueueState, Job), one layer above it, like django_jobs.api.
 
 - A paused queue is not claimed by any worker (each refreshes the paused set once
   per poll interval); jobs already running finish normally.
+- ``cancel_workflow`` does the same to the steps of a workflow not finished yet.
 - Cancelling a job no worker holds moves it to the dead letters at once
   (``reason="cancelled"``). Cancelling a running job flags it; its worker sees the
   flag at its next heartbeat and sets the handler's ``ctx.cancelled``. If the
@@ -19,7 +20,8 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from django_jobs import conf, registry
+from django_jobs import conf, limits, registry
+from django_jobs.exceptions import InvalidJob
 from django_jobs.models import Job, QueueState
 
 
@@ -54,4 +56,18 @@ def cancel(job_ids: Sequence[uuid.UUID | str], *, by: str = "") -> CancelResult:
     ids = [uuid.UUID(str(i)) for i in job_ids]
     report = Job.objects.filter(id__in=ids).cancel(by=by)
     requested = Job.objects.filter(id__in=report.running).request_cancel()
+    return CancelResult(cancelled=len(report.cancelled), requested=requested)
+
+
+def cancel_workflow(name: str, by: str = "") -> CancelResult:
+    """Cancel a workflow's steps that have not finished (docs/workflows.md).
+
+    Waiting and blocked steps are dead-lettered as cancelled now (with their
+    on_parent_dead="dead" dependents, as parent_dead); running ones are flagged
+    for their workers, as ``cancel`` does.
+    """
+    name = limits.workflow_name(name, error=InvalidJob)
+    alias = conf.database()
+    report = Job.objects.using(alias).cancel_workflow(name, by=by)
+    requested = Job.objects.using(alias).filter(id__in=report.running).request_cancel()
     return CancelResult(cancelled=len(report.cancelled), requested=requested)

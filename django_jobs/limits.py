@@ -89,6 +89,20 @@ def dedupe_key(value: Any, *, error: type[Exception] = ValueError) -> str:
     return value
 
 
+def workflow_name(value: Any, *, error: type[Exception] = ValueError) -> str:
+    """Return value if it is a valid workflow name (printable text, as a key), else raise error."""
+    if not isinstance(value, str):
+        raise error(f"workflow name must be a string, not {type(value).__name__}")
+    if not value or len(value) > MAX_KEY_LENGTH:
+        raise error(f"workflow name must be 1 to {MAX_KEY_LENGTH} characters, not {len(value)}")
+    if not value.isprintable() or value != value.strip():
+        raise error(
+            f"workflow name {value!r} must be printable, without control characters or "
+            "surrounding spaces"
+        )
+    return value
+
+
 def integer(
     what: str, value: Any, low: int, high: int, *, error: type[Exception] = ValueError
 ) -> int:

@@ -21,10 +21,11 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
+from django.conf import settings
 from django.core.checks import CheckMessage
 from django.db import IntegrityError, connections, models, transaction
 from django.db.models import Case, ExpressionWrapper, F, Q, Value, When
@@ -62,6 +63,7 @@ from django_jobs.limits import (
     MIN_PRIORITY,
 )
 from django_jobs.managers import JobsDatabaseManager
+from django_jobs.payloads import fingerprint as payload_fingerprint
 from django_jobs.payloads import safe_str, storable_text
 
 
@@ -137,7 +139,13 @@ def _waiting(now: Any) -> Q:
 
 
 def _scheduled(now: Any) -> Q:
-    return Q(locked_by__isnull=True, run_at__gt=now)
+    return Q(locked_by__isnull=True, run_at__gt=now, waiting_for__lte=0)
+
+
+def _blocked(now: Any) -> Q:
+    # Not due as well: a step its last parent released (run_at now) is waiting, as
+    # the claim sees it, even before its count is read back.
+    return Q(locked_by__isnull=True, run_at__gt=now, waiting_for__gt=0)
 
 
 _LEASED = Q(locked_by__isnull=False)
@@ -252,6 +260,10 @@ class NewJob:
     key: str | None
     fingerprint: str | None
     partition: str | None = None  # flow control's partition value (registry.Handler.partition_by)
+    # Workflows: parents not finished yet (run_at is then BLOCKED_UNTIL), and the
+    # dependents registered on it before it is written (the steps of one workflow).
+    waiting_for: int = 0
+    dependents: int = 0
 
 
 # What a job is, apart from its runs: its dead letter keeps these, a replay gives them back.
@@ -404,6 +416,223 @@ class JobQuerySet(models.QuerySet["Job"]):
                 pass  # a live job holds the key
         live = self.filter(key=job.key).values_list("id", "fingerprint").first()
         return None if live is None else ("live", *live, None)
+
+    # ---- workflows (docs/workflows.md) -------------------------------------
+
+    def insert_after(
+        self, job: NewJob, after: Sequence[Parent], on_parent_dead: str = "wait"
+    ) -> EnqueueResult:
+        """Write a job that runs once every job of `after` has finished, in the open transaction.
+
+        Each parent is found as docs/workflows.md says ("Enqueue with after"): a
+        live one counts its new dependent (a row lock held to the caller's
+        commit), a finished one counts as done, a dead one (a pending letter,
+        locked) counts as unfinished, and a replayed letter is followed to its
+        replay. A parent found nowhere raises InvalidJob, and nothing is written.
+        With on_parent_dead="dead" and a dead parent the job goes straight to the
+        dead letters (parent_dead). A key held by a live or done job makes no
+        row and registers nothing: the result is that job's, marked duplicate.
+        """
+        alias = self.db
+        with transaction.atomic(using=alias):
+            found = _distinct([_find_parent(alias, parent) for parent in after])
+            unfinished = sum(1 for f in found if f.state != _DONE)
+            dead = next((f for f in found if f.state == _DEAD), None)
+            now = timezone.now()
+            if dead is not None and on_parent_dead == OnParentDead.DEAD:
+                holder = _key_holder(alias, job.key) if job.key is not None else None
+                if holder is not None:
+                    transaction.set_rollback(True, using=alias)
+                    return _duplicate(job, *holder)
+                _born_dead(job, dead, now).save(using=alias, force_insert=True)
+                result = EnqueueResult(job.id, False, job.name, job.queue, now)
+            else:
+                if unfinished:
+                    job = replace(job, run_at=blocked_until(), delay=0.0)
+                result = self.insert(job)
+                if result.duplicate:
+                    transaction.set_rollback(True, using=alias)  # parents' counts too
+                    return result
+                if unfinished:
+                    self.filter(id=job.id).update(waiting_for=unfinished)
+            Dependency.objects.using(alias).bulk_create(
+                [_edge(job.id, f, on_parent_dead, now) for f in found]
+            )
+            return result
+
+    def insert_workflow(self, workflow: str, steps: Sequence[Step]) -> list[EnqueueResult]:
+        """Write a workflow's steps in the open transaction, in bulk; results in step order.
+
+        Steps come in the order they were made, so a step's parents inside the
+        workflow come before it: each one's waiting_for and dependents are known
+        when it is written, with no round trip per step. Steps without a key go
+        in at once (COPY on PostgreSQL, bulk_create elsewhere); a keyed step is
+        inserted on its own (dedupe): when its key is held by a live or done job,
+        it makes no row and its dependents in the workflow wait for that job.
+        Parents outside the workflow are found as by insert_after, once each.
+        """
+        alias = self.db
+        with transaction.atomic(using=alias):
+            named: dict[int, int] = {}  # step index -> steps that name it
+            outside: dict[Parent, int] = {}
+            for step in steps:
+                for parent in step.parents:
+                    if isinstance(parent, int):
+                        named[parent] = named.get(parent, 0) + 1
+                    else:
+                        outside[parent] = outside.get(parent, 0) + 1
+            found = {parent: _find_parent(alias, parent, n) for parent, n in outside.items()}
+            if _is_postgres(alias):
+                now = sql.run(alias, "SELECT statement_timestamp()")[0][0]
+            else:
+                now = timezone.now()
+            # Per step: how the steps after it see it, as a parent.
+            seen: list[_Found] = []
+            results: list[EnqueueResult] = []
+            plain: list[NewJob] = []
+            letters: list[DeadLetter] = []
+            edges: list[Dependency] = []
+            rows: list[WorkflowStep] = []
+            for index, step in enumerate(steps):
+                parents = _distinct(
+                    [
+                        found[parent] if not isinstance(parent, int) else seen[parent]
+                        for parent in step.parents
+                    ]
+                )
+                job = step.job
+                key = job.key if job.key is not None else str(job.id)
+                unfinished = sum(1 for f in parents if f.state != _DONE)
+                dead = next((f for f in parents if f.state == _DEAD), None)
+                if dead is not None and step.on_parent_dead == OnParentDead.DEAD:
+                    holder = _key_holder(alias, job.key) if job.key is not None else None
+                    if holder is not None:
+                        results.append(_duplicate(job, *holder))
+                        seen.append(_holder_seen(alias, job, named.get(index, 0), results[-1]))
+                        continue
+                    letters.append(_born_dead(job, dead, now))
+                    results.append(EnqueueResult(job.id, False, job.name, job.queue, now))
+                    seen.append(_Found(_DEAD, key, job.id))
+                else:
+                    job = replace(job, waiting_for=unfinished, dependents=named.get(index, 0))
+                    if unfinished:
+                        job.run_at, job.delay = blocked_until(), 0.0
+                    if job.key is None:
+                        plain.append(job)
+                        results.append(EnqueueResult(job.id, False, job.name, job.queue, now))
+                    else:
+                        result = self._insert_step(job)
+                        results.append(result)
+                        if result.duplicate:
+                            seen.append(_holder_seen(alias, job, named.get(index, 0), results[-1]))
+                            continue
+                    seen.append(_Found(_LIVE, key, job.id))
+                edges += [_edge(job.id, f, step.on_parent_dead, now) for f in parents]
+                rows.append(
+                    WorkflowStep(
+                        job_id=job.id, workflow=workflow, name=job.name, key=job.key, created_at=now
+                    )
+                )
+            if plain and _is_postgres(alias):
+                with (
+                    connections[alias].cursor() as cursor,
+                    cursor.cursor.copy(sql.COPY_STEPS) as copy,
+                ):
+                    copy.write(_copy_rows(plain, now, counts=True))
+            elif plain:
+                self.bulk_create([_new_row(job, now) for job in plain], batch_size=BULK_BATCH)
+            DeadLetter.objects.using(alias).bulk_create(letters, batch_size=BULK_BATCH)
+            Dependency.objects.using(alias).bulk_create(edges, batch_size=EDGE_BATCH)
+            WorkflowStep.objects.using(alias).bulk_create(rows, batch_size=EDGE_BATCH)
+            notify(alias, {job.queue for job in plain if (job.run_at or now) <= now})
+            return results
+
+    def _insert_step(self, job: NewJob) -> EnqueueResult:
+        """Insert a keyed step (dedupe as insert does), then its counts when it has any."""
+        result = self.insert(job)
+        if not result.duplicate and (job.waiting_for or job.dependents):
+            self.filter(id=job.id).update(waiting_for=job.waiting_for, dependents=job.dependents)
+        return result
+
+    def dead_letter_dependents(self, parents: Mapping[str, uuid.UUID]) -> list[DeadLetter]:
+        """In the caller's transaction: parents (idempotency key -> job id) were just dead-lettered.
+
+        Their blocked dependents whose edge says on_parent_dead="dead" go to the
+        dead letters too (parent_dead), and so, recursively, do theirs; "wait"
+        ones stay blocked. Called by every path that writes a dead letter, after
+        the parent's row is gone: a dependent enqueued meanwhile held that row's
+        lock until its commit, so this look sees its edge. One indexed query
+        when there are no edges.
+        """
+        alias = self.db
+        buried: list[DeadLetter] = []
+        while parents:
+            edges = (
+                Dependency.objects.using(alias)
+                .filter(
+                    parent_key__in=list(parents),
+                    satisfied_at__isnull=True,
+                    on_parent_dead=OnParentDead.DEAD,
+                )
+                .values_list("job_id", "parent_key")
+            )
+            parent_of: dict[uuid.UUID, str] = {}
+            for job_id, parent_key in edges:
+                parent_of.setdefault(job_id, parent_key)
+            if not parent_of:
+                break
+            dying = list(
+                Job.objects.using(alias)
+                .filter(id__in=list(parent_of), locked_by__isnull=True, waiting_for__gt=0)
+                .order_by("id")
+                .select_for_update()
+            )
+            if not dying:
+                break
+            Job.objects.using(alias).filter(id__in=[j.id for j in dying]).delete()
+            now = timezone.now()
+            letters = []
+            for job in dying:
+                parent_key = parent_of[job.id]
+                error = error_entry(
+                    job.attempts,
+                    kind="django_jobs.ParentDead",
+                    message=f"parent {parent_key} (job {parents[parent_key]}) was dead-lettered",
+                    at=now,
+                )
+                letters.append(
+                    DeadLetter.for_job(job, reason=DeadReason.PARENT_DEAD, error=error, dead_at=now)
+                )
+            buried += DeadLetter.objects.using(alias).bulk_create(letters)
+            # Read under lock: a job without dependents has no edges to follow.
+            parents = {
+                job.key if job.key is not None else str(job.id): job.id
+                for job in dying
+                if job.dependents
+            }
+        return buried
+
+    def parent_results(self, job_id: uuid.UUID) -> dict[str, Any]:
+        """The results in the completion markers of a job's parents, by parent key."""
+        alias = self.db
+        keys = list(
+            Dependency.objects.using(alias)
+            .filter(job_id=job_id)
+            .values_list("parent_key", flat=True)
+        )
+        if not keys:
+            return {}
+        return dict(
+            CompletionMarker.objects.using(alias)
+            .filter(key__in=keys)
+            .order_by()
+            .values_list("key", "result")
+        )
+
+    def cancel_workflow(self, workflow: str, *, by: str = "") -> CancelReport:
+        """Cancel the live steps of a workflow as cancel() does (running ones are left alone)."""
+        steps = WorkflowStep.objects.using(self.db).filter(workflow=workflow)
+        return self.filter(id__in=steps.values("job_id")).cancel(by=by)
 
     # ---- worker ---------------------------------------------------------
 
@@ -768,6 +997,8 @@ class JobQuerySet(models.QuerySet["Job"]):
                 return None
             letter = DeadLetter.for_job(job, reason=reason, error=error, attempts=attempts)
             letter.save(using=alias, force_insert=True)
+            # The claim's count of dependents is not read under this lock: always look.
+            self.dead_letter_dependents({job.idempotency_key: job.id})
             return letter
 
     # ---- operators (admin, commands) -------------------------------------
@@ -777,6 +1008,10 @@ class JobQuerySet(models.QuerySet["Job"]):
 
     def scheduled(self) -> JobQuerySet:
         return self.filter(_scheduled(Now()))
+
+    def blocked(self) -> JobQuerySet:
+        """JobState.BLOCKED: workflow steps waiting for their parents (docs/workflows.md)."""
+        return self.filter(_blocked(Now()))
 
     def running(self) -> JobQuerySet:
         """JobState.RUNNING: leased jobs whose lease is live."""
@@ -853,10 +1088,12 @@ class JobQuerySet(models.QuerySet["Job"]):
                         job, reason=DeadReason.UNKNOWN_NAME, error=error, dead_at=now
                     )
                 )
-            return DeadLetter.objects.using(alias).bulk_create(letters)
+            written = DeadLetter.objects.using(alias).bulk_create(letters)
+            self.dead_letter_dependents(_with_dependents(rows))
+            return written
 
     def counts_by_queue(self, now: Any = None) -> models.QuerySet[Any, Mapping[str, Any]]:
-        """Per queue: waiting, scheduled and running jobs, and the oldest due run-at.
+        """Per queue: waiting, scheduled, blocked and running jobs, and the oldest due run-at.
 
         `now` defaults to the database clock.
         """
@@ -867,6 +1104,7 @@ class JobQuerySet(models.QuerySet["Job"]):
             .annotate(
                 waiting=models.Count("pk", filter=_waiting(now)),
                 scheduled=models.Count("pk", filter=_scheduled(now)),
+                blocked=models.Count("pk", filter=_blocked(now)),
                 running=models.Count("pk", filter=_running_now(now)),
                 oldest=models.Min("run_at", filter=_waiting(now)),
             )
@@ -877,6 +1115,7 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.annotate(
             state=Case(
                 When(_running_now(Now()), then=Value(JobState.RUNNING)),
+                When(_blocked(Now()), then=Value(JobState.BLOCKED)),
                 When(_scheduled(Now()), then=Value(JobState.SCHEDULED)),
                 default=Value(JobState.WAITING),
                 output_field=models.CharField(),
@@ -886,8 +1125,9 @@ class JobQuerySet(models.QuerySet["Job"]):
     def run_now(self) -> int:
         """Make the selected scheduled jobs due at once; return how many were moved.
 
-        Waiting and running jobs are left alone (the claim never takes a job whose
-        run-at lies ahead, so this cannot race one).
+        Waiting, blocked and running jobs are left alone (the claim never takes a
+        job whose run-at lies ahead, so this cannot race one; a blocked workflow
+        step runs when its parents have finished, not before).
         """
         alias = self.db
         scheduled = self.scheduled()
@@ -926,6 +1166,7 @@ class JobQuerySet(models.QuerySet["Job"]):
                     DeadLetter.objects.using(alias).bulk_create(
                         [_cancelled_letter(job, by, now) for job in rows]
                     )
+                    self.dead_letter_dependents(_with_dependents(rows))
             taken = {j.id for j in rows}
             report.cancelled += [j.id for j in rows]
             report.running += [i for i in chunk if i in present and i not in taken]
@@ -1001,6 +1242,8 @@ def _new_row(job: NewJob, now: datetime) -> Job:
         fingerprint=job.fingerprint,
         errors=[],
         partition=job.partition,
+        waiting_for=job.waiting_for,
+        dependents=job.dependents,
     )
 
 
@@ -1039,8 +1282,11 @@ def _duplicate(job: NewJob, existing_id: uuid.UUID, fingerprint: str | None) -> 
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
 
-def _copy_rows(jobs: list[NewJob], now: datetime) -> str:
-    """Return jobs as COPY text rows: building the text in Python beats adapting each value."""
+def _copy_rows(jobs: list[NewJob], now: datetime, *, counts: bool = False) -> str:
+    """Return jobs as COPY text rows: building the text in Python beats adapting each value.
+
+    With `counts`, each row ends with waiting_for and dependents (sql.COPY_STEPS).
+    """
     stamp = now.isoformat()
     run_ats: dict[tuple[datetime | None, float], str] = {}  # the jobs of one call share it
     lines = []
@@ -1053,16 +1299,183 @@ def _copy_rows(jobs: list[NewJob], now: datetime) -> str:
         if "\\" in payload or "\t" in payload or "\n" in payload or "\r" in payload:
             payload = payload.translate(_COPY_ESCAPES)
         partition = "\\N" if job.partition is None else job.partition.translate(_COPY_ESCAPES)
+        tail = f"\t{job.waiting_for}\t{job.dependents}\n" if counts else "\n"
         lines.append(
             f"{job.id}\t{job.name}\t{job.queue}\t{payload}\t"
-            f"{job.priority}\t{run_at}\t{stamp}\t0\t{job.max_attempts}\t[]\t{partition}\n"
+            f"{job.priority}\t{run_at}\t{stamp}\t0\t{job.max_attempts}\t[]\t{partition}{tail}"
         )
     return "".join(lines)
+
+
+# ---- workflows: finding parents, writing edges (docs/workflows.md) -----------
+
+# Dependency and WorkflowStep rows per INSERT of a workflow (a few statements for 10,000 steps).
+EDGE_BATCH = 5000
+
+
+@dataclass(frozen=True, slots=True)
+class Parent:
+    """A job named in `after`: by id (an EnqueueResult's, or a UUID), or by dedupe key.
+
+    With both, the id is looked up first and the key (the id's text, given as a
+    string) after it.
+    """
+
+    id: uuid.UUID | None = None
+    key: str | None = None
+
+    def __str__(self) -> str:
+        return str(self.id) if self.id is not None else repr(self.key)
+
+
+@dataclass(slots=True)
+class Step:
+    """A validated workflow step (api.Workflow makes them, JobQuerySet.insert_workflow writes them).
+
+    `parents` holds the index of an earlier step of the same workflow, or a
+    Parent outside it.
+    """
+
+    job: NewJob
+    parents: list[int | Parent]
+    on_parent_dead: str = "wait"
+
+
+_LIVE, _DONE, _DEAD = "live", "done", "dead"
+
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    """A parent as found: live (its dependents counted), done (a marker) or dead (a letter)."""
+
+    state: str
+    key: str  # its idempotency key: the edge's parent_key
+    id: uuid.UUID
+
+
+def blocked_until() -> datetime:
+    """BLOCKED_UNTIL as this project stores datetimes (naive when USE_TZ is off)."""
+    return BLOCKED_UNTIL if settings.USE_TZ else BLOCKED_UNTIL.replace(tzinfo=None)
+
+
+def _find_parent(alias: str, parent: Parent, count: int = 1) -> _Found:
+    """Find a parent in the caller's transaction; a live one gets `count` more dependents.
+
+    The UPDATE of a live parent takes its row lock until the caller commits: a
+    settle of that row waits, then sees this edge (docs/workflows.md). A pending
+    letter is locked so that a concurrent replay waits for the edge too.
+    """
+    jobs = Job.objects.using(alias)
+    markers = CompletionMarker.objects.using(alias)
+    letters = DeadLetter.objects.using(alias)
+    job_id, key = parent.id, parent.key
+    for _round in range(2 * DEDUPE_ROUNDS):
+        if job_id is not None:
+            if jobs.filter(id=job_id).update(dependents=F("dependents") + count):
+                own = jobs.filter(id=job_id).values_list("key", flat=True).first()
+                return _Found(_LIVE, own if own is not None else str(job_id), job_id)
+            marked = markers.filter(job_id=job_id).values_list("key", flat=True).first()
+            if marked is not None:
+                return _Found(_DONE, marked, job_id)
+            letter = (
+                letters.filter(id=job_id).select_for_update().values_list("key", "replay_job_id")
+            ).first()
+            if letter is not None:
+                letter_key, replay = letter
+                if replay is None:
+                    dead_key = letter_key if letter_key is not None else str(job_id)
+                    return _Found(_DEAD, dead_key, job_id)
+                job_id = replay  # replayed: its replay is the job to wait for
+                continue
+            if key is None or parent.id is None or job_id != parent.id:
+                break
+            job_id = None  # an id's text given as a string may be a dedupe key too
+            continue
+        assert key is not None  # noqa: S101 - a Parent has an id or a key
+        if jobs.filter(key=key).update(dependents=F("dependents") + count):
+            holder = jobs.filter(key=key).values_list("id", flat=True).first()
+            if holder is not None:
+                return _Found(_LIVE, key, holder)
+        marked_id = markers.filter(key=key).values_list("job_id", flat=True).first()
+        if marked_id is not None:
+            return _Found(_DONE, key, marked_id)
+        dead = list(
+            letters.filter(key=key)
+            .order_by("-dead_at", "id")
+            .select_for_update()
+            .values_list("id", "replay_job_id")
+        )
+        pending = [letter_id for letter_id, replay in dead if replay is None]
+        if pending:
+            return _Found(_DEAD, key, pending[0])
+        if not dead:
+            break
+        # Every letter of the key was replayed, maybe just now: its job is live or done.
+    raise InvalidJob(f"after: no such job {parent} (not live, finished or dead-lettered)")
+
+
+def _distinct(found: Iterable[_Found]) -> list[_Found]:
+    """One edge per parent key (a job named twice, by id and by key, say)."""
+    return list({f.key: f for f in found}.values())
+
+
+def _key_holder(alias: str, key: str) -> tuple[uuid.UUID, str | None] | None:
+    """The (id, fingerprint) of the finished or live job that holds a key, if any."""
+    done = CompletionMarker.objects.using(alias).filter(key=key)
+    marker = done.values_list("job_id", "fingerprint").first()
+    if marker is not None:
+        return marker
+    return Job.objects.using(alias).filter(key=key).values_list("id", "fingerprint").first()
+
+
+def _holder_seen(alias: str, job: NewJob, named: int, result: EnqueueResult) -> _Found:
+    """How the steps naming a duplicate keyed step see it: as the job that holds its key."""
+    if not named:
+        return _Found(_DONE, cast(str, job.key), result.id)  # no step waits for it
+    return _find_parent(alias, Parent(key=job.key), named)
+
+
+def _born_dead(job: NewJob, parent: _Found, now: datetime) -> DeadLetter:
+    """The letter of a job whose parent is dead when it is written (on_parent_dead="dead")."""
+    error = error_entry(
+        0,
+        kind="django_jobs.ParentDead",
+        message=f"parent {parent.key} (job {parent.id}) is dead-lettered",
+        at=now,
+    )
+    return DeadLetter(
+        id=job.id,
+        **definition(job),
+        attempts=0,
+        reason=DeadReason.PARENT_DEAD,
+        error=storable_text(error_summary(error), MAX_LABEL + MAX_MESSAGE + 64),
+        errors=[error],
+        enqueued_at=now,
+        dead_at=now,
+    )
+
+
+def _edge(job_id: uuid.UUID, parent: _Found, on_parent_dead: str, now: datetime) -> Dependency:
+    return Dependency(
+        job_id=job_id,
+        parent_key=parent.key,
+        parent_id=parent.id,
+        on_parent_dead=on_parent_dead,
+        created_at=now,
+        satisfied_at=now if parent.state == _DONE else None,
+    )
 
 
 def _chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+def _with_dependents(rows: Iterable[Job]) -> dict[str, uuid.UUID]:
+    """The idempotency keys (-> ids) of jobs read under lock that have dependents."""
+    return {
+        job.key if job.key is not None else str(job.id): job.id for job in rows if job.dependents
+    }
 
 
 def _cancelled_letter(job: Job, by: str, now: datetime) -> DeadLetter:
@@ -1525,6 +1938,7 @@ class DeadLetter(models.Model):
             if not claimed:
                 report.already.append(self.id)
                 return False
+            job = self._replay_edges(alias, job)
             if job.key is None:
                 jobs._insert_plain(job)
             else:
@@ -1537,8 +1951,70 @@ class DeadLetter(models.Model):
                     )
                     held.append(self.id)
                     return False
+            if job.waiting_for or job.dependents:
+                jobs.filter(id=job.id).update(
+                    waiting_for=job.waiting_for, dependents=job.dependents
+                )
         report.replayed[self.id] = job.id
         return True
+
+    def _fingerprint(self) -> str | None:
+        if self.fingerprint is not None:
+            return self.fingerprint
+        try:
+            return payload_fingerprint(self.name, self.payload)
+        except ValueError:  # a hand-edited payload that is no JSON: no fingerprint to compare
+            return None
+
+    def _replay_edges(self, alias: str, job: NewJob) -> NewJob:
+        """The replay of this letter as a workflow sees it (docs/workflows.md "Replay").
+
+        Runs after the letter is claimed for replay: an enqueue that found the
+        letter pending held its lock until its edge committed, so the count below
+        sees that edge; later ones follow replay_job_id to the new job.
+        """
+        own_key = self.key if self.key is not None else str(self.id)
+        edges = Dependency.objects.using(alias)
+        waiting = edges.filter(parent_key=own_key, satisfied_at__isnull=True).count()
+        if waiting:
+            # Its dependents wait for its key: the new job's marker must carry it.
+            job = replace(job, key=own_key, fingerprint=self._fingerprint(), dependents=waiting)
+        own = list(edges.filter(job_id=self.id).order_by("id"))
+        if own:
+            now = timezone.now()
+            copies = []
+            finished = set(
+                CompletionMarker.objects.using(alias)
+                .filter(key__in=[e.parent_key for e in own if e.satisfied_at is None])
+                .values_list("key", flat=True)
+            )
+            for edge in own:
+                found: _Found | None = None
+                if edge.satisfied_at is None and edge.parent_key not in finished:
+                    try:
+                        found = _find_parent(alias, Parent(id=edge.parent_id, key=edge.parent_key))
+                    except InvalidJob:
+                        found = None  # no trace left of the parent (its marker pruned): done
+                unfinished = found is not None and found.state != _DONE
+                copies.append(
+                    Dependency(
+                        job_id=job.id,
+                        parent_key=edge.parent_key,
+                        parent_id=edge.parent_id if found is None else found.id,
+                        on_parent_dead=edge.on_parent_dead,
+                        created_at=now,
+                        satisfied_at=None if unfinished else (edge.satisfied_at or now),
+                    )
+                )
+            edges.bulk_create(copies)
+            job.waiting_for = sum(1 for edge in copies if edge.satisfied_at is None)
+            if job.waiting_for:
+                job.run_at, job.delay = blocked_until(), 0.0
+        step = WorkflowStep.objects.using(alias).filter(job_id=self.id).first()
+        if step is not None:
+            step.job_id, step.key, step.created_at = job.id, job.key, timezone.now()
+            step.save(using=alias, force_insert=True)
+        return job
 
 
 class RunningJob(Job):

@@ -10,7 +10,7 @@ import difflib
 import inspect
 import random
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, overload
 
@@ -39,6 +39,8 @@ if TYPE_CHECKING:
         priority: int | None
         queue: str | None
         max_attempts: int | None
+        after: Iterable[Any] | None  # job ids, EnqueueResults or keys (docs/workflows.md)
+        on_parent_dead: str
 
     class OnCommitOptions(EnqueueOptions, total=False):
         """The keyword arguments of django_jobs.enqueue_on_commit."""

@@ -481,6 +481,15 @@ COPY django_jobs_job
 FROM STDIN
 """
 
+# The steps of a workflow (models.JobQuerySet.insert_workflow): COPY_JOBS with the
+# counts of parents not finished and of dependents in the same workflow.
+COPY_STEPS = """
+COPY django_jobs_job
+    (id, name, queue, payload, priority, run_at, enqueued_at, attempts, max_attempts, errors,
+     partition, waiting_for, dependents)
+FROM STDIN
+"""
+
 # Wake listening workers of a queue (after a replay or "run now", say).
 NOTIFY = "SELECT pg_notify(%s, %s)"
 

@@ -19,6 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 from django.core.exceptions import ImproperlyConfigured
@@ -470,6 +471,7 @@ class Worker(Settler, ExecutorThreads):
                 worker_id=self.id,
                 started_at=job.started_at,
                 errors=job.errors,
+                _parents=partial(self._queryset.parent_results, job.id),
             )
             run = Run(job, handler, ctx, timeout=self._timeout_of(handler))
             ctx._extend = lambda seconds: self._inbox.put(Extend(run, seconds))

@@ -1,0 +1,470 @@
+"""Workflows, the enqueue side (docs/workflows.md): after=, workflow(), dead parents, replay.
+
+Real databases: PostgreSQL by default, most of these on SQLite too (TEST_DB=sqlite).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from django_jobs import (
+    EnqueueResult,
+    FatalError,
+    IdempotencyConflict,
+    InvalidJob,
+    OnParentDead,
+    cancel_workflow,
+    enqueue,
+    enqueue_on_commit,
+    job,
+    workflow,
+)
+from django_jobs.models import (
+    BLOCKED_UNTIL,
+    CompletionMarker,
+    DeadLetter,
+    DeadReason,
+    Dependency,
+    Job,
+    JobState,
+    WorkflowStep,
+)
+from django_jobs.testing import drain
+from tests.conftest import POSTGRES
+from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SEEN: list[dict] = []
+
+
+@job(name="tests.wf_parents")
+def parents(payload, ctx):
+    SEEN.append(ctx.parent_results)
+    return {"step": payload}
+
+
+@job(name="tests.wf_fatal", max_attempts=1)
+def fatal(payload, ctx):
+    raise FatalError("boom")
+
+
+def edges_of(result):
+    return {
+        (d.parent_key, d.parent_id, d.on_parent_dead, d.satisfied_at is not None)
+        for d in Dependency.objects.filter(job_id=result.id)
+    }
+
+
+def state_of(job_id):
+    return Job.objects.with_state().get(id=job_id).state
+
+
+# ---- enqueue(after=...) ----------------------------------------------------------------------
+
+
+def test_a_job_after_a_live_parent_is_blocked_and_counted_on_the_parent():
+    parent = enqueue("tests.noop")
+    child = enqueue("tests.noop", after=[parent])
+
+    row = Job.objects.get(id=child.id)
+    assert (row.waiting_for, row.run_at) == (1, BLOCKED_UNTIL)
+    assert Job.objects.get(id=parent.id).dependents == 1
+    assert edges_of(child) == {(str(parent.id), parent.id, "wait", False)}
+    assert state_of(child.id) == JobState.BLOCKED
+    assert state_of(parent.id) == JobState.WAITING
+    assert list(Job.objects.blocked().values_list("id", flat=True)) == [child.id]
+    assert not Job.objects.scheduled().exists()
+    [counts] = Job.objects.counts_by_queue()
+    assert (counts["waiting"], counts["scheduled"], counts["blocked"]) == (1, 0, 1)
+    # run_now (drain's run_scheduled too) moves scheduled jobs only: a blocked one stays.
+    assert Job.objects.all().run_now() == 0
+    assert Job.objects.get(id=child.id).run_at == BLOCKED_UNTIL
+
+
+def test_each_form_of_a_parent_finds_it():
+    keyed = enqueue("tests.noop", key="wf-parent")
+    plain = enqueue("tests.noop")
+    by_result = enqueue("tests.noop", after=[keyed, plain])
+    by_uuid = enqueue("tests.noop", after=[plain.id])
+    by_text = enqueue_on_commit("tests.noop", after=[str(plain.id), "wf-parent"])
+
+    assert edges_of(by_result) == {
+        ("wf-parent", keyed.id, "wait", False),
+        (str(plain.id), plain.id, "wait", False),
+    }
+    assert edges_of(by_uuid) == {(str(plain.id), plain.id, "wait", False)}
+    assert edges_of(by_text) == edges_of(by_result)
+    assert Job.objects.get(id=keyed.id).dependents == 2
+    assert Job.objects.get(id=plain.id).dependents == 3
+    assert Job.objects.get(id=by_text.id).waiting_for == 2
+
+
+def test_a_parent_named_twice_makes_one_edge():
+    parent = enqueue("tests.noop", key="twice")
+    child = enqueue("tests.noop", after=[parent, "twice", parent.id])
+    assert Job.objects.get(id=child.id).waiting_for == 1
+    assert Dependency.objects.filter(job_id=child.id).count() == 1
+
+
+def test_a_finished_parent_counts_as_done_at_once():
+    marker = MarkerFactory(key="done-key", result={"total": 3})
+    plain = MarkerFactory(result=[1])
+    child = enqueue("tests.wf_parents", "c", after=["done-key", plain.job_id])
+
+    row = Job.objects.get(id=child.id)
+    assert row.waiting_for == 0
+    assert row.run_at < BLOCKED_UNTIL
+    assert state_of(child.id) == JobState.WAITING
+    assert edges_of(child) == {
+        ("done-key", marker.job_id, "wait", True),
+        (plain.key, plain.job_id, "wait", True),
+    }
+    SEEN.clear()
+    drain()
+    assert SEEN == [{"done-key": {"total": 3}, plain.key: [1]}]
+
+
+def test_parent_results_is_empty_without_parents():
+    SEEN.clear()
+    enqueue("tests.wf_parents", "alone")
+    drain()
+    assert SEEN == [{}]
+
+
+def test_a_missing_parent_is_refused_and_nothing_is_written():
+    live = enqueue("tests.noop")
+    with pytest.raises(InvalidJob, match="no such job"):
+        enqueue("tests.noop", after=[live, uuid.uuid4()])
+    with pytest.raises(InvalidJob, match="no such job"):
+        enqueue("tests.noop", after=["no-such-key"])
+    assert list(Job.objects.values_list("id", flat=True)) == [live.id]
+    assert Job.objects.get(id=live.id).dependents == 0  # its count rolled back too
+    assert not Dependency.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "after",
+    [[1], [None], "a-key", uuid.uuid4(), [b"bytes"], [""], ["x" * 300], 5],
+    ids=["int", "none", "string", "uuid", "bytes", "empty", "long", "not-iterable"],
+)
+def test_after_takes_ids_results_or_keys_only(after):
+    with pytest.raises(InvalidJob):
+        enqueue("tests.noop", after=after)
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize("mode", ["", "Dead", "fail", None])
+def test_on_parent_dead_is_wait_or_dead(mode):
+    parent = enqueue("tests.noop")
+    with pytest.raises(InvalidJob, match="on_parent_dead"):
+        enqueue("tests.noop", after=[parent], on_parent_dead=mode)
+    with pytest.raises(InvalidJob, match="on_parent_dead"):
+        enqueue_on_commit("tests.noop", after=[parent], on_parent_dead=mode)
+    assert Job.objects.count() == 1
+
+
+def test_rolling_back_the_enqueue_leaves_no_job_and_no_edge():
+    parent = enqueue("tests.noop")
+    with pytest.raises(RuntimeError), transaction.atomic():
+        enqueue_on_commit("tests.noop", after=[parent])
+        with workflow(name="rolled-back") as w:
+            w.enqueue("tests.noop", after=[parent])
+        raise RuntimeError("the view failed")
+    assert list(Job.objects.values_list("id", flat=True)) == [parent.id]
+    assert Job.objects.get(id=parent.id).dependents == 0
+    assert not Dependency.objects.exists()
+    assert not WorkflowStep.objects.exists()
+
+
+def test_a_keyed_duplicate_with_after_registers_nothing():
+    parent = enqueue("tests.noop")
+    first = enqueue("tests.noop", key="dup-after")
+    again = enqueue("tests.noop", key="dup-after", after=[parent])
+    assert (again.id, again.duplicate) == (first.id, True)
+    assert Job.objects.get(id=parent.id).dependents == 0
+    assert not Dependency.objects.exists()
+
+
+# ---- dead parents ----------------------------------------------------------------------------
+
+
+def test_after_a_dead_parent_waits_or_dies_as_asked():
+    letter = DeadLetterFactory(key="dead-parent")
+    waits = enqueue("tests.noop", after=["dead-parent"])
+    dies = enqueue("tests.noop", after=[letter.id], on_parent_dead="dead", key="dies")
+
+    assert Job.objects.get(id=waits.id).waiting_for == 1
+    assert state_of(waits.id) == JobState.BLOCKED
+    assert not Job.objects.filter(id=dies.id).exists()
+    dead = DeadLetter.objects.get(id=dies.id)
+    assert (dead.reason, dead.attempts, dead.key) == (DeadReason.PARENT_DEAD, 0, "dies")
+    assert "dead-parent" in dead.error
+    # Its edge is written all the same: a replay of it finds what it waits for.
+    assert edges_of(dies) == {("dead-parent", letter.id, "dead", False)}
+
+
+def test_after_a_replayed_letter_waits_for_its_replay():
+    letter = DeadLetterFactory(name="tests.noop", payload="{}")
+    report = DeadLetter.objects.filter(id=letter.id).replay()
+    replay_id = report.replayed[letter.id]
+    child = enqueue("tests.noop", after=[letter.id])
+    assert edges_of(child) == {(str(replay_id), replay_id, "wait", False)}
+    assert Job.objects.get(id=replay_id).dependents == 1
+
+
+def test_dead_lettering_a_parent_buries_its_dead_dependents_recursively():
+    parent = enqueue("tests.noop", key="root")
+    b = enqueue("tests.noop", after=[parent], on_parent_dead="dead")
+    c = enqueue("tests.noop", after=[b], on_parent_dead="dead")
+    waits = enqueue("tests.noop", after=[parent])
+    grandchild_waits = enqueue("tests.noop", after=[b])
+    unrelated = enqueue("tests.noop")
+
+    report = Job.objects.filter(id=parent.id).cancel(by="ada")
+
+    assert report.cancelled == [parent.id]
+    assert DeadLetter.objects.get(id=parent.id).reason == DeadReason.CANCELLED
+    for step in (b, c):
+        letter = DeadLetter.objects.get(id=step.id)
+        assert letter.reason == DeadReason.PARENT_DEAD
+    assert "root" in DeadLetter.objects.get(id=b.id).error
+    assert str(b.id) in DeadLetter.objects.get(id=c.id).error
+    # "wait" dependents stay blocked, even under a buried parent.
+    assert set(Job.objects.values_list("id", flat=True)) == {
+        waits.id,
+        grandchild_waits.id,
+        unrelated.id,
+    }
+    assert state_of(waits.id) == state_of(grandchild_waits.id) == JobState.BLOCKED
+
+
+def test_a_worker_dead_letter_buries_dead_dependents():
+    parent = enqueue("tests.wf_fatal")
+    child = enqueue("tests.noop", after=[parent], on_parent_dead="dead")
+    drained = drain()
+    assert len(drained.dead) == 1
+    assert DeadLetter.objects.get(id=parent.id).reason == DeadReason.FATAL
+    assert DeadLetter.objects.get(id=child.id).reason == DeadReason.PARENT_DEAD
+    assert not Job.objects.exists()
+
+
+def test_dead_letter_unknown_buries_dead_dependents():
+    parent = JobFactory(name="tests.gone", run_at=timezone.now() - timedelta(hours=1))
+    child = enqueue("tests.noop", after=[parent.id], on_parent_dead="dead")
+    letters = Job.objects.dead_letter_unknown(
+        "tests.gone", before=timezone.now(), message="no worker knows it"
+    )
+    assert [letter.id for letter in letters] == [parent.id]
+    assert DeadLetter.objects.get(id=child.id).reason == DeadReason.PARENT_DEAD
+
+
+# ---- replay ----------------------------------------------------------------------------------
+
+
+def test_replaying_a_parent_gives_its_job_the_key_its_dependents_wait_for():
+    parent = enqueue("tests.wf_fatal")
+    child = enqueue("tests.noop", after=[parent])
+    drain()
+    assert DeadLetter.objects.filter(id=parent.id).exists()
+    assert state_of(child.id) == JobState.BLOCKED
+
+    report = DeadLetter.objects.filter(id=parent.id).replay()
+    new = Job.objects.get(id=report.replayed[parent.id])
+    assert (new.key, new.dependents, new.waiting_for) == (str(parent.id), 1, 0)
+
+
+def test_replaying_a_letter_without_edges_is_as_before():
+    letter = DeadLetterFactory(name="tests.noop", payload="{}")
+    report = DeadLetter.objects.filter(id=letter.id).replay()
+    new = Job.objects.get(id=report.replayed[letter.id])
+    assert (new.key, new.dependents, new.waiting_for) == (None, 0, 0)
+    assert not Dependency.objects.exists()
+
+
+def test_replaying_a_dead_step_before_its_parent_makes_it_wait_again():
+    letter = DeadLetterFactory(key="p")
+    with workflow(name="replayed") as w:
+        step = w.enqueue("tests.noop", after=["p"], on_parent_dead="dead")
+    assert DeadLetter.objects.get(id=step.id).reason == DeadReason.PARENT_DEAD
+
+    report = DeadLetter.objects.filter(id=step.id).replay()
+    new_id = report.replayed[step.id]
+    new = Job.objects.get(id=new_id)
+    assert (new.waiting_for, new.run_at) == (1, BLOCKED_UNTIL)
+    assert edges_of(EnqueueResult(new_id, False, "", "")) == {("p", letter.id, "dead", False)}
+    assert WorkflowStep.objects.get(job_id=new_id).workflow == "replayed"
+
+
+def test_replaying_a_dead_step_after_its_parent_finished_runs_it():
+    DeadLetterFactory(key="p2")
+    dies = enqueue("tests.noop", after=["p2"], on_parent_dead="dead")
+    MarkerFactory(key="p2")  # the parent's replay succeeded meanwhile
+    report = DeadLetter.objects.filter(id=dies.id).replay()
+    new = Job.objects.get(id=report.replayed[dies.id])
+    assert new.waiting_for == 0
+    assert state_of(new.id) == JobState.WAITING
+    [edge] = Dependency.objects.filter(job_id=new.id)
+    assert edge.satisfied_at is not None
+
+
+# ---- workflow() ------------------------------------------------------------------------------
+
+
+def test_a_workflow_writes_its_steps_at_exit():
+    with workflow(name="order-42") as w:
+        a = w.enqueue("tests.noop", {"step": "charge"})
+        b = w.enqueue("tests.noop", {"step": "reserve"}, after=[a])
+        c = w.enqueue("tests.noop", {"step": "confirm"}, after=[a.id], on_parent_dead="dead")
+        d = w.enqueue("tests.noop", {"step": "ship"}, after=[b, c], priority=5, queue="emails")
+        assert not Job.objects.exists()  # nothing before the block ends
+        assert a.duplicate is False and a.enqueued_at is None
+
+    rows = {j.id: j for j in Job.objects.all()}
+    assert [(rows[r.id].waiting_for, rows[r.id].dependents) for r in (a, b, c, d)] == [
+        (0, 2),
+        (1, 1),
+        (1, 1),
+        (2, 0),
+    ]
+    assert rows[a.id].run_at < BLOCKED_UNTIL
+    assert rows[d.id].run_at == BLOCKED_UNTIL
+    assert (rows[d.id].priority, rows[d.id].queue) == (5, "emails")
+    assert edges_of(c) == {(str(a.id), a.id, "dead", False)}
+    assert edges_of(d) == {(str(b.id), b.id, "wait", False), (str(c.id), c.id, "wait", False)}
+    steps = WorkflowStep.objects.filter(workflow="order-42")
+    assert {s.job_id for s in steps} == {a.id, b.id, c.id, d.id}
+    assert [r.id for r in w.results] == [a.id, b.id, c.id, d.id]
+    assert all(r.enqueued_at is not None for r in w.results)
+
+
+def test_a_big_fan_out_and_fan_in_takes_a_few_statements():
+    with CaptureQueriesContext(connection) as queries, workflow(name="fan") as w:
+        root = w.enqueue("tests.noop", {"n": -1})
+        middle = [w.enqueue("tests.noop", {"n": n}, after=[root]) for n in range(10_000)]
+        last = w.enqueue("tests.noop", {"n": "end"}, after=middle)
+    # No statement per step: a handful on PostgreSQL (COPY), batches of rows elsewhere.
+    assert len(queries) <= (15 if POSTGRES else 100), [q["sql"][:60] for q in queries]
+    assert Job.objects.count() == 10_002
+    assert Dependency.objects.count() == 20_000
+    assert WorkflowStep.objects.filter(workflow="fan").count() == 10_002
+    assert Job.objects.get(id=root.id).dependents == 10_000
+    assert Job.objects.get(id=last.id).waiting_for == 10_000
+    assert Job.objects.filter(waiting_for=1, dependents=1).count() == 10_000
+
+
+def test_an_exception_in_the_block_writes_nothing():
+    with pytest.raises(ValueError), workflow(name="broken") as w:
+        w.enqueue("tests.noop")
+        raise ValueError("no")
+    assert not Job.objects.exists()
+    assert not WorkflowStep.objects.exists()
+    with pytest.raises(InvalidJob, match="written already"):
+        w.enqueue("tests.noop")
+
+
+def test_an_invalid_step_raises_at_once():
+    with workflow(name="checked") as w:
+        with pytest.raises(InvalidJob):
+            w.enqueue("tests.noop", after=[42])
+        with pytest.raises(InvalidJob):
+            w.enqueue("tests.noop", on_parent_dead="maybe")
+        with pytest.raises(InvalidJob):
+            w.enqueue("tests.noop", priority=1000)
+        ok = w.enqueue("tests.noop")
+    assert list(Job.objects.values_list("id", flat=True)) == [ok.id]
+
+
+def test_a_missing_outside_parent_writes_no_step():
+    with pytest.raises(InvalidJob, match="no such job"), workflow(name="missing") as w:
+        w.enqueue("tests.noop")
+        w.enqueue("tests.noop", after=["nobody"])
+    assert not Job.objects.exists()
+    assert not WorkflowStep.objects.exists()
+
+
+@pytest.mark.parametrize("name", ["", " x", "a\x00b", "x" * 256, None, 5])
+def test_a_workflow_name_is_printable_text(name):
+    with pytest.raises(InvalidJob):
+        workflow(name=name)
+    with pytest.raises(InvalidJob):
+        cancel_workflow(name)
+
+
+def test_steps_may_wait_for_jobs_outside_the_workflow():
+    outside = enqueue("tests.noop", key="outside")
+    MarkerFactory(key="finished")
+    with workflow(name="mixed") as w:
+        a = w.enqueue("tests.noop", after=["outside", "finished"])
+        b = w.enqueue("tests.noop", after=["outside", a])
+    assert Job.objects.get(id=outside.id).dependents == 2
+    assert Job.objects.get(id=a.id).waiting_for == 1
+    assert Job.objects.get(id=b.id).waiting_for == 2
+
+
+def test_a_keyed_step_whose_key_is_held_makes_no_row():
+    holder = enqueue("tests.noop", key="held")
+    MarkerFactory(key="finished-step", name="tests.noop")
+    with workflow(name="keyed") as w:
+        a = w.enqueue("tests.noop", key="held")
+        b = w.enqueue("tests.noop", after=[a])
+        done = w.enqueue("tests.noop", key="finished-step")
+        c = w.enqueue("tests.noop", after=[done], key="c")
+        same = w.enqueue("tests.noop", key="c")
+    assert (same.id, same.duplicate) == (c.id, True)
+    assert [(r.id, r.duplicate) for r in w.results] == [
+        (holder.id, True),
+        (b.id, False),
+        (CompletionMarker.objects.get(key="finished-step").job_id, True),
+        (c.id, False),
+    ]
+    assert not Job.objects.filter(id__in=[a.id, done.id]).exists()
+    assert Job.objects.get(id=holder.id).dependents == 1
+    assert edges_of(b) == {("held", holder.id, "wait", False)}
+    assert Job.objects.get(id=c.id).waiting_for == 0
+    assert set(WorkflowStep.objects.values_list("job_id", flat=True)) == {b.id, c.id}
+    with pytest.raises(IdempotencyConflict), workflow(name="conflict") as w:
+        w.enqueue("tests.noop", {"x": 1}, key="k")
+        w.enqueue("tests.noop", {"x": 2}, key="k")
+
+
+def test_a_step_under_a_dead_step_of_its_workflow_dies_too():
+    DeadLetterFactory(key="gone")
+    with workflow(name="doomed") as w:
+        a = w.enqueue("tests.noop", after=["gone"], on_parent_dead="dead")
+        b = w.enqueue("tests.noop", after=[a], on_parent_dead="dead")
+        c = w.enqueue("tests.noop", after=[a])
+    assert DeadLetter.objects.get(id=a.id).reason == DeadReason.PARENT_DEAD
+    assert DeadLetter.objects.get(id=b.id).reason == DeadReason.PARENT_DEAD
+    assert list(Job.objects.values_list("id", flat=True)) == [c.id]
+    assert Job.objects.get(id=c.id).waiting_for == 1
+    assert WorkflowStep.objects.filter(workflow="doomed").count() == 3
+
+
+def test_cancel_workflow_cancels_its_live_steps():
+    other = enqueue("tests.noop")
+    with workflow(name="to-cancel") as w:
+        a = w.enqueue("tests.noop")
+        b = w.enqueue("tests.noop", after=[a], on_parent_dead="dead")
+    running = JobFactory(leased=True)
+    WorkflowStep.objects.create(
+        job_id=running.id, workflow="to-cancel", name="tests.noop", created_at=timezone.now()
+    )
+    result = cancel_workflow("to-cancel", by="ada")
+    assert (result.cancelled, result.requested) == (2, 1)
+    assert DeadLetter.objects.get(id=a.id).reason == DeadReason.CANCELLED
+    assert DeadLetter.objects.get(id=b.id).reason in (DeadReason.CANCELLED, DeadReason.PARENT_DEAD)
+    assert set(Job.objects.values_list("id", flat=True)) == {other.id, running.id}
+    assert Job.objects.get(id=running.id).cancel_requested_at is not None
+    assert cancel_workflow("no-such-workflow").cancelled == 0
+
+
+def test_on_parent_dead_is_exported():
+    assert OnParentDead.DEAD == "dead"
+    assert OnParentDead.WAIT == "wait"
