@@ -146,3 +146,83 @@ def test_dashboard_and_change_lists_stay_fast_on_a_big_installation(
                 f"[admin scale]   {label:<30} {elapsed * 1000:7.1f} ms  {queries} queries"
                 f"  costliest plan {cost:,.0f}"
             )
+
+
+STEPS = 100_000
+HUGE = 50_000  # steps of one workflow; the other half are 1,000 workflows of 50
+
+# Steps as enqueue and settle leave them: the huge workflow a chain of blocked jobs after
+# one that finished, the small ones half finished (markers), half blocked; edges per step.
+FILL_WORKFLOWS = """
+CREATE TEMP TABLE wf_fill AS
+SELECT g, gen_random_uuid() AS id,
+       CASE WHEN g <= %(huge)s THEN 'huge' ELSE 'wf-' || ((g - %(huge)s - 1) / 50) END AS workflow,
+       CASE WHEN g <= %(huge)s THEN g ELSE (g - %(huge)s - 1) %% 50 + 1 END AS n
+FROM generate_series(1, %(steps)s) AS g;
+
+INSERT INTO django_jobs_workflow_step (job_id, workflow, name, key, created_at)
+SELECT id, workflow, 'tests.noop', NULL, now() - interval '1 hour' + g * interval '1 ms'
+FROM wf_fill;
+
+INSERT INTO django_jobs_marker (job_id, key, name, queue, attempts, enqueued_at, completed_at,
+                                worker_id, result)
+SELECT id, id::text, 'tests.noop', 'default', 1, now(), now(), 'h:1:a', NULL
+FROM wf_fill WHERE n <= 25 AND workflow <> 'huge' OR (workflow = 'huge' AND n = 1);
+
+INSERT INTO django_jobs_job (id, name, queue, payload, priority, run_at, enqueued_at, attempts,
+                             max_attempts, errors, waiting_for, dependents)
+SELECT id, 'tests.noop', 'default', '{}', 0, '9000-01-01', now(), 0, 3, '[]'::jsonb, 1, 1
+FROM wf_fill WHERE n > 25 AND workflow <> 'huge' OR (workflow = 'huge' AND n > 1);
+
+INSERT INTO django_jobs_dependency (job_id, parent_key, parent_id, on_parent_dead, created_at,
+                                    satisfied_at)
+SELECT child.id, parent.id::text, parent.id, 'wait', now(), NULL
+FROM wf_fill AS child JOIN wf_fill AS parent
+  ON parent.workflow = child.workflow AND parent.n = child.n - 1;
+
+DROP TABLE wf_fill;
+ANALYZE django_jobs_workflow_step;
+ANALYZE django_jobs_marker;
+ANALYZE django_jobs_job;
+ANALYZE django_jobs_dependency;
+"""
+
+
+def test_workflow_pages_hold_up_with_100_000_steps(admin_client_, capsys):
+    started = time.monotonic()
+    with connection.cursor() as cursor:
+        cursor.execute(FILL_WORKFLOWS, {"steps": STEPS, "huge": HUGE})
+    filled = time.monotonic() - started
+    pages = [
+        # label, path, params, queries at most
+        ("workflows", url("workflowstep_changelist"), None, 8),
+        ("workflows, search", url("workflowstep_changelist"), {"q": "wf-99"}, 8),
+        ("workflows, last page", url("workflowstep_changelist"), {"p": 21}, 8),
+        ("small workflow", url("workflow"), {"name": "wf-7"}, 12),
+        ("huge workflow", url("workflow"), {"name": "huge"}, 12 + 2 * HUGE // 2000),
+        ("huge workflow, page 300", url("workflow"), {"name": "huge", "p": 300}, 40),
+    ]
+    figures = []
+    for label, target, params, max_queries in pages:
+        elapsed, queries, cost, response = measure(admin_client_, target, params)
+        figures.append((label, elapsed, queries, cost))
+        assert queries <= max_queries, (label, queries)
+        if label == "workflows":
+            assert response.context["page"].paginator.count == 1 + (STEPS - HUGE) // 50
+            # Newest first: the small ones were written after the huge one.
+            assert response.context["rows"][0]["steps"] == 50
+            assert response.context["rows"][0]["blocked"] == 25
+        if label.startswith("huge"):
+            assert "svg" not in response.context  # too big to draw: layers and a table
+            # A chain: one step per layer, in one row of the layer table.
+            assert response.context["layers"] == [(f"1–{HUGE}", 1)]
+            assert len(response.context["steps"]) == 100
+        if label == "small workflow":
+            assert response.text.count('class="django-jobs-node"') == 50
+    with capsys.disabled():
+        print(f"\n[admin scale] {STEPS:,} workflow steps filled in {filled:.1f}s")
+        for label, elapsed, queries, cost in figures:
+            print(
+                f"[admin scale]   {label:<30} {elapsed * 1000:7.1f} ms  {queries} queries"
+                f"  costliest plan {cost:,.0f}"
+            )

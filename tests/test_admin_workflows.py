@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections import Counter
 from datetime import timedelta
 from html import unescape
 
@@ -16,7 +17,7 @@ import pytest
 from django.utils import timezone
 
 from django_jobs.admin import graph
-from django_jobs.admin.workflows import GRAPH_LIMIT
+from django_jobs.admin.workflows import GRAPH_LIMIT, layer_ranges
 from django_jobs.models import (
     BLOCKED_UNTIL,
     DeadLetter,
@@ -232,9 +233,9 @@ def test_a_big_workflow_gets_layer_counts_and_a_paginated_table(admin_client_):
     response = workflow_page(admin_client_, "chain")
     assert response.status_code == 200
     assert "svg" not in response.context and "django-jobs-graph" not in response.text
-    layers = dict(response.context["layers"])
-    assert layers[1] == 2 and layers[2] == 1 and max(layers) == GRAPH_LIMIT
-    assert sum(layers.values()) == GRAPH_LIMIT + 1
+    # Layer 1 holds the two roots, each layer after it one step of the chain.
+    assert response.context["layers"] == [("1", 2), (f"2–{GRAPH_LIMIT}", 1)]
+    assert "1 each" in response.text
     assert len(response.context["steps"]) == 100
     last = workflow_page(admin_client_, "chain", p=4)
     assert len(last.context["steps"]) == GRAPH_LIMIT + 1 - 300
@@ -373,6 +374,15 @@ def test_hostile_workflow_and_handler_names_are_escaped(admin_client_, name):
     )
     for text in re.findall(r'<text [^>]*font-size="12"[^>]*>(.*?)</text>', svg):
         assert len(unescape(text)) <= graph.LABEL_CHARS
+
+
+def test_layer_ranges_join_runs_and_stop_at_a_limit():
+    per_layer = Counter({1: 3, 2: 1, 3: 1, 4: 1, 5: 2, 7: 2, 8: 5})
+    assert layer_ranges(per_layer) == (
+        [("1", 3), ("2–4", 1), ("5", 2), ("7", 2), ("8", 5)],
+        0,
+    )
+    assert layer_ranges(per_layer, limit=2) == ([("1", 3), ("2–4", 1)], 3)
 
 
 def test_the_graph_layers_ignore_cycles_and_foreign_parents():

@@ -45,6 +45,7 @@ GRAPH_LIMIT = 300
 WORKFLOWS_PER_PAGE = 50
 STEPS_PER_PAGE = 100
 PARENTS_SHOWN = 20  # per blocked step in the table, and on a job's page
+LAYER_ROWS = 100  # rows of the layer table of a workflow too big to draw
 
 
 def admin_url(site: str, where: steps.Where) -> str | None:
@@ -95,13 +96,21 @@ def parents_of(job_ids: Iterable[uuid.UUID], alias: str) -> dict[uuid.UUID, list
 
 
 def parents_list(
-    site: str, edges: Sequence[Dependency], alias: str, limit: int = PARENTS_SHOWN
+    site: str,
+    edges: Sequence[Dependency],
+    alias: str,
+    limit: int = PARENTS_SHOWN,
+    where: dict[uuid.UUID, steps.Where] | None = None,
 ) -> SafeString | str:
-    """A list of parents: key, state now (linked), satisfied or not."""
+    """A list of parents: key, state now (linked), satisfied or not.
+
+    `where` may hold the parents already resolved (a table's rows, in one go).
+    """
     if not edges:
         return EMPTY
     shown = list(edges[:limit])
-    where = steps.resolve([e.parent_id for e in shown], alias)
+    if where is None or any(e.parent_id not in where for e in shown):
+        where = steps.resolve([e.parent_id for e in shown], alias)
     items = []
     for edge in shown:
         at = where[edge.parent_id]
@@ -298,18 +307,14 @@ class WorkflowStepAdmin(AnyModelAdmin):
             context["steps"] = self._step_rows(rows, where, parents, layer, alias)
         else:
             ids = list(step_rows.values_list("job_id", flat=True))
-            # Only the two columns of the edges: a hundred thousand rows, not models.
-            edges = []
-            for start in range(0, len(ids), steps.CHUNK):
-                chunk = ids[start : start + steps.CHUNK]
-                edges += list(
-                    Dependency.objects.using(alias)
-                    .filter(job_id__in=chunk)
-                    .values_list("parent_id", "job_id")
-                )
+            # Only the two columns of the edges, in one semi-join: rows, not models.
+            edges = list(
+                Dependency.objects.using(alias)
+                .filter(job_id__in=step_rows.values("job_id"))
+                .values_list("parent_id", "job_id")
+            )
             layer = graph.layers(ids, edges)
-            per_layer = Counter(layer.values())
-            context["layers"] = sorted(per_layer.items())
+            context["layers"], context["more_layers"] = layer_ranges(Counter(layer.values()))
             page = Paginator(step_rows.order_by(*order), STEPS_PER_PAGE).get_page(
                 request.GET.get("p")
             )
@@ -331,6 +336,10 @@ class WorkflowStepAdmin(AnyModelAdmin):
         alias: str,
     ) -> list[dict[str, Any]]:
         site = self.admin_site.name
+        blocked = [row.job_id for row in rows if where[row.job_id].state == "blocked"]
+        # The parents of every blocked row, resolved together: not a few queries per row.
+        parent_ids = {e.parent_id for job_id in blocked for e in parents[job_id][:PARENTS_SHOWN]}
+        parent_where = {**where, **steps.resolve(parent_ids - set(where), alias)}
         table = []
         for row in rows:
             at = where[row.job_id]
@@ -348,7 +357,7 @@ class WorkflowStepAdmin(AnyModelAdmin):
                     "current": at.current if at.current != row.job_id else None,
                     "created": when(row.created_at),
                     # What a blocked step waits for; the others' parents are on their pages.
-                    "parents": parents_list(site, edges, alias)
+                    "parents": parents_list(site, edges, alias, where=parent_where)
                     if at.state == "blocked"
                     else len(edges),
                 }
@@ -400,6 +409,26 @@ class WorkflowStepAdmin(AnyModelAdmin):
             }
         self.message_user(request, f"{message}.", messages.SUCCESS if live else messages.WARNING)
         return HttpResponseRedirect(workflow_url(self.admin_site.name, name))
+
+
+def layer_ranges(
+    per_layer: Counter[int], limit: int = LAYER_ROWS
+) -> tuple[list[tuple[str, int]], int]:
+    """Runs of layers with as many steps each, ("2-4999", 1), at most limit of them.
+
+    A chain of 50,000 steps has 50,000 layers: one row each would be the page's bulk.
+    Returns the rows and how many layers the rows left out.
+    """
+    rows: list[tuple[int, int, int]] = []  # first layer, last layer, steps in each
+    for number in sorted(per_layer):
+        count = per_layer[number]
+        if rows and rows[-1][2] == count and rows[-1][1] == number - 1:
+            rows[-1] = (rows[-1][0], number, count)
+        else:
+            rows.append((number, number, count))
+    shown = [(f"{a}" if a == b else f"{a}–{b}", n) for a, b, n in rows[:limit]]
+    left = sum(b - a + 1 for a, b, _n in rows[limit:])
+    return shown, left
 
 
 def _uuid(text: str) -> uuid.UUID | None:
