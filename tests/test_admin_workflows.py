@@ -338,6 +338,24 @@ def test_cancel_moves_the_live_steps_and_asks_running_ones_to_stop(login, diamon
     assert "no live step" in messages_of(again)[0] or "1 running" in messages_of(again)[0]
 
 
+def test_cancel_takes_the_live_replay_of_a_dead_step_too(login):
+    letter = DeadLetterFactory(name="tests.flaky")
+    replay = JobFactory(name="tests.flaky")
+    DeadLetter.objects.filter(id=letter.id).update(
+        replayed_at=timezone.now(), replay_job_id=replay.id
+    )
+    waiting = JobFactory(name="tests.noop")
+    step("retried", letter.id, "tests.flaky")
+    step("retried", waiting.id, "tests.noop")
+    operator = login("view_workflowstep", "cancel_job")
+    page = workflow_page(operator, "retried")
+    assert [s["state"] for s in page.context["steps"]] == ["waiting", "waiting"]
+    response = operator.post(url("workflow_cancel"), {"name": "retried"}, follow=True)
+    assert "2 step(s) cancelled" in messages_of(response)[0]
+    assert not Job.objects.filter(id__in=[replay.id, waiting.id]).exists()
+    assert DeadLetter.objects.get(id=replay.id).reason == DeadReason.CANCELLED
+
+
 # -- hostile names
 
 HOSTILE = [

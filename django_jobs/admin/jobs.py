@@ -36,13 +36,13 @@ from django_jobs.admin.display import (
 from django_jobs.admin.workflows import WorkflowFields
 from django_jobs.attempts import worker_of
 from django_jobs.models import (
-    BLOCKED_UNTIL,
     DeadLetter,
     Job,
     JobQuerySet,
     JobState,
     RunningJob,
     UnknownName,
+    blocked_until,
 )
 
 if TYPE_CHECKING:
@@ -66,9 +66,9 @@ class StateFilter(admin.SimpleListFilter):
         if value == JobState.WAITING:
             return jobs.waiting()
         if value == JobState.SCHEDULED:
-            return jobs.scheduled().filter(waiting_for=0)  # a blocked job's run_at is ahead too
+            return jobs.scheduled()
         if value == JobState.BLOCKED:
-            return jobs.filter(waiting_for__gt=0)
+            return jobs.blocked()
         if value == JobState.RUNNING:
             return jobs.running()
         return queryset
@@ -156,7 +156,7 @@ class JobAdmin(
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         # Right after the job's own facts: for a blocked job, what it waits for is the news.
         first, *rest = self.fieldsets
-        if obj is not None and obj.waiting_for > 0:  # "after its parents", not the year 9000
+        if obj is not None and obj.run_at >= blocked_until():  # "after its parents", not 9000
             fields = [
                 tuple("run_at_cell" if f == "run_at" else f for f in row)
                 if isinstance(row, tuple)
@@ -181,8 +181,6 @@ class JobAdmin(
     @admin.display(description=_("state"), ordering="state")
     def state_label(self, obj: Job) -> SafeString | str:
         state = getattr(obj, "state", None)
-        if obj.waiting_for > 0:  # whatever the annotation says: a blocked job's run_at is ahead
-            state = JobState.BLOCKED
         label = str(JobState(state).label) if state else EMPTY
         if state == JobState.BLOCKED:
             label = f"{label} ({_('waiting for %(n)s parent(s)') % {'n': obj.waiting_for}})"
@@ -210,7 +208,7 @@ class JobAdmin(
 
     @admin.display(description=_("run at"), ordering="run_at")
     def run_at_cell(self, obj: Job) -> SafeString | str:
-        if obj.run_at >= BLOCKED_UNTIL:  # the sentinel of a blocked job, not a date to read
+        if obj.run_at >= blocked_until():  # the sentinel of a blocked job, not a date to read
             return format_html('<span class="django-jobs-quiet">{}</span>', _("after its parents"))
         return list_when(obj.run_at)
 

@@ -100,9 +100,7 @@ def resolve(ids: Iterable[uuid.UUID], alias: str) -> dict[uuid.UUID, Where]:
             jobs = Job.objects.using(alias).filter(id__in=chunk).with_state()
             rows = jobs.values_list("id", "state", "waiting_for")  # type: ignore[misc]  # with_state's annotation
             for job_id, state, waiting_for in rows:
-                # Blocked is decided here too, so that this reads right whatever with_state says.
-                shown = JobState.BLOCKED if waiting_for > 0 else state
-                at[job_id] = Where(shown, job_id, waiting_for=waiting_for, replays=hop)
+                at[job_id] = Where(state, job_id, waiting_for=waiting_for, replays=hop)
         rest = [job_id for job_id in looking if job_id not in at]
         for chunk in _chunks(rest):
             markers = CompletionMarker.objects.using(alias).filter(job_id__in=chunk)
@@ -133,7 +131,6 @@ def state_annotation(field: str = "job_id") -> Case:
     job_id = OuterRef(field)
     live = Job.objects.filter(id=job_id)
     return Case(
-        When(Exists(live.filter(waiting_for__gt=0)), then=Value(JobState.BLOCKED.value)),
         When(
             Exists(live),
             then=Subquery(live.with_state().values("state")[:1]),  # type: ignore[misc]  # with_state's annotation
