@@ -14,11 +14,14 @@ from django_jobs import (
     Backoff,
     EnqueueResult,
     JobContext,
+    OnParentDead,
+    cancel_workflow,
     enqueue,
     enqueue_many,
     enqueue_on_commit,
     job,
     periodic,
+    workflow,
 )
 from django_jobs.registry import Handler
 
@@ -61,6 +64,19 @@ def check() -> None:
     result = charge.enqueue({"order_id": 1})
     assert_type(result.id.hex, str)
     assert_type(result.duplicate, bool | None)
+
+    assert_type(enqueue(charge, {"order_id": 1}, after=[result, "key"]), EnqueueResult)
+    assert_type(
+        charge.enqueue({"order_id": 1}, after=[result.id], on_parent_dead="dead"), EnqueueResult
+    )
+    with workflow(name="order-1") as w:
+        first = w.enqueue(charge, {"order_id": 1}, key="charge-1")
+        assert_type(
+            w.enqueue("shop.ship", None, after=[first], on_parent_dead=OnParentDead.DEAD),
+            EnqueueResult,
+        )
+    assert_type(w.results, list[EnqueueResult])
+    assert_type(cancel_workflow("order-1").cancelled, int)
 
     charge.enqueue({"order": 1})  # type: ignore[arg-type]
     charge.enqueue({"order_id": 1}, dely=3)  # type: ignore[call-arg]

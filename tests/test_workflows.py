@@ -9,6 +9,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -48,6 +49,12 @@ SEEN: list[dict] = []
 def parents(payload, ctx):
     SEEN.append(ctx.parent_results)
     return {"step": payload}
+
+
+@job(name="tests.wf_async_parents")
+async def async_parents(payload, ctx):
+    # A database read: an async handler makes it through sync_to_async (docs/handlers.md).
+    SEEN.append(await sync_to_async(lambda: ctx.parent_results)())
 
 
 @job(name="tests.wf_fatal", max_attempts=1)
@@ -129,6 +136,14 @@ def test_a_finished_parent_counts_as_done_at_once():
     SEEN.clear()
     drain()
     assert SEEN == [{"done-key": {"total": 3}, plain.key: [1]}]
+
+
+def test_an_async_handler_reads_parent_results_through_sync_to_async():
+    MarkerFactory(key="async-parent", result={"ok": True})
+    SEEN.clear()
+    enqueue("tests.wf_async_parents", after=["async-parent"])
+    drain()
+    assert SEEN == [{"async-parent": {"ok": True}}]
 
 
 def test_parent_results_is_empty_without_parents():
