@@ -20,6 +20,7 @@ import json
 import random
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -186,6 +187,7 @@ class ClaimedJob:
     errors: list[dict[str, Any]]
     token: str
     completed: bool = False  # a completion marker for its key already exists
+    dependents: int = 0  # jobs waiting for it, as claimed (the settle's fence, sql.COMPLETE)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -304,6 +306,7 @@ _CLAIMED_FIELDS = (
     "enqueued_at",
     "started_at",
     "errors",
+    "dependents",
 )
 
 
@@ -831,8 +834,11 @@ class JobQuerySet(models.QuerySet["Job"]):
             .order_by("-priority", "run_at", "id")
             .values_list(*_CLAIMED_FIELDS)
         )
-        # A row holds the twelve fields before token (_CLAIMED_FIELDS): mypy cannot count them.
-        jobs = [ClaimedJob(*row, token=token) for row in rows]  # type: ignore[misc]
+        # A row holds the twelve fields before token, then dependents: mypy cannot count them.
+        jobs = [
+            ClaimedJob(*row[:12], token=token, dependents=row[12])  # type: ignore[misc]
+            for row in rows
+        ]
         keys = {j.idempotency_key for j in jobs if j.key is not None or j.attempts > 1}
         if keys:
             done = set(
@@ -844,32 +850,41 @@ class JobQuerySet(models.QuerySet["Job"]):
                 job.completed = job.idempotency_key in done
         return jobs
 
-    def complete(self, finished: Sequence[tuple[uuid.UUID, str, str | None]]) -> set[int]:
-        """Settle (id, token, result JSON) triples as done: delete each job and write its marker.
+    def complete(self, finished: Sequence[tuple[uuid.UUID, str, str | None, int]]) -> Settled:
+        """Settle (id, token, result JSON, dependents) as done: delete each job, write its marker.
 
-        One transaction for the batch. Rows whose lease another worker holds now
-        are left alone; the positions (in `finished`) of those settled are returned.
+        `dependents` is the job's count as its claim returned it. Rows whose lease
+        another worker holds now are left alone; the positions (in `finished`) of
+        those settled are returned. The jobs waiting for those settled are released
+        in the same transaction (docs/workflows.md); `woke` says whether any became due.
         """
         if not finished:
-            return set()
+            return Settled()
         alias = self.db
         if _is_postgres(alias):
-            quoted: dict[str, str] = {}
-            batch = ",".join(
-                f'{{"i":{index},"id":"{job_id}","token":'
-                f"{quoted.get(token) or quoted.setdefault(token, json.dumps(token))},"
-                f'"result":{result if result is not None else "null"}}}'
-                for index, (job_id, token, result) in enumerate(finished)
-            )
-            return {row[0] for row in sql.run(alias, sql.COMPLETE, [f"[{batch}]"])}
-        token_of = {job_id: (token, result) for job_id, token, result in finished}
+            batch = list(enumerate(finished))
+            settled = _complete(alias, batch)
+            if len(settled) < len(finished):
+                # Fenced (a dependent registered since the claim) or lost: lock and look.
+                again = self._complete_locked(
+                    alias, [item for item in batch if item[0] not in settled]
+                )
+                settled |= again
+                settled.woke = settled.woke or again.woke
+            return settled
+        token_of = {job_id: (token, result) for job_id, token, result, _ in finished}
         with transaction.atomic(using=alias):
+            # Locking reads: MariaDB's plain SELECT reads the transaction's old
+            # snapshot, which may not count a dependent registered since.
             rows = list(
-                self.filter(id__in=list(token_of)).values_list(*_CLAIMED_FIELDS, "locked_by")
+                self.select_for_update()
+                .filter(id__in=list(token_of))
+                .order_by("id")
+                .values_list(*_CLAIMED_FIELDS, "locked_by")
             )
             held = [row for row in rows if row[-1] == token_of[row[0]][0]]
             if not held:
-                return set()
+                return Settled()
             self.filter(
                 id__in=[row[0] for row in held], locked_by__in={row[-1] for row in held}
             ).delete()
@@ -893,8 +908,37 @@ class JobQuerySet(models.QuerySet["Job"]):
                 ],
                 ignore_conflicts=True,
             )
-        settled = {row[0] for row in held}
-        return {index for index, (job_id, _, _) in enumerate(finished) if job_id in settled}
+            keys = [row[7] if row[7] is not None else str(row[0]) for row in held if row[12]]
+            woke = bool(keys) and self.release_dependents(keys) > 0
+        ids = {row[0] for row in held}
+        settled = Settled(index for index, (job_id, *_) in enumerate(finished) if job_id in ids)
+        settled.woke = woke
+        return settled
+
+    def _complete_locked(
+        self, alias: str, batch: list[tuple[int, tuple[uuid.UUID, str, str | None, int]]]
+    ) -> Settled:
+        """Settle again, locked, the jobs of a batch COMPLETE left alone (PostgreSQL).
+
+        Its fence leaves a job whose dependents changed since its claim; here the
+        row is locked first, so the settle reads the count as it is now and sees
+        every edge. What is still not settled lost its lease.
+        """
+        ids = [job_id for _, (job_id, *_) in batch]
+        tokens = list({token for _, (_, token, *_) in batch})
+        with transaction.atomic(using=alias):
+            now = {
+                job_id: (locked_by, dependents)
+                for job_id, locked_by, dependents in sql.run(
+                    alias, sql.LOCK_SETTLING, [ids, tokens]
+                )
+            }
+            held = [
+                (index, (job_id, token, result, now[job_id][1]))
+                for index, (job_id, token, result, _) in batch
+                if now.get(job_id, (None,))[0] == token
+            ]
+            return _complete(alias, held) if held else Settled()
 
     def complete_atomically(self, job: ClaimedJob, result: str | None) -> bool:
         """Inside the handler's transaction: delete the job and write its marker.
@@ -902,22 +946,33 @@ class JobQuerySet(models.QuerySet["Job"]):
         Raises LeaseLost when another worker holds the job now (the caller's
         transaction must roll back). Returns False when a marker for the key
         already exists: the work was done before, and the caller must roll back
-        this attempt's effects too.
+        this attempt's effects too. The jobs waiting for it are released in the
+        same transaction; job.dependents is set to the count the settle found.
         """
         alias = self.db
         conn = connections[alias]
         if not conn.in_atomic_block:
             raise RuntimeError("complete_atomically must run inside transaction.atomic()")
         if _is_postgres(alias):
-            [(deleted, marked)] = sql.run(
+            [(deleted, marked, dependents)] = sql.run(
                 alias, sql.COMPLETE_ATOMIC, {"id": job.id, "token": job.token, "result": result}
             )
             if not deleted:
                 raise LeaseLost(f"job {job.id} was taken over by another worker")
+            job.dependents = int(dependents)
+            if marked and dependents:
+                self.release_dependents([job.idempotency_key])
             return bool(marked)
-        deleted, _ = self.filter(id=job.id, locked_by=job.token).delete()
-        if not deleted:
+        # A locking read: the count as it is now (see complete()).
+        dependents = (
+            self.select_for_update()
+            .filter(id=job.id, locked_by=job.token)
+            .values_list("dependents", flat=True)
+            .first()
+        )
+        if dependents is None or not self.filter(id=job.id, locked_by=job.token).delete()[0]:
             raise LeaseLost(f"job {job.id} was taken over by another worker")
+        job.dependents = dependents
         marker = CompletionMarker(
             job_id=job.id,
             key=job.idempotency_key,
@@ -936,7 +991,57 @@ class JobQuerySet(models.QuerySet["Job"]):
                 marker.save(using=alias, force_insert=True)
         except IntegrityError:
             return False
+        if dependents:
+            self.release_dependents([job.idempotency_key])
         return True
+
+    def release_dependents(self, keys: Sequence[str]) -> int:
+        """Satisfy the open edges on parent `keys`, count their jobs down, wake those at 0.
+
+        Runs inside the transaction that writes the keys' markers (complete() and
+        complete_atomically() call it). An edge is satisfied once, so a key
+        released twice counts nothing twice. Returns how many jobs became due.
+        """
+        alias = self.db
+        if not keys:
+            return 0
+        if _is_postgres(alias):
+            [(made_due, _)] = sql.run(alias, sql.RELEASE, {"keys": list(keys), **_notify_params()})
+            return int(made_due)
+        with transaction.atomic(using=alias):
+            edges = list(
+                Dependency.objects.using(alias)
+                .select_for_update()
+                .filter(parent_key__in=list(keys), satisfied_at__isnull=True)
+                .order_by("id")
+                .values_list("id", "job_id")
+            )
+            if not edges:
+                return 0
+            Dependency.objects.using(alias).filter(id__in=[e for e, _ in edges]).update(
+                satisfied_at=Now()
+            )
+            counts = Counter(job_id for _, job_id in edges)
+            by_count: dict[int, list[uuid.UUID]] = {}
+            due: list[uuid.UUID] = []
+            queues = set()
+            for job_id, waiting_for, queue in (
+                self.select_for_update()
+                .filter(id__in=list(counts))
+                .order_by("id")
+                .values_list("id", "waiting_for", "queue")
+            ):
+                by_count.setdefault(counts[job_id], []).append(job_id)
+                if waiting_for - counts[job_id] <= 0:
+                    due.append(job_id)
+                    queues.add(queue)
+            # One UPDATE per count, run_at apart: MySQL's SET sees the columns it set before.
+            for n, ids in by_count.items():
+                self.filter(id__in=ids).update(waiting_for=F("waiting_for") - n)
+            if due:
+                self.filter(id__in=due).update(run_at=Now())
+            notify(alias, queues)
+        return len(due)
 
     def retry(self, job: ClaimedJob, *, delay: float, error: dict[str, Any]) -> bool:
         """Give up the lease and make the job due again after `delay` seconds."""
@@ -1193,6 +1298,33 @@ class JobQuerySet(models.QuerySet["Job"]):
         )
 
 
+def _notify_params() -> dict[str, Any]:
+    return {"channel": conf.get("CHANNEL"), "notify": bool(conf.get("LISTEN"))}
+
+
+class Settled(set[int]):
+    """The positions JobQuerySet.complete() settled; `woke`: it made waiting jobs due."""
+
+    woke: bool = False
+
+
+def _complete(
+    alias: str, batch: Sequence[tuple[int, tuple[uuid.UUID, str, str | None, int]]]
+) -> Settled:
+    """Run sql.COMPLETE on (position, (id, token, result, dependents)); return positions settled."""
+    quoted: dict[str, str] = {}
+    items = ",".join(
+        f'{{"i":{index},"id":"{job_id}","token":'
+        f"{quoted.get(token) or quoted.setdefault(token, json.dumps(token))},"
+        f'"d":{int(dependents)},"result":{result if result is not None else "null"}}}'
+        for index, (job_id, token, result, dependents) in batch
+    )
+    rows = sql.run(alias, sql.COMPLETE, {"batch": f"[{items}]", **_notify_params()})
+    settled = Settled(row[0] for row in rows if row[0] is not None)
+    settled.woke = len(settled) < len(rows)  # a NULL row per queue woken
+    return settled
+
+
 def _json_loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
@@ -1256,6 +1388,7 @@ def _claimed(rows: list[tuple[Any, ...]], token: str) -> list[ClaimedJob]:
             errors=json.loads(row[11]) if row[11] else [],
             token=token,
             completed=row[12],
+            dependents=row[13],
         )
         for row in rows
     ]

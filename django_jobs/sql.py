@@ -80,7 +80,8 @@ SELECT id, name, queue, payload, priority, attempts, max_attempts, key, fingerpr
        (key IS NOT NULL OR attempts > 1) AND EXISTS (
            SELECT 1 FROM django_jobs_marker AS m
            WHERE m.key = COALESCE(claimed.key, claimed.id::text)
-       ) AS completed
+       ) AS completed,
+       dependents
 FROM claimed
 ORDER BY priority DESC, run_at, id
 """
@@ -160,7 +161,8 @@ claimed AS (
     WHERE j.id = claimable.id
       AND (j.locked_by IS NULL OR j.lease_expires_at < statement_timestamp())
     RETURNING j.id, j.name, j.queue, j.payload, j.priority, j.run_at, j.attempts,
-              j.max_attempts, j.key, j.fingerprint, j.enqueued_at, j.started_at, j.errors
+              j.max_attempts, j.key, j.fingerprint, j.enqueued_at, j.started_at, j.errors,
+              j.dependents
 ){_RETURNED}"""  # noqa: S608 - spliced: constants of this module and attempts.py, no input
 
 
@@ -299,7 +301,7 @@ claimed AS (
       AND (j.locked_by IS NULL OR j.lease_expires_at < statement_timestamp())
     RETURNING j.id, j.name, j.queue, j.payload, j.priority, j.run_at, j.attempts,
               j.max_attempts, j.key, j.fingerprint, j.enqueued_at, j.started_at, j.errors,
-              j.partition
+              j.partition, j.dependents
 ),
 counted AS (
     INSERT INTO django_jobs_flow_window (key, partition, window_start, starts)
@@ -376,40 +378,112 @@ MARK_DELETED = """
     ON CONFLICT DO NOTHING
 """
 
+
+# Workflows (docs/workflows.md): satisfy the unsatisfied edges of the parent keys
+# %(keys)s (a `keys` CTE, or the keys given) and count their dependents down by
+# the edges satisfied now; a dependent whose count reaches 0 becomes due at once
+# and its queue's workers are woken at commit. The dependents are locked in id
+# order first, so that two settles releasing the same jobs cannot deadlock. An
+# edge is satisfied once: a concurrent settle of the same key waits for the edge's
+# row lock and then finds it satisfied. The key lookup is an array (an InitPlan):
+# no keys, no index scan, nothing read.
+def _release(keys: str) -> str:
+    return f"""
+satisfied AS (
+    UPDATE django_jobs_dependency
+    SET satisfied_at = statement_timestamp()
+    WHERE parent_key = ANY(ARRAY({keys})) AND satisfied_at IS NULL
+    RETURNING job_id
+),
+counted AS MATERIALIZED (
+    SELECT c.job_id, c.n FROM (
+        SELECT job_id, count(*)::int AS n FROM satisfied GROUP BY job_id
+    ) AS c
+    JOIN django_jobs_job AS d ON d.id = c.job_id
+    ORDER BY c.job_id
+    FOR UPDATE OF d
+),
+released AS (
+    UPDATE django_jobs_job AS d
+    SET waiting_for = d.waiting_for - counted.n,
+        run_at = CASE WHEN d.waiting_for - counted.n <= 0 THEN statement_timestamp()
+                      ELSE d.run_at END
+    FROM counted
+    WHERE d.id = counted.job_id
+    RETURNING d.queue, d.waiting_for
+),
+woken AS (
+    SELECT DISTINCT queue FROM released WHERE waiting_for <= 0
+)"""  # noqa: S608 - spliced: constants of this module, no input
+
+
 # Settle a batch of finished jobs: delete each row still leased to its token and
 # write its completion marker, in one statement. The batch comes as one JSON
-# array of {"id", "token", "result"} (cheaper to build and to bind than three
-# arrays). A marker that exists already (the work was done by an earlier
-# attempt) is kept. Returns the positions in the batch of the jobs settled.
+# array of {"i", "id", "token", "d", "result"} (cheaper to build and to bind than
+# arrays), "d" being the job's dependents as its claim returned them. A marker
+# that exists already (the work was done by an earlier attempt) is kept.
+# The fence (j.dependents = f.d): a dependent registered after the claim may have
+# committed after this statement's snapshot, its edge invisible here; such a row
+# is left alone, and the caller settles it again after locking it (LOCK_SETTLING).
+# The jobs deleted with dependents release them (_release). Returns the positions
+# in the batch of the jobs settled, and a NULL row per queue that has jobs made
+# due, notified when %(notify)s.
 COMPLETE = f"""
 WITH finished AS (
-    SELECT * FROM json_to_recordset(%s::json) AS f(i int, id uuid, token text, result jsonb)
+    SELECT * FROM json_to_recordset(%(batch)s::json)
+        AS f(i int, id uuid, token text, d int, result jsonb)
 ),
 deleted AS (
     DELETE FROM django_jobs_job AS j
     USING finished AS f
-    WHERE j.id = f.id AND j.locked_by = f.token
+    WHERE j.id = f.id AND j.locked_by = f.token AND j.dependents = f.d
     RETURNING f.i, j.id, j.key, j.name, j.queue, j.attempts, j.enqueued_at, j.started_at,
-              j.fingerprint, j.locked_by, f.result
+              j.fingerprint, j.locked_by, f.result, j.dependents
 ),
-marked AS ({MARK_DELETED})
-SELECT i FROM deleted
-"""  # noqa: S608 - spliced: MARK_DELETED, no input
+marked AS ({MARK_DELETED}),
+{_release("SELECT COALESCE(key, id::text) FROM deleted WHERE dependents > 0")}
+SELECT i, NULL FROM deleted
+UNION ALL
+SELECT NULL, CASE WHEN %(notify)s THEN pg_notify(%(channel)s, queue) END FROM woken
+"""  # noqa: S608 - spliced: MARK_DELETED and _release, no input
+
+# The rows of a batch COMPLETE left alone (its fence, or a lease lost), locked in
+# id order inside a transaction: the COMPLETE that follows sees every edge
+# committed before the lock was granted, and no dependent can register meanwhile.
+LOCK_SETTLING = """
+SELECT id, locked_by, dependents FROM django_jobs_job
+WHERE id = ANY(%s::uuid[]) AND locked_by = ANY(%s::text[])
+ORDER BY id
+FOR UPDATE
+"""
+
+# The release of COMPLETE on its own, for the keys %(keys)s: an atomic handler's
+# settle runs it in the handler's transaction after COMPLETE_ATOMIC deleted a job
+# that had dependents. Returns how many jobs it made due.
+RELEASE = f"""
+WITH {_release("SELECT unnest(%(keys)s::text[])")}
+SELECT (SELECT count(*) FROM released WHERE waiting_for <= 0),
+       (SELECT count(CASE WHEN %(notify)s THEN pg_notify(%(channel)s, queue) END) FROM woken)
+"""  # noqa: S608 - spliced: _release, no input
 
 # Settle one job inside an atomic handler's own transaction: delete it if still
-# leased to the token and write its marker. Returns (deleted, marked): 0 deleted
-# means the lease was taken over; 0 marked means the key's marker exists (the
-# work was done before). Either way the caller rolls its transaction back.
+# leased to the token and write its marker. Returns (deleted, marked, dependents):
+# 0 deleted means the lease was taken over; 0 marked means the key's marker exists
+# (the work was done before): either way the caller rolls its transaction back.
+# The DELETE returns the row's latest dependents (it waits for a registering
+# enqueue to commit); when above 0 the caller runs RELEASE next, in a statement
+# whose snapshot sees their edges.
 COMPLETE_ATOMIC = f"""
 WITH deleted AS (
     DELETE FROM django_jobs_job
     WHERE id = %(id)s AND locked_by = %(token)s
     RETURNING id, key, name, queue, attempts, enqueued_at, started_at, fingerprint, locked_by,
-              %(result)s::jsonb AS result
+              %(result)s::jsonb AS result, dependents
 ),
 marked AS ({MARK_DELETED}    RETURNING job_id
 )
-SELECT (SELECT count(*) FROM deleted), (SELECT count(*) FROM marked)
+SELECT (SELECT count(*) FROM deleted), (SELECT count(*) FROM marked),
+       (SELECT COALESCE(sum(dependents), 0) FROM deleted)
 """  # noqa: S608 - spliced: MARK_DELETED, no input
 
 # Heartbeat: push the leases of the jobs this worker still holds (never shortening

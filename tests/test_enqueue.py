@@ -379,7 +379,7 @@ class TestTransactions:
 
         def worker():
             with transaction.atomic():
-                Job.objects.complete([(claimed.id, claimed.token, None)])
+                Job.objects.complete([(claimed.id, claimed.token, None, 0)])
                 settled.set()
                 release.wait(10)
             connection.close()

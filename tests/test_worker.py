@@ -390,7 +390,7 @@ class TestLeases:
         enqueue(jobs.record, {"label": "x"})
         [job] = Job.objects.claim(queues=["default"], limit=1, token="w#1", lease=30)
         job.token = "someone-else#9"
-        assert Job.objects.complete([(job.id, job.token, None)]) == set()
+        assert Job.objects.complete([(job.id, job.token, None, 0)]) == set()
         assert Job.objects.retry(job, delay=0, error={}) is False
         assert Job.objects.dead_letter(job, reason=DeadReason.FATAL, error={}) is None
         assert Job.objects.release([job]) == 0

@@ -120,6 +120,8 @@ class Settler:
         elif isinstance(transition, lifecycle.SnoozeFor):
             self._snooze(run, transition, duration, outcome)
         elif isinstance(transition, lifecycle.Completed):
+            if job.dependents:
+                self._more = True  # its settle may have made its dependents due
             self.stats.succeeded += 1
             logger.debug("job %s succeeded (atomic)", job.id, extra=log_extra(job))
             self._send_finished(job, "succeeded", None, duration)
@@ -272,7 +274,10 @@ class Settler:
         batch, self._done = self._done, []
         settled = self._db(
             lambda: self._queryset.complete(
-                [(run.job.id, run.job.token, result) for run, result, _ in batch]
+                [
+                    (run.job.id, run.job.token, result, run.job.dependents)
+                    for run, result, _ in batch
+                ]
             ),
             settle=True,
         )
@@ -288,6 +293,8 @@ class Settler:
             for run, result, duration in batch:
                 self._complete_one(run, result, duration)
         else:
+            if settled.woke:
+                self._more = True  # dependents of these jobs are due now
             for index, (run, _, duration) in enumerate(batch):
                 if index in settled:
                     self._succeeded(run.job, duration)
@@ -297,13 +304,16 @@ class Settler:
     def _complete_one(self, run: Run, result: str | None, duration: float) -> None:
         job = run.job
         settled = self._db(
-            lambda: self._queryset.complete([(job.id, job.token, result)]), settle=True
+            lambda: self._queryset.complete([(job.id, job.token, result, job.dependents)]),
+            settle=True,
         )
         if settled is None:
             self._unsettled.append((run, _Succeeded(result), duration))
         elif isinstance(settled, DbRefused):
             self._settle(run, self._refused("complete", job, settled.exc), duration)
         elif settled:
+            if settled.woke:
+                self._more = True
             self._succeeded(job, duration)
         else:
             self._note_fenced(job)

@@ -1,0 +1,325 @@
+"""Workflows, the settle side: a parent's settle releases its dependents exactly once.
+
+Parents and children are written here as rows (a blocked job, its Dependency
+edges, the parents' dependents counts), as docs/workflows.md's enqueue does.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pytest
+from django.db import connection, connections, transaction
+from django.db.models import F
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from django_jobs import enqueue, job
+from django_jobs.attempts import lease_token
+from django_jobs.models import BLOCKED_UNTIL, CompletionMarker, Dependency, Job
+from django_jobs.registry import unregister
+from tests.conftest import POSTGRES, wait_for
+from tests.factories import MarkerFactory
+from tests.testapp import jobs
+from tests.testapp.models import Audit
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True, params=["auto", "orm"] if POSTGRES else ["auto"])
+def claim_path(request, settings):
+    """Run each test on PostgreSQL's one-statement claim and on the ORM claim."""
+    settings.DJANGO_JOBS = {**settings.DJANGO_JOBS, "CLAIM": request.param}
+    return request.param
+
+
+def _blocked(handler=jobs.noop, payload=None, *, queue=None) -> uuid.UUID:
+    """Write a blocked job (no parents yet: _wait adds them)."""
+    child = enqueue(handler, payload or {}, run_at=BLOCKED_UNTIL, queue=queue)
+    return child.id
+
+
+def _wait(child: uuid.UUID, parent: uuid.UUID) -> None:
+    """Register child as waiting for the live job parent, as enqueue with after= does."""
+    with transaction.atomic():
+        row = Job.objects.select_for_update().get(id=parent)
+        Job.objects.filter(id=parent).update(dependents=F("dependents") + 1)
+        Dependency.objects.create(
+            job_id=child,
+            parent_key=row.idempotency_key,
+            parent_id=parent,
+            created_at=timezone.now(),
+        )
+        Job.objects.filter(id=child).update(waiting_for=F("waiting_for") + 1)
+
+
+def _claim(limit=10, queue="default"):
+    token = lease_token(f"w-{uuid.uuid4().hex[:8]}", 1)
+    return Job.objects.claim(queues=[queue], limit=limit, token=token, lease=60)
+
+
+def _finished(claimed):
+    return [(j.id, j.token, None, j.dependents) for j in claimed]
+
+
+def _due(job_id) -> bool:
+    return Job.objects.filter(id=job_id).claimable().exists()
+
+
+def test_a_parents_settle_releases_its_child():
+    parent = enqueue(jobs.noop, {"p": 1}).id
+    child = _blocked(queue="children")
+    _wait(child, parent)
+    assert not _due(child)
+    [claimed] = _claim()
+    assert claimed.id == parent and claimed.dependents == 1
+    assert Job.objects.complete(_finished([claimed])) == {0}
+    row = Job.objects.get(id=child)
+    assert row.waiting_for == 0
+    assert row.run_at < BLOCKED_UNTIL
+    assert _due(child)
+    [edge] = Dependency.objects.all()
+    assert edge.satisfied_at is not None
+    assert CompletionMarker.objects.filter(job_id=parent).exists()
+    [released] = _claim(queue="children")
+    assert released.id == child
+
+
+def test_a_job_without_dependents_settles_as_before():
+    parent = enqueue(jobs.noop, {"p": 1}).id
+    [claimed] = _claim()
+    assert claimed.dependents == 0
+    assert Job.objects.complete(_finished([claimed])) == {0}
+    assert not Job.objects.filter(id=parent).exists()
+
+
+def test_a_child_of_two_parents_settled_in_one_batch_is_released_once():
+    first, second = (enqueue(jobs.noop, {"p": i}).id for i in range(2))
+    child = _blocked(queue="children")
+    _wait(child, first)
+    _wait(child, second)
+    claimed = _claim()
+    assert {j.id for j in claimed} == {first, second}
+    assert Job.objects.complete(_finished(claimed)) == {0, 1}
+    row = Job.objects.get(id=child)
+    assert row.waiting_for == 0
+    assert _due(child)
+    assert Dependency.objects.filter(satisfied_at__isnull=True).count() == 0
+
+
+def test_a_child_of_two_parents_waits_for_the_second():
+    first, second = (enqueue(jobs.noop, {"p": i}).id for i in range(2))
+    child = _blocked(queue="children")
+    _wait(child, first)
+    _wait(child, second)
+    claimed = {j.id: j for j in _claim()}
+    assert Job.objects.complete(_finished([claimed[first]])) == {0}
+    assert Job.objects.get(id=child).waiting_for == 1
+    assert not _due(child)
+    assert Job.objects.complete(_finished([claimed[second]])) == {0}
+    assert Job.objects.get(id=child).waiting_for == 0
+    assert _due(child)
+
+
+def test_a_settle_whose_marker_existed_releases_nothing_twice():
+    parent = enqueue(jobs.noop, {"p": 1}, key="wf-parent").id
+    other = enqueue(jobs.noop, {"p": 2}).id
+    child = _blocked(queue="children")
+    _wait(child, parent)
+    _wait(child, other)
+    # The parent's key was settled before (its edge with it), yet its row is live again.
+    MarkerFactory(key="wf-parent")
+    Dependency.objects.filter(parent_key="wf-parent").update(satisfied_at=Now())
+    Job.objects.filter(id=child).update(waiting_for=1)
+    claimed = {j.id: j for j in _claim()}
+    assert Job.objects.complete(_finished([claimed[parent]])) == {0}
+    assert Job.objects.get(id=child).waiting_for == 1
+    assert not _due(child)
+    # Released again by hand: the edge is satisfied already, nothing is counted.
+    assert Job.objects.release_dependents(["wf-parent"]) == 0
+    assert Job.objects.get(id=child).waiting_for == 1
+    assert Job.objects.complete(_finished([claimed[other]])) == {0}
+    assert Job.objects.get(id=child).waiting_for == 0
+
+
+def test_a_dependent_registered_between_claim_and_settle_is_released():
+    parent = enqueue(jobs.noop, {"p": 1}).id
+    [claimed] = _claim()
+    assert claimed.dependents == 0
+    child = _blocked(queue="children")
+    # Another connection registers the child and commits after the claim.
+    thread = threading.Thread(target=_in_thread, args=(_wait, child, parent))
+    thread.start()
+    thread.join(30)
+    assert Job.objects.get(id=parent).dependents == 1
+    # The parent is settled (not reported as lease lost), and its child released.
+    assert Job.objects.complete(_finished([claimed])) == {0}
+    assert not Job.objects.filter(id=parent).exists()
+    assert Job.objects.get(id=child).waiting_for == 0
+    assert _due(child)
+
+
+def test_a_lost_lease_is_still_lost_next_to_a_fenced_job():
+    fenced, lost = (enqueue(jobs.noop, {"p": i}).id for i in range(2))
+    claimed = {j.id: j for j in _claim()}
+    child = _blocked(queue="children")
+    _wait(child, fenced)
+    Job.objects.filter(id=lost).update(locked_by="another#1")
+    batch = [claimed[lost], claimed[fenced]]
+    assert Job.objects.complete(_finished(batch)) == {1}
+    assert Job.objects.filter(id=lost).exists()
+    assert Job.objects.get(id=child).waiting_for == 0
+
+
+def _in_thread(function, *args):
+    try:
+        function(*args)
+    finally:
+        connections.close_all()
+
+
+@pytest.mark.postgres
+def test_two_parents_settled_in_concurrent_transactions_release_the_child_once(claim_path):
+    if claim_path != "auto":
+        pytest.skip("the claim path does not matter here")
+    first, second = (enqueue(jobs.noop, {"p": i}).id for i in range(2))
+    child = _blocked(queue="wf-concurrent")
+    _wait(child, first)
+    _wait(child, second)
+    claimed = {j.id: j for j in _claim()}
+    listener = _listen()
+    released = threading.Event()
+    results: dict[str, set[int]] = {}
+
+    def settle_second():
+        results["second"] = Job.objects.complete(_finished([claimed[second]]))
+        released.set()
+
+    other = threading.Thread(target=_in_thread, args=(settle_second,))
+    try:
+        with transaction.atomic():
+            results["first"] = Job.objects.complete(_finished([claimed[first]]))
+            other.start()
+            # The second settle waits for this transaction's lock on the child.
+            wait_for(_waiting_on_a_lock, message="the second settle to wait for a lock")
+            assert not released.is_set()
+        other.join(30)
+        assert results == {"first": {0}, "second": {0}}
+        row = Job.objects.get(id=child)
+        assert row.waiting_for == 0
+        assert _due(child)
+        assert _notified(listener, "wf-concurrent") == 1
+    finally:
+        listener.close()
+
+
+def _waiting_on_a_lock() -> bool:
+    with connection.cursor() as cursor:
+        # Inside a transaction the activity view is read once: read it afresh.
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock'"
+        )
+        return bool(cursor.fetchone()[0])
+
+
+def _listen():
+    import psycopg
+
+    from django_jobs import conf
+
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    listener = psycopg.connect(**params, autocommit=True)
+    listener.execute(f"LISTEN {conf.get('CHANNEL')}")
+    return listener
+
+
+def _notified(listener, queue: str) -> int:
+    return sum(1 for n in listener.notifies(timeout=1.0) if n.payload == queue)
+
+
+def test_an_atomic_handlers_settle_releases(run_worker):
+    parent = enqueue(jobs.record_atomic, {"label": "wf-parent"}).id
+    child = _blocked(jobs.record, {"label": "wf-child"})
+    _wait(child, parent)
+    worker = run_worker()
+    assert worker.stats.succeeded == 2
+    assert worker.stats.lost == 0
+    assert not Job.objects.exists()
+    assert list(Audit.objects.order_by("id").values_list("label", flat=True)) == [
+        "wf-parent",
+        "wf-child",
+    ]
+
+
+def test_an_atomic_settle_releases_in_the_handlers_transaction():
+    parent = enqueue(jobs.record_atomic, {"label": "wf-parent"}).id
+    child = _blocked()
+    _wait(child, parent)
+    [claimed] = _claim()
+    with pytest.raises(RuntimeError), transaction.atomic():
+        assert Job.objects.complete_atomically(claimed, None) is True
+        assert Job.objects.get(id=child).waiting_for == 0
+        raise RuntimeError("the handler's transaction rolls back")
+    assert Job.objects.get(id=child).waiting_for == 1
+    assert Dependency.objects.get().satisfied_at is None
+    with transaction.atomic():
+        assert Job.objects.complete_atomically(claimed, None) is True
+    assert Job.objects.get(id=child).waiting_for == 0
+    assert _due(child)
+
+
+def test_a_worker_settles_a_parent_whose_child_registered_while_it_ran(run_worker):
+    child_of: dict[str, uuid.UUID] = {}
+
+    @job(name="tests.wf_registers_a_child")
+    def registers(payload, ctx):
+        # Another connection registers a dependent and commits while this job runs.
+        thread = threading.Thread(target=_in_thread, args=(_wait, child_of["child"], ctx.id))
+        thread.start()
+        thread.join(30)
+
+    try:
+        child_of["child"] = _blocked(jobs.record, {"label": "wf-child"})
+        parent = enqueue(registers, {}).id
+        worker = run_worker()
+    finally:
+        unregister("tests.wf_registers_a_child")
+    assert worker.stats.lost == 0
+    assert worker.stats.succeeded == 2
+    assert CompletionMarker.objects.filter(job_id=parent).exists()
+    assert Audit.objects.filter(label="wf-child").count() == 1
+    assert not Job.objects.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.mariadb
+def test_a_worker_process_drains_a_parent_then_its_child(worker_process, claim_path):
+    parent = enqueue(jobs.record, {"label": "wf-parent"}).id
+    child = _blocked(jobs.record, {"label": "wf-child"})
+    _wait(child, parent)
+    proc = worker_process("--burst")
+    assert proc.wait(timeout=120) == 0, proc.output()[-2000:]
+    assert not Job.objects.exists()
+    first = CompletionMarker.objects.get(job_id=parent)
+    second = CompletionMarker.objects.get(job_id=child)
+    assert second.started_at >= first.completed_at
+    assert Audit.objects.filter(label__startswith="wf-").count() == 2
+
+
+@pytest.mark.postgres
+def test_a_released_child_wakes_its_queues_workers():
+    parent = enqueue(jobs.noop, {}).id
+    child = _blocked(queue="wf-wake")
+    _wait(child, parent)
+    [claimed] = _claim()
+    listener = _listen()
+    try:
+        assert Job.objects.complete(_finished([claimed])) == {0}
+        assert _notified(listener, "wf-wake") == 1
+    finally:
+        listener.close()
