@@ -33,6 +33,7 @@ class QueueRow:
     waiting: int = 0
     scheduled: int = 0
     running: int = 0
+    blocked: int = 0  # workflow steps waiting for their parents (not due, not scheduled)
     oldest_waiting: datetime | None = None
     now: datetime | None = None
     declared: bool = True  # a handler (or the default) uses it: runjobs serves it by default
@@ -81,7 +82,13 @@ def snapshot(alias: str | None = None) -> Snapshot:
     rows = Job.objects.using(alias).counts_by_queue()
     by_queue = {
         row["queue"]: QueueRow(
-            row["queue"], row["waiting"], row["scheduled"], row["running"], row["oldest"], now
+            row["queue"],
+            row["waiting"],
+            row["scheduled"],
+            row["running"],
+            row["blocked"],
+            row["oldest"],
+            now,
         )
         for row in rows
     }

@@ -78,7 +78,7 @@ class JobsCollector:
             labels=["queue"],
         )
         for q in report.queues:
-            for state in ("waiting", "scheduled", "running"):
+            for state in ("waiting", "scheduled", "running", "blocked"):
                 jobs.add_metric([q.name, state], getattr(q, state))
             oldest.add_metric([q.name], q.oldest_wait or 0.0)
             paused.add_metric([q.name], 1.0 if q.paused else 0.0)

@@ -36,6 +36,7 @@ class QueueStatus:
     waiting: int = 0  # due now, not leased
     scheduled: int = 0  # due later
     running: int = 0  # leased to a worker
+    blocked: int = 0  # workflow steps waiting for their parents to finish
     oldest_wait: float | None = None  # seconds the longest-waiting due job has waited
     done_last_hour: int = 0
     dead_last_hour: int = 0
@@ -138,6 +139,7 @@ def queue_status(alias: str | None = None, now: datetime | None = None) -> list[
     for row in Job.objects.using(alias).counts_by_queue(now):
         q = get(row["queue"])
         q.waiting, q.scheduled, q.running = row["waiting"], row["scheduled"], row["running"]
+        q.blocked = row["blocked"]
         if row["oldest"] is not None:
             q.oldest_wait = max(0.0, (now - row["oldest"]).total_seconds())
     since = now - RECENT

@@ -138,3 +138,20 @@ def test_no_worker_and_nothing_waiting_is_not_an_alarm(admin_client_):
     JobFactory(queue="default", run_at=timezone.now() + timedelta(hours=1))  # scheduled only
     page = admin_client_.get(url("dashboard")).content.decode()
     assert "0 live workers" in page and 'id="django-jobs-stalled"' not in page
+
+
+def test_blocked_steps_have_a_column_of_their_own(admin_client_, activity):
+    from django_jobs.models import blocked_until
+
+    JobFactory.create_batch(3, queue="emails", run_at=blocked_until(), waiting_for=1)
+    rows = {row.queue: row for row in dashboard.snapshot().queues}
+    emails = rows["emails"]
+    assert (emails.waiting, emails.scheduled, emails.running, emails.blocked) == (0, 2, 1, 3)
+    assert rows["default"].blocked == 0
+    text = admin_client_.get(url("dashboard")).content.decode()
+    assert re.search(
+        r'data-queue="emails">.*?>0</a>.*?>2</a>.*?>1</a>.*?'
+        r'href="[^"]*queue=emails&amp;state=blocked">3</a>',
+        text,
+        re.S,
+    )

@@ -144,3 +144,20 @@ def test_queue_list_counts_each_queue_as_counts_by_queue_does(root_client):
         for row in Job.objects.counts_by_queue()
     }
     assert {name: row for name, row in shown.items() if name != "idle"} == counted
+
+
+def test_queue_list_counts_blocked_steps_apart(root_client):
+    from django_jobs.models import blocked_until
+
+    QueueState.objects.ensure(["emails"])
+    JobFactory(queue="emails", run_at=timezone.now() + timedelta(hours=1))
+    JobFactory.create_batch(2, queue="emails", run_at=blocked_until(), waiting_for=3)
+    response = root_client.get(url("queuestate_changelist"))
+    (emails,) = response.context["cl"].result_list
+    assert (emails.n_waiting, emails.n_scheduled, emails.n_running, emails.n_blocked) == (
+        0,
+        1,
+        0,
+        2,
+    )
+    assert "column-blocked" in response.text

@@ -56,6 +56,7 @@ def test_metrics_expose_queue_gauges_from_the_tables(status_rows, staff):
     assert 'django_jobs_queue_jobs{queue="default",state="waiting"} 3.0' in body
     assert 'django_jobs_queue_jobs{queue="default",state="scheduled"} 2.0' in body
     assert 'django_jobs_queue_jobs{queue="default",state="running"} 1.0' in body
+    assert 'django_jobs_queue_jobs{queue="default",state="blocked"} 0.0' in body
     assert 'django_jobs_queue_paused{queue="emails"} 1.0' in body
     assert 'django_jobs_queue_done_last_hour{queue="default"} 3.0' in body
     assert 'django_jobs_queue_dead_last_hour{queue="default"} 1.0' in body

@@ -137,3 +137,25 @@ def test_running_means_a_live_lease_everywhere():
     }
     [counts] = jobs_.counts_by_queue()
     assert (counts["running"], counts["waiting"], counts["scheduled"]) == (1, 2, 0)
+
+
+def test_blocked_workflow_steps_are_counted_apart_from_due_and_scheduled(status_rows, capsys):
+    from django_jobs.models import blocked_until
+
+    for _ in range(4):
+        JobFactory(queue="default", run_at=blocked_until(), waiting_for=2)
+    JobFactory(queue="emails", run_at=blocked_until(), waiting_for=1)
+    by_name = {q.name: q for q in status.status().queues}
+    default = by_name["default"]
+    # The figures of status_rows are unchanged: a blocked step is neither due nor scheduled.
+    assert (default.waiting, default.scheduled, default.running, default.blocked) == (3, 2, 1, 4)
+    assert by_name["emails"].blocked == 1 and by_name["emails"].scheduled == 0
+    call_command("jobs", "status")
+    header, line = capsys.readouterr().out.splitlines()[:2]
+    assert header.split()[:6] == ["queue", "state", "waiting", "scheduled", "running", "blocked"]
+    assert line.split()[:5] == ["default", "3", "2", "1", "4"]
+    call_command("jobs", "status", "--json")
+    data = json.loads(capsys.readouterr().out)
+    queues = {q["name"]: q for q in data["queues"]}
+    assert queues["default"]["blocked"] == 4 and queues["default"]["scheduled"] == 2
+    assert queues["emails"]["blocked"] == 1

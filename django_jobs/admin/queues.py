@@ -27,7 +27,15 @@ def _per_queue(column: str) -> Subquery:
 
 @admin.register(QueueState)
 class QueueStateAdmin(OperationsAdmin):
-    list_display = ["name_cell", "paused_mark", "waiting", "scheduled", "running", "oldest_wait"]
+    list_display = [
+        "name_cell",
+        "paused_mark",
+        "waiting",
+        "scheduled",
+        "running",
+        "blocked",
+        "oldest_wait",
+    ]
     list_filter = ["paused"]
     actions = ["pause_queues", "resume_queues"]
     readonly_fields = ["name", "paused", "paused_at", "paused_by", "reason"]
@@ -40,6 +48,7 @@ class QueueStateAdmin(OperationsAdmin):
                 n_waiting=Coalesce(_per_queue("waiting"), 0),
                 n_scheduled=Coalesce(_per_queue("scheduled"), 0),
                 n_running=Coalesce(_per_queue("running"), 0),
+                n_blocked=Coalesce(_per_queue("blocked"), 0),
                 oldest_run_at=_per_queue("oldest"),
             )
         )
@@ -77,6 +86,12 @@ class QueueStateAdmin(OperationsAdmin):
     @admin.display(description=_("running"), ordering="n_running")
     def running(self, obj: Any) -> int:
         count: int = obj.n_running  # annotated by get_queryset
+        return count
+
+    @admin.display(description=_("blocked"), ordering="n_blocked")
+    def blocked(self, obj: Any) -> int:
+        """Workflow steps waiting for their parents: not due, and not counted as scheduled."""
+        count: int = obj.n_blocked  # annotated by get_queryset
         return count
 
     @admin.display(description=_("oldest wait"))
