@@ -10,6 +10,14 @@ from django_jobs.tasks.backend import (
     JobsBackend,
     JobsTask,
     configured_aliases,
+    enqueue_step,
 )
 
-__all__ = ["OPTION_KEYS", "POLICY_KEYS", "JobsBackend", "JobsTask", "configured_aliases"]
+__all__ = [
+    "OPTION_KEYS",
+    "POLICY_KEYS",
+    "JobsBackend",
+    "JobsTask",
+    "configured_aliases",
+    "enqueue_step",
+]

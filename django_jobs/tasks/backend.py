@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from inspect import iscoroutinefunction
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import django
 from django.apps import apps
@@ -65,6 +65,9 @@ from django_jobs.exceptions import HandlerConflict, InvalidJob, InvalidPayload  
 from django_jobs.registry import Backoff  # noqa: E402
 from django_jobs.tasks import handlers, results, runner  # noqa: E402
 from django_jobs.tasks.handlers import Policy, TaskHandler  # noqa: E402
+
+if TYPE_CHECKING:
+    from django_jobs.api import EnqueueResult, Workflow
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -322,6 +325,48 @@ class JobsBackend(BaseTaskBackend):
                     )
                 )
         return errors
+
+
+def enqueue_step(
+    steps: Workflow,
+    task: Task[..., Any],
+    args: Iterable[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    after: Iterable[Any] = (),
+    on_parent_dead: str = "wait",
+) -> EnqueueResult:
+    """Add a call of task to a ``workflow()`` block: the job Task.enqueue writes, with `after`.
+
+    django.tasks has no dependencies: its ``enqueue(*args, **kwargs)`` hands every
+    argument to the function. So a task joins a workflow through this, with its
+    arguments as a list and a dict. The step's job is the task's (its module path,
+    ``{"args": ..., "kwargs": ...}``, its queue, priority and run_after), and
+    ``task.get_result(str(result.id))`` reads it back. Raises InvalidTask for a task
+    of another backend, InvalidTaskArguments for arguments that are not JSON.
+    """
+    backend = task.get_backend()
+    if not isinstance(backend, JobsBackend):
+        raise InvalidTask(
+            f"{task.module_path} runs on {type(backend).__name__}: only a task of a "
+            "JobsBackend can be a step of a django-jobs workflow"
+        )
+    handler = backend._declare(task)
+    payload = handlers.payload(args, kwargs or {})
+    try:
+        return steps.enqueue(
+            handler,
+            payload,
+            after=after,
+            on_parent_dead=on_parent_dead,
+            priority=task.priority,
+            queue=task.queue_name,
+            run_at=task.run_after,
+        )
+    except InvalidPayload:
+        raise
+    except InvalidJob as exc:
+        raise InvalidTask(str(exc)) from exc
 
 
 def _max_attempts(value: Any) -> int | None:
