@@ -4,13 +4,14 @@
     python3 dev.py bench            # full run: medians of 3, about five minutes
     python3 dev.py bench --quick    # smoke run: a few hundred jobs, one run each
     python3 dev.py bench --compare  # E1, D1, D2: PostgreSQL's fast path, its ORM claim, MariaDB
-    python3 dev.py bench --engine mariadb   # E1, E1a, E2, D1, D2 on MariaDB (mysqlclient)
+    python3 dev.py bench --engine mariadb   # E1, E1a, E2, W1, D1, D2 on MariaDB (mysqlclient)
     python3 dev.py bench --claim orm        # every figure with DJANGO_JOBS["CLAIM"] = "orm"
 
 Figures (no-op jobs, as the peers were measured):
   E1   enqueue_on_commit, one job per call, autocommit            (jobs/s)
   E1a  the same inside transaction.atomic(), one job per transaction
   E2   enqueue_many of 10,000 jobs in one call (COPY)              (jobs/s)
+  W1   workflow() of 10,000 steps after one, and one after them all (steps/s)
   D1   drain 10,000 due jobs, one runjobs process                  (jobs/s)
   D2   the same, two runjobs processes                             (jobs/s)
   D1F  D1 with flow limits configured on other handlers of the queue (jobs/s)
@@ -53,7 +54,7 @@ PG = {
 
 # --engine mariadb (BENCH_ENGINE): only these figures; the others read PostgreSQL's
 # statistics or run its claim statement.
-MARIADB_FIGURES = {"E1", "E1A", "E2", "D1", "D2"}
+MARIADB_FIGURES = {"E1", "E1A", "E2", "W1", "D1", "D2"}
 # --compare: these figures for the fast path, the ORM claim, and MariaDB.
 COMPARE = (("postgres", "auto"), ("postgres", "orm"), ("mariadb", "auto"))
 
@@ -107,14 +108,21 @@ def drop_database() -> None:
     )
 
 
+TABLES = ("django_jobs_job", "django_jobs_marker", "django_jobs_deadletter")
+
+
 def reset() -> None:
     """Empty the job tables and vacuum them, so every run starts alike."""
     if mariadb():
-        for table in ("django_jobs_job", "django_jobs_marker", "django_jobs_deadletter"):
+        for table in (*TABLES, "django_jobs_dependency", "django_jobs_workflow_step"):
             admin(f"TRUNCATE TABLE {table}", DB)
         admin("ANALYZE TABLE django_jobs_job", DB)
         return
-    admin("TRUNCATE django_jobs_job, django_jobs_marker, django_jobs_deadletter", DB)
+    admin(
+        "TRUNCATE django_jobs_job, django_jobs_marker, django_jobs_deadletter, "
+        "django_jobs_dependency, django_jobs_workflow_step",
+        DB,
+    )
     admin("VACUUM ANALYZE django_jobs_job", DB)
 
 
@@ -194,6 +202,20 @@ def enqueue_bulk(n: int) -> float:
     started = time.perf_counter()
     enqueue_many(noop, payloads)
     return n / (time.perf_counter() - started)
+
+
+def enqueue_workflow(n: int) -> float:
+    """One workflow() of n + 2 steps: one root, n steps after it, one step after them all."""
+    from bench.benchapp.jobs import noop
+    from django_jobs import workflow
+
+    reset()
+    started = time.perf_counter()
+    with workflow(name="bench") as w:
+        root = w.enqueue(noop, {"i": -1})
+        middle = [w.enqueue(noop, {"i": i}, after=[root]) for i in range(n)]
+        w.enqueue(noop, {"i": n}, after=middle)
+    return (n + 2) / (time.perf_counter() - started)
 
 
 def fill(n: int) -> None:
@@ -434,7 +456,7 @@ def main() -> int:
         "--engine",
         choices=["postgres", "mariadb"],
         default="postgres",
-        help="mariadb: the local MariaDB (127.0.0.1:3306, root), figures E1, E1A, E2, D1, D2",
+        help="mariadb: the local MariaDB (127.0.0.1:3306, root), figures E1, E1A, E2, W1, D1, D2",
     )
     parser.add_argument(
         "--claim", choices=["auto", "orm"], default="auto", help='DJANGO_JOBS["CLAIM"]'
@@ -510,6 +532,13 @@ def main() -> int:
         "jobs/s",
         ">= 50,000",
         measure("E2", enqueue_bulk, size["bulk"]),
+    )
+    add(
+        "W1",
+        f"workflow() of {size['bulk']:,} steps, fan-out and fan-in",
+        "steps/s",
+        "",
+        measure("W1", enqueue_workflow, size["bulk"]),
     )
     add(
         "D1",

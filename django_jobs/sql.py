@@ -564,6 +564,16 @@ COPY django_jobs_job
 FROM STDIN
 """
 
+# A workflow's edges and its steps' rows (models.JobQuerySet.insert_workflow).
+COPY_EDGES = """
+COPY django_jobs_dependency
+    (job_id, parent_key, parent_id, on_parent_dead, created_at, satisfied_at)
+FROM STDIN
+"""
+COPY_WORKFLOW_STEPS = """
+COPY django_jobs_workflow_step (job_id, workflow, name, key, created_at) FROM STDIN
+"""
+
 # Wake listening workers of a queue (after a replay or "run now", say).
 NOTIFY = "SELECT pg_notify(%s, %s)"
 

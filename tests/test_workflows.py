@@ -374,6 +374,18 @@ def test_a_big_fan_out_and_fan_in_takes_a_few_statements():
     assert Job.objects.filter(waiting_for=1, dependents=1).count() == 10_000
 
 
+def test_names_and_keys_with_backslashes_are_written_as_given():
+    MarkerFactory(key="done\\N")
+    with workflow(name="back\\slash \\N") as w:
+        a = w.enqueue("tests.noop", key="a\\tb")
+        w.enqueue("tests.noop", after=["done\\N", a])
+    assert set(WorkflowStep.objects.values_list("workflow", "key")) == {
+        ("back\\slash \\N", "a\\tb"),
+        ("back\\slash \\N", None),
+    }
+    assert set(Dependency.objects.values_list("parent_key", flat=True)) == {"done\\N", "a\\tb"}
+
+
 def test_an_exception_in_the_block_writes_nothing():
     with pytest.raises(ValueError), workflow(name="broken") as w:
         w.enqueue("tests.noop")
