@@ -5,12 +5,13 @@ Real databases: PostgreSQL by default, most of these on SQLite too (TEST_DB=sqli
 
 from __future__ import annotations
 
+import threading
 import uuid
 from datetime import timedelta
 
 import pytest
 from asgiref.sync import sync_to_async
-from django.db import connection, transaction
+from django.db import close_old_connections, connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -37,7 +38,7 @@ from django_jobs.models import (
     WorkflowStep,
 )
 from django_jobs.testing import drain
-from tests.conftest import POSTGRES
+from tests.conftest import ENGINE, POSTGRES
 from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -495,3 +496,76 @@ def test_cancel_workflow_cancels_its_live_steps():
 def test_on_parent_dead_is_exported():
     assert OnParentDead.DEAD == "dead"
     assert OnParentDead.WAIT == "wait"
+
+
+# ---- with the settle side: parents' completion releases their dependents ---------------------
+
+
+def test_a_diamond_runs_in_order_through_drain():
+    SEEN.clear()
+    with workflow(name="diamond") as w:
+        a = w.enqueue("tests.wf_parents", "a", key="diamond-a")
+        b = w.enqueue("tests.wf_parents", "b", after=[a])
+        c = w.enqueue("tests.wf_parents", "c", after=[a])
+        w.enqueue("tests.wf_parents", "d", after=[b, c])
+    drain()
+    assert not Job.objects.exists()
+    assert SEEN[0] == {}
+    assert {"diamond-a": {"step": "a"}} in SEEN
+    assert SEEN[-1] == {str(b.id): {"step": "b"}, str(c.id): {"step": "c"}}
+
+
+def test_replaying_a_parent_releases_its_waiting_dependents():
+    parent = enqueue("tests.wf_fatal")
+    child = enqueue("tests.wf_parents", "child", after=[parent])
+    drain()
+    assert state_of(child.id) == JobState.BLOCKED
+    letter = DeadLetter.objects.get(id=parent.id)
+    letter.name = "tests.wf_parents"  # the fix is deployed: the replay succeeds
+    letter.payload = '"parent"'
+    letter.save()
+    DeadLetter.objects.filter(id=parent.id).replay()
+    SEEN.clear()
+    drain()
+    assert not Job.objects.exists()
+    assert SEEN[-1] == {str(parent.id): {"step": "parent"}}
+
+
+@pytest.mark.skipif(ENGINE == "sqlite", reason="not on SQLite: one writer at a time, no race")
+def test_a_dependent_enqueued_while_its_parent_settles_is_never_stuck():
+    """Enqueue a dependent in one thread while the parent is completed in another, many times."""
+    stuck = []
+    for round_ in range(30):
+        parent = enqueue("tests.noop")
+        token = f"w:1:a#{round_}"
+        [claimed] = Job.objects.claim(queues=["default"], limit=1, token=token, lease=30)
+        barrier = threading.Barrier(2)
+        child: list[EnqueueResult] = []
+
+        def add_child(parent=parent, barrier=barrier, child=child):
+            try:
+                with transaction.atomic():
+                    barrier.wait()
+                    child.append(enqueue("tests.noop", after=[parent]))
+            finally:
+                close_old_connections()
+
+        def settle(claimed=claimed, barrier=barrier):
+            try:
+                barrier.wait()
+                Job.objects.complete([(claimed.id, claimed.token, None, claimed.dependents)])
+            finally:
+                close_old_connections()
+
+        threads = [threading.Thread(target=add_child), threading.Thread(target=settle)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        # complete() settled it, past the fence when a dependent registered after the claim.
+        assert CompletionMarker.objects.filter(job_id=parent.id).exists()
+        row = Job.objects.get(id=child[0].id)
+        if row.waiting_for != 0 or row.run_at == BLOCKED_UNTIL:
+            stuck.append(round_)
+        Job.objects.all().delete()
+    assert stuck == []
