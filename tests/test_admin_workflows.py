@@ -113,7 +113,7 @@ def test_the_list_searches_names_and_pages(admin_client_, diamond):
     t0 = timezone.now() - timedelta(days=1)
     for i in range(60):
         step(f"import-{i:03}", uuid7(), "tests.noop", at=t0 + timedelta(seconds=i))
-    found = admin_client_.get(url("workflowstep_changelist"), {"q": "ORDER"})
+    found = admin_client_.get(url("workflowstep_changelist"), {"q": "rder-4"})
     assert [r["steps"] for r in found.context["rows"]] == [4]
     first = admin_client_.get(url("workflowstep_changelist"))
     assert len(first.context["rows"]) == 50 and first.context["page"].paginator.count == 61
@@ -414,3 +414,41 @@ def test_the_admin_index_links_the_workflows_for_those_who_may_see_them(login):
     assert 'id="django-jobs-index-workflows"' not in login("view_job").get("/admin/").text
     app = login("view_workflowstep").get("/admin/django_jobs/").text
     assert 'href="/admin/django_jobs/workflowstep/"' in app
+
+
+# -- rows written by the real API, run by the worker
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_workflow_run_by_the_worker_reads_right(admin_client_):
+    from django_jobs import workflow
+    from django_jobs.testing import drain
+
+    with workflow(name="e2e") as w:
+        a = w.enqueue("tests.noop", key="e2e-a")
+        b = w.enqueue("tests.record", {"label": "b"}, after=[a])
+        c = w.enqueue("tests.fatal", after=["e2e-a"])
+        d = w.enqueue("tests.noop", {"n": 1}, after=[b, c], on_parent_dead="dead")
+        e = w.enqueue("tests.noop", {"n": 2}, after=[d])
+    drain()
+    page = workflow_page(admin_client_, "e2e")
+    states = {s["job_id"]: s["state"] for s in page.context["steps"]}
+    assert states == {a.id: "done", b.id: "done", c.id: "dead", d.id: "dead", e.id: "blocked"}
+    layers = {s["job_id"]: s["layer"] for s in page.context["steps"]}
+    assert layers == {a.id: 1, b.id: 2, c.id: 2, d.id: 3, e.id: 4}
+    svg = re.search(r'<svg [^>]*class="django-jobs-graph".*?</svg>', page.text, re.S).group()
+    assert svg.count('class="django-jobs-edge"') == 5
+    assert f"/admin/django_jobs/completionmarker/{a.id}/change/" in svg
+    assert f"/admin/django_jobs/deadletter/{d.id}/change/" in svg
+    listed = admin_client_.get(url("workflowstep_changelist")).context["rows"][0]
+    assert (listed["done"], listed["dead"], listed["blocked"]) == (2, 2, 1)
+    # The step that died with its parent names it; the one still waiting lists its dead parent.
+    assert DeadLetter.objects.get(id=d.id).reason == DeadReason.PARENT_DEAD
+    letter = admin_client_.get(url("deadletter_change", d.id)).text
+    summary = re.search(r'id="django-jobs-dead-parents".*?</div>', letter, re.S).group()
+    assert f"/admin/django_jobs/deadletter/{c.id}/change/" in summary
+    assert f"/admin/django_jobs/job/{b.id}/" not in summary  # b finished: its marker
+    assert f"/admin/django_jobs/completionmarker/{b.id}/change/" in summary
+    waiting = admin_client_.get(url("job_change", e.id)).text
+    assert f"/admin/django_jobs/deadletter/{d.id}/change/" in waiting
+    assert "?name=e2e" in waiting
