@@ -439,6 +439,7 @@ class JobQuerySet(models.QuerySet["Job"]):
         alias = self.db
         with transaction.atomic(using=alias):
             found = _distinct([_find_parent(alias, parent) for parent in after])
+            _not_after_itself(job, found)
             unfinished = sum(1 for f in found if f.state != _DONE)
             dead = next((f for f in found if f.state == _DEAD), None)
             now = timezone.now()
@@ -504,6 +505,7 @@ class JobQuerySet(models.QuerySet["Job"]):
                     ]
                 )
                 job = step.job
+                _not_after_itself(job, parents)
                 key = job.key if job.key is not None else str(job.id)
                 unfinished = sum(1 for f in parents if f.state != _DONE)
                 dead = next((f for f in parents if f.state == _DEAD), None)
@@ -1563,6 +1565,15 @@ def _find_parent(alias: str, parent: Parent, count: int = 1) -> _Found:
             break
         # Every letter of the key was replayed, maybe just now: its job is live or done.
     raise InvalidJob(f"after: no such job {parent} (not live, finished or dead-lettered)")
+
+
+def _not_after_itself(job: NewJob, found: Iterable[_Found]) -> None:
+    """Refuse a job that would wait for its own key (a dead letter of it): it never runs."""
+    if job.key is not None and any(f.key == job.key and f.state == _DEAD for f in found):
+        raise InvalidJob(
+            f"key {job.key!r}: a job cannot wait for a dead letter of its own key "
+            "(replay that letter instead)"
+        )
 
 
 def _distinct(found: Iterable[_Found]) -> list[_Found]:

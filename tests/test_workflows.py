@@ -226,6 +226,16 @@ def test_after_a_dead_parent_waits_or_dies_as_asked():
     assert edges_of(dies) == {("dead-parent", letter.id, "dead", False)}
 
 
+def test_a_job_cannot_wait_for_a_dead_letter_of_its_own_key():
+    DeadLetterFactory(key="itself")
+    with pytest.raises(InvalidJob, match="its own key"):
+        enqueue("tests.noop", key="itself", after=["itself"])
+    with pytest.raises(InvalidJob, match="its own key"), workflow(name="self") as w:
+        w.enqueue("tests.noop", key="itself", after=["itself"])
+    assert not Job.objects.exists()
+    assert not Dependency.objects.exists()
+
+
 def test_after_a_replayed_letter_waits_for_its_replay():
     letter = DeadLetterFactory(name="tests.noop", payload="{}")
     report = DeadLetter.objects.filter(id=letter.id).replay()
