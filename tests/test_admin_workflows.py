@@ -452,3 +452,11 @@ def test_a_workflow_run_by_the_worker_reads_right(admin_client_):
     waiting = admin_client_.get(url("job_change", e.id)).text
     assert f"/admin/django_jobs/deadletter/{d.id}/change/" in waiting
     assert "?name=e2e" in waiting
+    # The dead step's own letter says who waits for it: replaying it would release them.
+    dependents = re.search(r'id="django-jobs-dependents">(.*?)</ul>', letter, re.S).group(1)
+    assert "1 still waiting for it, 0 released" in dependents
+    assert f"/admin/django_jobs/job/{e.id}/change/" in dependents
+    # c's edge to d stays unsatisfied: c died, and d died with it.
+    dead_parent = admin_client_.get(url("deadletter_change", c.id)).text
+    assert "1 still waiting for it, 0 released" in dead_parent
+    assert f"/admin/django_jobs/deadletter/{d.id}/change/" in dead_parent

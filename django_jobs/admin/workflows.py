@@ -467,15 +467,19 @@ class WorkflowFields:
     """A job's or a letter's workflow: a link to its page, and the parents it waits for."""
 
     admin_site: admin.AdminSite
-    WORKFLOW_FIELDS = ("workflow_link", "parents_table")
+    WORKFLOW_FIELDS = ("workflow_link", "parents_table", "dependents_list")
 
     def workflow_fieldset(self, obj: Any) -> list[tuple[Any, dict[str, Any]]]:
-        """The Workflow section of the page, when the job is a step or waits for jobs."""
+        """The Workflow section of the page: for a step, or a job that waits or is waited for."""
         if obj is None:
             return []
         alias = obj._state.db or WorkflowStep.objects.db
-        has_parents = Dependency.objects.using(alias).filter(job_id=obj.pk).exists()
-        if not has_parents and steps.step_of(obj.pk, alias) is None:
+        edges = Dependency.objects.using(alias)
+        if not (
+            edges.filter(job_id=obj.pk).exists()
+            or edges.filter(parent_key=_key_of(obj)).exists()
+            or steps.step_of(obj.pk, alias) is not None
+        ):
             return []
         return [(_("Workflow"), {"fields": list(self.WORKFLOW_FIELDS)})]
 
@@ -499,3 +503,36 @@ class WorkflowFields:
         alias = obj._state.db or WorkflowStep.objects.db
         edges = parents_of([obj.pk], alias).get(obj.pk, [])
         return parents_list(self.admin_site.name, edges, alias, limit=100)
+
+    @admin.display(description=_("waited for by"))
+    def dependents_list(self, obj: Any) -> SafeString | str:
+        """The jobs waiting for this one: replaying its letter (or its success) releases them."""
+        alias = obj._state.db or WorkflowStep.objects.db
+        edges = Dependency.objects.using(alias).filter(parent_key=_key_of(obj))
+        waiting = edges.filter(satisfied_at__isnull=True)
+        total, unsatisfied = edges.count(), waiting.count()
+        if not total:
+            return EMPTY
+        shown = list(waiting.order_by("created_at", "id").values_list("job_id", flat=True)[:20])
+        where = steps.resolve(shown, alias)
+        site = self.admin_site.name
+        items = []
+        for job_id in shown:
+            at = where[job_id]
+            url = admin_url(site, at)
+            label = format_html('<a href="{}">{}</a>', url, at.label) if url else at.label
+            items.append((job_id, label))
+        summary = _("%(waiting)s still waiting for it, %(released)s released") % {
+            "waiting": unsatisfied,
+            "released": total - unsatisfied,
+        }
+        return format_html(
+            '<p id="django-jobs-dependents">{}</p><ul class="django-jobs-parents">{}</ul>',
+            summary,
+            format_html_join("", "<li><code>{}</code>: {}</li>", items),
+        )
+
+
+def _key_of(obj: Any) -> str:
+    """The idempotency key a job's or a letter's dependents wait for: its key, or its id."""
+    return str(obj.key) if obj.key is not None else str(obj.pk)
