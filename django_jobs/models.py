@@ -700,7 +700,7 @@ class JobQuerySet(models.QuerySet["Job"]):
                 flow_limits,
                 flow_claim,
                 others,
-            )
+            )[1]
         alias = self.db
         if not _is_postgres(alias) or conf.get("CLAIM") == "orm":
             if beat is not None:
@@ -718,6 +718,54 @@ class JobQuerySet(models.QuerySet["Job"]):
         params = sql.claim_params(queues, limit, token, lease, exclude_names, beat, names)
         return _claimed(sql.run(alias, sql.CLAIM, params), token)
 
+    def complete_and_claim(
+        self,
+        finished: Sequence[tuple[uuid.UUID, str, str | None, int]],
+        *,
+        queues: Sequence[str],
+        limit: int,
+        token: str,
+        lease: float,
+        exclude_names: Sequence[str] = (),
+        beat: Beat | None = None,
+        names: Sequence[str] | None = None,
+        flow_limits: Sequence[flow.Limit] = (),
+        flow_claim: Collection[str] | None = None,
+        others: bool = True,
+    ) -> tuple[Settled, list[ClaimedJob]]:
+        """Settle `finished` as complete() does, then claim as claim() does.
+
+        With flow limits (PostgreSQL), the settle runs in the limited claim's
+        transaction, before its locks: one commit, and for one group one round
+        trip, in which the slots the settle frees are claimed again. An error
+        rolls both back. Returns complete()'s positions and claim()'s jobs.
+        """
+        if not flow_limits or not queues:
+            settled = self.complete(finished)
+            return settled, self.claim(
+                queues=queues,
+                limit=limit,
+                token=token,
+                lease=lease,
+                exclude_names=exclude_names,
+                beat=beat,
+                names=names,
+                others=others,
+            )
+        return self._claim_flow(
+            queues,
+            limit,
+            token,
+            lease,
+            exclude_names,
+            beat,
+            names,
+            flow_limits,
+            flow_claim,
+            others,
+            finished,
+        )
+
     def _claim_flow(
         self,
         queues: Sequence[str],
@@ -730,12 +778,15 @@ class JobQuerySet(models.QuerySet["Job"]):
         flow_limits: Sequence[flow.Limit],
         flow_claim: Collection[str] | None = None,
         others: bool = True,
-    ) -> list[ClaimedJob]:
+        finished: Sequence[tuple[uuid.UUID, str, str | None, int]] = (),
+    ) -> tuple[Settled, list[ClaimedJob]]:
         """Claim the limited groups' jobs within their limits, then the others (PostgreSQL).
 
-        The limited half is one transaction: the groups' advisory locks, then one
-        CLAIM_LIMITED per group, each counting after the locks are granted. The
-        other half is the usual claim, without the limited names and queues.
+        The limited half is one transaction: the settle of `finished` (see
+        complete_and_claim), the groups' advisory locks, then one CLAIM_LIMITED per
+        group, each counting after the locks are granted. The other half is the
+        usual claim, without the limited names and queues. Returns the positions
+        in `finished` settled, and the jobs claimed.
         """
         alias = self.db
         limited_names = [g.value for g in flow_limits if g.kind == "name"]
@@ -761,24 +812,36 @@ class JobQuerySet(models.QuerySet["Job"]):
             )
             return sql.claim_limited_params(group, claim, limited_names)
 
+        batch = list(enumerate(finished))
+        settled: Settled | None = None
         if len(groups) == 1 and limit > 0 and connections[alias].get_autocommit():
-            # One group (a worker whose slot freed): lock and claim in one round trip.
+            # One group (a worker whose slot freed): settle, lock and claim in one round trip.
             [group] = groups
-            rows = sql.run_locked(
-                alias, group.key, sql.CLAIM_LIMITED[group.kind], group_params(group)
+            done, rows = sql.run_locked(
+                alias,
+                group.key,
+                sql.CLAIM_LIMITED[group.kind],
+                group_params(group),
+                before=(sql.COMPLETE, _complete_params(batch)) if batch else None,
             )
+            settled = _settled_of(done) if batch else None
             jobs += _claimed(rows, token)
         elif groups and limit > 0:
             with transaction.atomic(using=alias):
+                if batch:
+                    settled = _complete(alias, batch)
                 sql.run(alias, sql.FLOW_LOCK, [sorted(g.key for g in groups)])
                 for group in groups:
                     if len(jobs) >= limit:
                         break
                     rows = sql.run(alias, sql.CLAIM_LIMITED[group.kind], group_params(group))
                     jobs += _claimed(rows, token)
+        if batch:  # what the fence left, settled on its own
+            settled = self._settle_fenced(alias, batch, settled)
+        done_at = settled or Settled()
         rest = max(limit - len(jobs), 0) if others else 0
         if not rest and beat is None:
-            return jobs
+            return done_at, jobs
         unlimited = [q for q in queues if q not in limited_queues]
         if conf.get("CLAIM") == "orm":
             if beat is not None:
@@ -788,12 +851,12 @@ class JobQuerySet(models.QuerySet["Job"]):
                     jobs += self.select_for_update(skip_locked=True)._claim_portable(
                         unlimited, rest, token, lease, exclude_names, names, limited_names
                     )
-            return jobs
+            return done_at, jobs
         params = {
             **sql.claim_params(unlimited, rest, token, lease, exclude_names, beat, names),
             "limited": limited_names,
         }
-        return jobs + _claimed(sql.run(alias, sql.CLAIM_UNLIMITED, params), token)
+        return done_at, jobs + _claimed(sql.run(alias, sql.CLAIM_UNLIMITED, params), token)
 
     def _claim_portable(
         self,
@@ -882,16 +945,7 @@ class JobQuerySet(models.QuerySet["Job"]):
             return Settled()
         alias = self.db
         if _is_postgres(alias):
-            batch = list(enumerate(finished))
-            settled = _complete(alias, batch)
-            if len(settled) < len(finished):
-                # Fenced (a dependent registered since the claim) or lost: lock and look.
-                again = self._complete_locked(
-                    alias, [item for item in batch if item[0] not in settled]
-                )
-                settled |= again
-                settled.woke = settled.woke or again.woke
-            return settled
+            return self._settle_fenced(alias, list(enumerate(finished)), None)
         token_of = {job_id: (token, result) for job_id, token, result, _ in finished}
         with transaction.atomic(using=alias):
             # Locking reads: MariaDB's plain SELECT reads the transaction's old
@@ -933,6 +987,22 @@ class JobQuerySet(models.QuerySet["Job"]):
         ids = {row[0] for row in held}
         settled = Settled(index for index, (job_id, *_) in enumerate(finished) if job_id in ids)
         settled.woke = woke
+        return settled
+
+    def _settle_fenced(
+        self,
+        alias: str,
+        batch: list[tuple[int, tuple[uuid.UUID, str, str | None, int]]],
+        settled: Settled | None,
+    ) -> Settled:
+        """Return what sql.COMPLETE settled of batch (None: run it now), fenced rows included."""
+        if settled is None:
+            settled = _complete(alias, batch)
+        if len(settled) < len(batch):
+            # Fenced (a dependent registered since the claim) or lost: lock and look.
+            again = self._complete_locked(alias, [item for item in batch if item[0] not in settled])
+            settled |= again
+            settled.woke = settled.woke or again.woke
         return settled
 
     def _complete_locked(
@@ -1332,6 +1402,13 @@ def _complete(
     alias: str, batch: Sequence[tuple[int, tuple[uuid.UUID, str, str | None, int]]]
 ) -> Settled:
     """Run sql.COMPLETE on (position, (id, token, result, dependents)); return positions settled."""
+    return _settled_of(sql.run(alias, sql.COMPLETE, _complete_params(batch)))
+
+
+def _complete_params(
+    batch: Sequence[tuple[int, tuple[uuid.UUID, str, str | None, int]]],
+) -> dict[str, Any]:
+    """Return the parameters of sql.COMPLETE for (position, (id, token, result, dependents))."""
     quoted: dict[str, str] = {}
     items = ",".join(
         f'{{"i":{index},"id":"{job_id}","token":'
@@ -1339,7 +1416,11 @@ def _complete(
         f'"d":{int(dependents)},"result":{result if result is not None else "null"}}}'
         for index, (job_id, token, result, dependents) in batch
     )
-    rows = sql.run(alias, sql.COMPLETE, {"batch": f"[{items}]", **_notify_params()})
+    return {"batch": f"[{items}]", **_notify_params()}
+
+
+def _settled_of(rows: list[tuple[Any, ...]]) -> Settled:
+    """Return the positions sql.COMPLETE's rows say it settled, and whether it woke a queue."""
     settled = Settled(row[0] for row in rows if row[0] is not None)
     settled.woke = len(settled) < len(rows)  # a NULL row per queue woken
     return settled

@@ -181,12 +181,22 @@ FROM unnest(%s::text[]) AS k
 """
 
 
-def run_locked(alias: str, key: str, statement: str, params: Any) -> list[tuple[Any, ...]]:
+def run_locked(
+    alias: str,
+    key: str,
+    statement: str,
+    params: Any,
+    *,
+    before: tuple[str, Any] | None = None,
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """Run statement after FLOW_LOCK of key, in one transaction sent in one round trip.
 
-    BEGIN, the lock, the statement and COMMIT go out together (psycopg's pipeline
-    mode); the server still runs them in order, so the statement's snapshot is
-    taken once the lock is granted. The connection must be in autocommit.
+    BEGIN, `before` (a statement and its parameters: the settle of the jobs whose
+    slots the claim refills), the lock, the statement and COMMIT go out together
+    (psycopg's pipeline mode); the server still runs them in order, so the
+    statement's snapshot is taken once the lock is granted, and it sees what
+    `before` wrote. Returns the rows of `before` and of statement; an error rolls
+    both back. The connection must be in autocommit.
     """
     connection = connections[alias]
     connection.validate_no_broken_transaction()
@@ -194,14 +204,18 @@ def run_locked(alias: str, key: str, statement: str, params: Any) -> list[tuple[
         connection.ensure_connection()
         raw = connection.connection
         prepare = conf.get("PREPARED_STATEMENTS") or None
-        lock, cursor = raw.cursor(), raw.cursor()
+        first, lock, cursor = raw.cursor(), raw.cursor(), raw.cursor()
         try:
             with raw.pipeline(), raw.transaction():
+                if before is not None:
+                    first.execute(before[0], before[1], prepare=prepare)
                 lock.execute(FLOW_LOCK, [[key]], prepare=prepare)
                 cursor.execute(statement, params, prepare=prepare)
+            earlier: list[tuple[Any, ...]] = first.fetchall() if before is not None else []
             rows: list[tuple[Any, ...]] = cursor.fetchall()
-            return rows
+            return earlier, rows
         finally:
+            first.close()
             lock.close()
             cursor.close()
 

@@ -140,6 +140,74 @@ def test_claim_leases_at_most_the_cap_and_takes_slots_back_when_leases_expire(
     assert jobs.filter(name=capped.name, locked_by="w3#1").count() == 2
 
 
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_settle_and_the_claim_that_refills_its_slot_commit_together(handlers):
+    from django.db import DataError
+
+    capped = handlers["capped"]  # global_concurrency=2
+    with transaction.atomic():
+        for i in range(5):
+            enqueue(capped, {"seconds": 0, "label": str(i)})
+    limits = _limits(capped)
+    jobs = Job.objects.all()
+    options = {"queues": ["default"], "limit": 10, "lease": 30, "flow_limits": limits}
+    first = jobs.claim(token="w#1", **options)
+    assert len(first) == 2
+    done = first[0]
+    settled, refill = jobs.complete_and_claim(
+        [(done.id, done.token, None, done.dependents)], token="w#2", **options
+    )
+    # The claim counted after the settle: the slot it freed, and only that one.
+    assert (settled, len(refill)) == ({0}, 1)
+    assert CompletionMarker.objects.filter(job_id=done.id).exists()
+    assert jobs.filter(locked_by__isnull=False).count() == 2
+    # A claim that fails takes its settle down with it: the job stays leased, unsettled.
+    held = first[1]
+    with pytest.raises(DataError):
+        jobs.complete_and_claim(
+            [(held.id, held.token, None, held.dependents)],
+            token="w#3",
+            **{**options, "lease": float("inf")},
+        )
+    assert jobs.filter(id=held.id, locked_by=held.token).exists()
+    assert not CompletionMarker.objects.filter(job_id=held.id).exists()
+    assert jobs.filter(locked_by__isnull=False).count() == 2
+    # Without a slot to refill (limit 0), the settle still goes through.
+    settled, none = jobs.complete_and_claim(
+        [(held.id, held.token, None, held.dependents)], token="w#4", **{**options, "limit": 0}
+    )
+    assert (settled, none) == ({0}, [])
+    assert CompletionMarker.objects.filter(job_id=held.id).exists()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_refused_settle_of_a_limited_job_fails_only_that_job(handlers):
+    from django_jobs.models import DeadLetter
+    from django_jobs.registry import unregister
+    from django_jobs.worker import Worker
+    from tests.conftest import refused_poison_markers
+
+    def returns(payload, ctx):
+        return payload["return"]
+
+    handler = job(name="tests.flow.returns", global_concurrency=1, max_attempts=2)(returns)
+    try:
+        with refused_poison_markers():
+            poisoned = enqueue(handler, {"return": "poison"})
+            ids = [enqueue(handler, {"return": i}).id for i in range(5)]
+            worker = Worker(burst=True, concurrency=2, listen=False)
+            worker.run()
+    finally:
+        unregister(handler.name)
+    letter = DeadLetter.objects.get(id=poisoned.id)
+    assert "poisoned result" in letter.error
+    assert set(CompletionMarker.objects.values_list("job_id", flat=True)) == set(ids)
+    assert worker.stats.succeeded == 5
+    assert Job.objects.count() == 0
+
+
 def _claim_index_reads(group, limit):
     """Rows CLAIM_LIMITED reads along the claim index, by EXPLAIN ANALYZE (rolled back)."""
     from django_jobs import sql

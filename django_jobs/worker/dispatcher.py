@@ -35,7 +35,7 @@ from django_jobs.registry import Handler
 from django_jobs.worker.executor import ExecutorThreads, _close_quietly
 from django_jobs.worker.listener import RETRY_MAX, RETRY_MIN, Listener
 from django_jobs.worker.runs import Extend, Finished, Run, Stop, Wake, WorkerStats, log_extra
-from django_jobs.worker.settle import DbRefused, Settler
+from django_jobs.worker.settle import DbRefused, Settler, finished_of
 from django_jobs.worker.upkeep import Upkeep
 
 logger = logging.getLogger("django_jobs.worker")
@@ -273,12 +273,24 @@ class Worker(Settler, ExecutorThreads):
             if self._to_release:
                 self._release(self._to_release)
                 self._to_release = []
-            if self._done and (
-                len(self._done) >= self.batch
-                or self._flow_freed
-                or now - self._done_since >= FLUSH_INTERVAL
-                or self._stopping
-                or not (self._inflight or self._more)
+            # A limited job finished: its settle goes with the claim that refills its
+            # slot (one transaction, one round trip), unless there is no claim to make.
+            settle_with_claim = bool(
+                self._done
+                and self._flow_freed
+                and not self._stopping
+                and self._want_claim(now >= next_poll)
+            )
+            if (
+                self._done
+                and not settle_with_claim
+                and (
+                    len(self._done) >= self.batch
+                    or self._flow_freed
+                    or now - self._done_since >= FLUSH_INTERVAL
+                    or self._stopping
+                    or not (self._inflight or self._more)
+                )
             ):
                 self._flush_done()
             self._flow_freed = False
@@ -294,11 +306,11 @@ class Worker(Settler, ExecutorThreads):
                 continue
 
             self._ops.tick(now)
-            if self._want_claim(now >= next_poll) or self._ops.beat_due(now):
+            if settle_with_claim or self._want_claim(now >= next_poll) or self._ops.beat_due(now):
                 if now >= next_poll:
                     self._flow_due = {g.key for g in self._flow_limits}
                     self._others_due = True
-                got, asked = self._claim()
+                got, asked = self._claim(settle=settle_with_claim)
                 if asked:
                     self._more = got >= asked
                 next_poll = time.monotonic() + self.poll_interval
@@ -386,7 +398,8 @@ class Worker(Settler, ExecutorThreads):
         # look-ahead is free rather than claiming a job at a time.
         return len(self._inflight) < self.concurrency or free >= self._target // 2
 
-    def _claim(self) -> tuple[int, int]:
+    def _claim(self, settle: bool = False) -> tuple[int, int]:
+        """Claim what the free slots can take; with `settle`, settle the successes first."""
         asked = self._free_slots()
         seq = next(self._claims)
         token = lease_token(self.id, seq)
@@ -402,20 +415,34 @@ class Worker(Settler, ExecutorThreads):
         # Rotate the queues so that a busy one does not always come first.
         first = seq % len(self.queues)
         queues = self.queues[first:] + self.queues[:first]
-        jobs = self._db(
-            lambda: self._queryset.claim(
-                queues=queues,
-                limit=asked,
-                token=token,
-                lease=self.lease,
-                exclude_names=capped,
-                beat=beat,
-                names=self.names,
-                flow_limits=self._flow_limits,
-                flow_claim=self._flow_due,
-                others=self._others_due,
+        options: dict[str, Any] = {
+            "queues": queues,
+            "limit": asked,
+            "token": token,
+            "lease": self.lease,
+            "exclude_names": capped,
+            "beat": beat,
+            "names": self.names,
+            "flow_limits": self._flow_limits,
+            "flow_claim": self._flow_due,
+            "others": self._others_due,
+        }
+        batch, self._done = (self._done, []) if settle else ([], self._done)
+        if not batch:
+            jobs = self._db(lambda: self._queryset.claim(**options))
+        else:
+            found = self._db(
+                lambda: self._queryset.complete_and_claim(finished_of(batch), **options),
+                settle=True,
             )
-        )
+            if isinstance(found, DbRefused):
+                # Both were rolled back: settle the batch alone (job by job if need be).
+                self._done = batch
+                self._flush_done()
+                jobs = self._db(lambda: self._queryset.claim(**options))
+            else:
+                self._completed(batch, None if found is None else found[0])
+                jobs = None if found is None else found[1]
         if jobs is None:
             return asked, asked  # the database is away: try again, do not conclude "idle"
         got = len(jobs)

@@ -15,7 +15,7 @@ from typing import Any
 from django_jobs import conf, lifecycle, signals
 from django_jobs.attempts import MAX_MESSAGE, error_entry, error_summary, type_name
 from django_jobs.lifecycle import Outcome
-from django_jobs.models import ClaimedJob, JobQuerySet
+from django_jobs.models import ClaimedJob, JobQuerySet, Settled
 from django_jobs.payloads import safe_str, storable_text
 from django_jobs.registry import Backoff
 from django_jobs.worker.runs import Run, WorkerStats, log_extra, traceback_tail
@@ -24,6 +24,13 @@ logger = logging.getLogger("django_jobs.worker")
 
 _Succeeded = lifecycle.Succeeded
 _FENCED = object()  # a settle found the row leased to another worker
+
+
+def finished_of(
+    batch: list[tuple[Run, str | None, float]],
+) -> list[tuple[Any, str, str | None, int]]:
+    """Return the (id, token, result, dependents) the store settles a batch of successes by."""
+    return [(run.job.id, run.job.token, result, run.job.dependents) for run, result, _ in batch]
 
 
 class _DefaultPolicy:
@@ -272,15 +279,13 @@ class Settler:
 
     def _flush_done(self) -> None:
         batch, self._done = self._done, []
-        settled = self._db(
-            lambda: self._queryset.complete(
-                [
-                    (run.job.id, run.job.token, result, run.job.dependents)
-                    for run, result, _ in batch
-                ]
-            ),
-            settle=True,
-        )
+        settled = self._db(lambda: self._queryset.complete(finished_of(batch)), settle=True)
+        self._completed(batch, settled)
+
+    def _completed(
+        self, batch: list[tuple[Run, str | None, float]], settled: Settled | DbRefused | None
+    ) -> None:
+        """Carry on after the settle of batch: `settled` is the store's answer, or _db's."""
         if settled is None:
             # The database is away: settle one by one once it is back.
             self._unsettled.extend((run, _Succeeded(result), d) for run, result, d in batch)
