@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django_jobs import limits
@@ -23,6 +23,9 @@ MAX_PARTITION_LENGTH = 200
 SCAN = 1000
 
 WINDOWS = {"s": 1, "m": 60, "h": 3600}
+# A window counter whose window started this long ago (the longest window, an
+# hour, and an hour's margin) is pruned by the workers' upkeep.
+KEEP_ENDED_WINDOWS = timedelta(seconds=2 * max(WINDOWS.values()))
 _RATE_RE = re.compile(r"\s*(\d+)\s*/\s*([smh])\s*")
 
 

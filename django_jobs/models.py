@@ -1973,6 +1973,20 @@ class Job(models.Model):
         return self.key if self.key is not None else str(self.id)
 
 
+class FlowWindowQuerySet(models.QuerySet["FlowWindow"]):
+    def prune_ended(self) -> int:
+        """Delete the counters of windows that ended long ago (flow.KEEP_ENDED_WINDOWS).
+
+        The claim reads only its current window's row and starts a new window
+        with a fresh count, so such a row is dead weight: a group or partition
+        that stopped starting jobs, or a limit since removed. A claim that starts
+        the group's window meanwhile moves its row forward (the delete re-checks
+        its age on the locked row) or inserts a new one. Returns the rows deleted.
+        """
+        deleted, _ = self.filter(window_start__lt=Now() - flow.KEEP_ENDED_WINDOWS).delete()
+        return deleted
+
+
 class FlowWindow(models.Model):
     """Starts of one rate-limited group (and partition) in its current fixed window."""
 
@@ -1981,7 +1995,7 @@ class FlowWindow(models.Model):
     window_start = models.DateTimeField()
     starts = models.IntegerField(default=0)
 
-    objects = JobsDatabaseManager()
+    objects = JobsDatabaseManager.from_queryset(FlowWindowQuerySet)()
 
     class Meta:
         db_table = "django_jobs_flow_window"

@@ -589,3 +589,31 @@ def test_a_burst_worker_drains_limited_and_other_jobs_before_it_leaves(handlers)
     Worker(burst=True, concurrency=4, listen=False).run()
     assert Job.objects.count() == 0
     assert CompletionMarker.objects.count() == 32
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_workers_prune_the_counters_of_windows_that_ended_long_ago(handlers):
+    from django_jobs.models import FlowWindow
+    from django_jobs.worker import Worker
+
+    now = timezone.now()
+    kept = flow.KEEP_ENDED_WINDOWS
+    for key, started in (
+        ("name:gone", now - kept - timedelta(minutes=5)),  # a limit removed long ago
+        ("name:hourly", now - kept + timedelta(minutes=5)),  # not old enough yet
+        ("name:busy", now),
+    ):
+        FlowWindow.objects.create(key=key, partition="p", window_start=started, starts=3)
+    # The claim of a rate-limited group writes its own row, which stays.
+    enqueue(handlers["rated"], {})
+    Worker(burst=True, listen=False).run()
+    assert Job.objects.count() == 0
+    assert sorted(FlowWindow.objects.values_list("key", flat=True)) == [
+        "name:busy",
+        "name:hourly",
+        "name:tests.flow.rated",
+    ]
+    FlowWindow.objects.filter(key="name:hourly").update(window_start=now - kept - timedelta(1))
+    assert FlowWindow.objects.prune_ended() == 1
+    assert FlowWindow.objects.prune_ended() == 0

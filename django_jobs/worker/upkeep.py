@@ -14,7 +14,8 @@ makes one round trip per poll interval:
   their ticks taken when due (estimated from the database clock);
 - old markers and dead letters are pruned in time-boxed rounds, every
   MAINTENANCE_INTERVAL while there is something to prune, then every
-  ROW_REFRESH seconds once there is not;
+  ROW_REFRESH seconds once there is not; on PostgreSQL each round also deletes
+  the flow-control window counters of windows that ended long ago;
 - paused queues need nothing here: the claim leaves them out;
 - the claim takes only the names this worker has registered (published in its
   heartbeat row), so during a rolling deploy a job of a handler that only newer
@@ -51,7 +52,7 @@ from django.utils import timezone
 
 from django_jobs import conf, retention, schedules, signals, sql
 from django_jobs.fleet import DURATION_BUCKETS, unknown_name_grace
-from django_jobs.models import Beat, Job, QueueState, UnknownName, WorkerBeat
+from django_jobs.models import Beat, FlowWindow, Job, QueueState, UnknownName, WorkerBeat
 from django_jobs.worker import ticker
 from django_jobs.worker.runs import WorkerStats
 
@@ -331,6 +332,11 @@ class Upkeep:
         self.ticker.refresh(now)
 
     def _prune(self, now: float) -> None:
+        if self._postgres:  # the only database that counts flow-control windows
+            windows = FlowWindow.objects.using(self.alias).prune_ended()
+            if windows:
+                self.counters["pruned_flow_windows"] += windows
+                logger.info("worker %s: pruned %d ended flow window(s)", self.host.id, windows)
         result = retention.prune(self.alias, budget=PRUNE_BUDGET)
         if result.markers or result.dead_letters:
             self._next_prune = now + self.interval
