@@ -175,7 +175,8 @@ def test_the_diamond_is_drawn_with_its_states_and_links(admin_client_, diamond):
     ship = next(s for s in response.context["steps"] if s["job_id"] == diamond["ship"])
     assert ship["layer"] == 3 and ship["state"] == "blocked"
     parents = str(ship["parents"])
-    assert parents.count("waiting") == 2
+    assert parents.count("not satisfied yet") == 2
+    assert parents.count("replay the parent to release it") == 1  # confirm died
     assert f"/admin/django_jobs/job/{diamond['reserve']}/change/" in parents
     assert f"/admin/django_jobs/deadletter/{diamond['confirm']}/change/" in parents
 

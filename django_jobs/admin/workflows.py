@@ -123,7 +123,11 @@ def parents_list(
                 _("satisfied"),
             )
         else:
-            done = format_html('<strong class="django-jobs-unsatisfied">{}</strong>', _("waiting"))
+            done = format_html(
+                '<strong class="django-jobs-unsatisfied">{}</strong>', _("not satisfied yet")
+            )
+            if at.state == steps.DEAD:  # what puts it right: the parent's replay, and success
+                done = format_html("{} ({})", done, _("replay the parent to release it"))
         items.append((cell(edge.parent_key, 60, name=True), state, done))
     more = ""
     if len(edges) > limit:
