@@ -50,31 +50,38 @@ def layers(keys: Iterable[Hashable], edges: Iterable[tuple[Hashable, Hashable]])
     Edges to or from keys not listed are ignored. Keys on a cycle (only hand-made rows
     can make one) go one layer after the rest, so that the drawing still ends.
     """
+    # Keys become list positions first: a UUID hashes in Python, an int in C, and a
+    # 50,000-step workflow would hash each key a dozen times.
     known = list(dict.fromkeys(keys))
-    listed = set(known)
-    children: dict[Any, list[Any]] = defaultdict(list)
-    indegree = dict.fromkeys(known, 0)
-    for parent, child in set(edges):
-        if parent in listed and child in listed and parent != child:
-            children[parent].append(child)
-            indegree[child] += 1
-    layer = dict.fromkeys(known, 1)
-    ready = deque(key for key in known if indegree[key] == 0)
+    index = {key: i for i, key in enumerate(known)}
+    children: list[list[int]] = [[] for _ in known]
+    indegree = [0] * len(known)
+    pairs = set()
+    for parent, child in edges:
+        p, c = index.get(parent), index.get(child)
+        if p is not None and c is not None and p != c:
+            pairs.add((p, c))
+    for p, c in pairs:
+        children[p].append(c)
+        indegree[c] += 1
+    layer = [1] * len(known)
+    ready = deque(i for i, n in enumerate(indegree) if n == 0)
     placed = 0
     while ready:
-        key = ready.popleft()
+        i = ready.popleft()
         placed += 1
-        for child in children[key]:
-            layer[child] = max(layer[child], layer[key] + 1)
-            indegree[child] -= 1
-            if indegree[child] == 0:
-                ready.append(child)
+        for c in children[i]:
+            if layer[i] + 1 > layer[c]:
+                layer[c] = layer[i] + 1
+            indegree[c] -= 1
+            if indegree[c] == 0:
+                ready.append(c)
     if placed < len(known):
-        last = max((layer[k] for k in known if indegree[k] == 0), default=0) + 1
-        for key in known:
-            if indegree[key] > 0:
-                layer[key] = last
-    return layer
+        last = max((layer[i] for i, n in enumerate(indegree) if n == 0), default=0) + 1
+        for i, n in enumerate(indegree):
+            if n > 0:
+                layer[i] = last
+    return dict(zip(known, layer, strict=True))
 
 
 def draw(
