@@ -6,7 +6,10 @@ measured on the database clock against ``completed_at`` and ``dead_at``.
 
 A marker is the proof that its key's work is done: while a live job holds the
 same key (or is the very job the marker records), deleting it would let that job
-run the work again. Such markers are never pruned, whatever their age.
+run the work again. Such markers are never pruned, whatever their age. Likewise
+a dead letter that blocked workflow steps wait for (its replay is what releases
+them) is kept until it is replayed. The workflow rows of a job (its edges and its
+WorkflowStep row) go with the last record of it, its marker or its letter.
 """
 
 from __future__ import annotations
@@ -61,10 +64,34 @@ def prunable_markers(alias: str, keep: timedelta) -> QuerySet[CompletionMarker]:
 
 
 def prunable_dead_letters(alias: str, keep: timedelta) -> QuerySet[DeadLetter]:
-    """Dead letters older than `keep`."""
-    from django_jobs.models import DeadLetter
+    """Dead letters older than `keep`, but those live jobs wait for (pending, with open edges)."""
+    from django_jobs.models import DeadLetter, Dependency, Job
 
-    return DeadLetter.objects.using(alias).filter(dead_at__lt=Now() - keep)
+    waited = Dependency.objects.using(alias).filter(
+        satisfied_at__isnull=True, job_id__in=Job.objects.using(alias).values("id")
+    )
+    return (
+        DeadLetter.objects.using(alias)
+        .filter(dead_at__lt=Now() - keep)
+        .exclude(
+            Q(replayed_at__isnull=True)
+            & (Q(id__in=waited.values("parent_id")) | Q(key__in=waited.values("parent_key")))
+        )
+    )
+
+
+def _forget_workflow_rows(alias: str, ids: list[Any]) -> None:
+    """Delete the edges and WorkflowStep rows of jobs of which no record is left."""
+    from django_jobs.models import CompletionMarker, DeadLetter, Dependency, Job, WorkflowStep
+
+    markers = CompletionMarker.objects.using(alias).filter(job_id__in=ids).values("job_id")
+    letters = DeadLetter.objects.using(alias).filter(id__in=ids).values("id")
+    live = Job.objects.using(alias).filter(id__in=ids).values("id")
+    for model in (Dependency, WorkflowStep):
+        rows = model.objects.using(alias).filter(job_id__in=ids)
+        rows.exclude(job_id__in=markers).exclude(job_id__in=letters).exclude(
+            job_id__in=live
+        ).delete()
 
 
 def _delete_batch(queryset: QuerySet[Any], pk: str, order: str, batch: int) -> int:
@@ -74,6 +101,8 @@ def _delete_batch(queryset: QuerySet[Any], pk: str, order: str, batch: int) -> i
     if not ids:
         return 0
     deleted, _ = queryset.filter(**{f"{pk}__in": ids}).delete()
+    if deleted:
+        _forget_workflow_rows(queryset.db, ids)
     return deleted
 
 

@@ -25,6 +25,7 @@ from django_jobs import (
     enqueue,
     enqueue_on_commit,
     job,
+    retention,
     workflow,
 )
 from django_jobs.models import (
@@ -338,6 +339,54 @@ def test_replaying_a_dead_step_after_its_parent_finished_runs_it():
     assert state_of(new.id) == JobState.WAITING
     [edge] = Dependency.objects.filter(job_id=new.id)
     assert edge.satisfied_at is not None
+
+
+# ---- retention -------------------------------------------------------------------------------
+
+
+def test_a_dead_letter_blocked_jobs_wait_for_is_kept_until_replayed():
+    old = timezone.now() - timedelta(days=60)
+    waited = DeadLetterFactory(key="waited", dead_at=old)
+    waited_by_id = DeadLetterFactory(dead_at=old)
+    DeadLetterFactory(dead_at=old)  # alone: nobody waits for it
+    DeadLetterFactory(key="released", dead_at=old)  # its only dependent was cancelled
+    enqueue("tests.noop", after=["waited", waited_by_id.id])
+    later = enqueue("tests.noop", after=["released"])
+    Job.objects.filter(id=later.id).cancel()  # nobody waits for it any more
+
+    assert retention.count_prunable().dead_letters == 2  # alone and done_with
+    retention.prune()
+    assert set(DeadLetter.objects.values_list("id", flat=True)) == {
+        waited.id,
+        waited_by_id.id,
+        later.id,  # young
+    }
+
+
+def test_a_steps_edges_and_row_go_with_its_last_record():
+    with workflow(name="pruned") as w:
+        a = w.enqueue("tests.noop")
+        b = w.enqueue("tests.noop", after=[a])
+    drain()
+    assert not Job.objects.exists()
+    assert Dependency.objects.count() == 1
+    keep = DeadLetterFactory()  # another job's records stay
+    CompletionMarker.objects.update(completed_at=timezone.now() - timedelta(days=30))
+    [marker_b] = CompletionMarker.objects.filter(job_id=b.id)
+    # b's marker kept young: its edge and row stay while a's go.
+    CompletionMarker.objects.filter(job_id=b.id).update(completed_at=timezone.now())
+
+    result = retention.prune()
+
+    assert result.markers == 1
+    assert list(CompletionMarker.objects.values_list("job_id", flat=True)) == [marker_b.job_id]
+    assert list(WorkflowStep.objects.values_list("job_id", flat=True)) == [b.id]
+    assert list(Dependency.objects.values_list("job_id", flat=True)) == [b.id]
+    CompletionMarker.objects.update(completed_at=timezone.now() - timedelta(days=30))
+    retention.prune()
+    assert not WorkflowStep.objects.exists()
+    assert not Dependency.objects.exists()
+    assert DeadLetter.objects.filter(id=keep.id).exists()
 
 
 # ---- workflow() ------------------------------------------------------------------------------
