@@ -275,6 +275,26 @@ def test_a_blocked_jobs_page_lists_its_parents_and_links_its_workflow(admin_clie
     assert f"/admin/django_jobs/completionmarker/{diamond['charge']}/change/" in reserve
 
 
+def test_a_job_after_many_parents_lists_the_first_hundred(admin_client_):
+    child = blocked_job(waiting_for=150)
+    now = timezone.now()
+    Dependency.objects.bulk_create(
+        [
+            Dependency(
+                job_id=child.id,
+                parent_key=f"parent-{i:03}",
+                parent_id=uuid7(),
+                created_at=now + timedelta(milliseconds=i),
+            )
+            for i in range(150)
+        ]
+    )
+    page = admin_client_.get(url("job_change", child.id)).text
+    parents = re.search(r'<ul class="django-jobs-parents">.*?</ul>', page, re.S).group()
+    assert parents.count("<li><code>") == 100 and "and 50 more" in parents
+    assert "parent-<wbr>000" in parents and "parent-<wbr>100" not in parents
+
+
 def test_a_job_outside_workflows_has_no_workflow_section(admin_client_):
     job = JobFactory()
     assert "django-jobs-workflow-link" not in admin_client_.get(url("job_change", job.id)).text
