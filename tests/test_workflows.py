@@ -200,6 +200,16 @@ def test_rolling_back_the_enqueue_leaves_no_job_and_no_edge():
     assert not WorkflowStep.objects.exists()
 
 
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_after_with_commit_of_finds_its_parents_when_the_row_is_written():
+    parent = enqueue("tests.noop")
+    with transaction.atomic(using="other"):
+        result = enqueue_on_commit("tests.noop", after=[parent], commit_of="other")
+        assert not Job.objects.filter(id=result.id).exists()
+    assert Job.objects.get(id=result.id).waiting_for == 1
+    assert edges_of(result) == {(str(parent.id), parent.id, "wait", False)}
+
+
 def test_a_keyed_duplicate_with_after_registers_nothing():
     parent = enqueue("tests.noop")
     first = enqueue("tests.noop", key="dup-after")
