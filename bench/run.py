@@ -13,6 +13,8 @@ Figures (no-op jobs, as the peers were measured):
   E2   enqueue_many of 10,000 jobs in one call (COPY)              (jobs/s)
   W1   workflow() of 10,000 steps after one, and one after them all (steps/s)
   D1   drain 10,000 due jobs, one runjobs process                  (jobs/s)
+  WF   a workflow: one root, 10,000 steps after it, one final step after them all,
+       drained by one runjobs process as D1                         (steps/s)
   D2   the same, two runjobs processes                             (jobs/s)
   D1F  D1 with flow limits configured on other handlers of the queue (jobs/s)
   CAP  a handler capped by global_concurrency=4, 50 ms jobs, 2 workers (% of 80/s)
@@ -240,6 +242,35 @@ def drain(n: int, workers: int, flow: bool = False) -> float:
     assert CompletionMarker.objects.count() == n, "a job without its marker"
     span = CompletionMarker.objects.aggregate(first=Min("started_at"), last=Max("completed_at"))
     return n / (span["last"] - span["first"]).total_seconds()
+
+
+def workflow_drain(n: int) -> float:
+    """Return the steps per second of one worker draining a fan-out and fan-in of n steps.
+
+    The steps are written first (not timed): one root, n steps after it, one final
+    step after all n. The root's settle releases the n, the last of them the final one.
+    """
+    from django.db import transaction
+    from django.db.models import Max, Min
+
+    from bench.benchapp.jobs import noop
+    from django_jobs import workflow
+    from django_jobs.models import CompletionMarker, Job
+
+    reset()
+    with transaction.atomic(), workflow(name="bench") as w:
+        root = w.enqueue(noop, {"root": True})
+        middle = [w.enqueue(noop, {"i": i}, after=[root]) for i in range(n)]
+        final = w.enqueue(noop, {"final": True}, after=middle)
+    proc = spawn_worker("--burst")
+    finish(proc)
+    assert Job.objects.count() == 0, "steps left after the drain"
+    assert CompletionMarker.objects.count() == n + 2, "a step without its marker"
+    others = CompletionMarker.objects.exclude(job_id=final.id).aggregate(Max("completed_at"))
+    last = CompletionMarker.objects.get(job_id=final.id)
+    assert last.started_at >= others["completed_at__max"], "the final step ran too early"
+    span = CompletionMarker.objects.aggregate(first=Min("started_at"), last=Max("completed_at"))
+    return (n + 2) / (span["last"] - span["first"]).total_seconds()
 
 
 def capped(n: int, limited: bool = True) -> float:
@@ -546,6 +577,13 @@ def main() -> int:
         "jobs/s",
         ">= 6,000",
         measure("D1", drain, size["drain"], 1),
+    )
+    add(
+        "WF",
+        f"workflow 1 -> {size['drain']:,} -> 1 steps, 1 worker",
+        "steps/s",
+        "",
+        measure("WF", workflow_drain, size["drain"]),
     )
     add(
         "D2",

@@ -822,7 +822,7 @@ class JobQuerySet(models.QuerySet["Job"]):
                 group.key,
                 sql.CLAIM_LIMITED[group.kind],
                 group_params(group),
-                before=(sql.COMPLETE, _complete_params(batch)) if batch else None,
+                before=_complete_statement(batch) if batch else None,
             )
             settled = _settled_of(done) if batch else None
             jobs += _claimed(rows, token)
@@ -1402,13 +1402,17 @@ def _complete(
     alias: str, batch: Sequence[tuple[int, tuple[uuid.UUID, str, str | None, int]]]
 ) -> Settled:
     """Run sql.COMPLETE on (position, (id, token, result, dependents)); return positions settled."""
-    return _settled_of(sql.run(alias, sql.COMPLETE, _complete_params(batch)))
+    return _settled_of(sql.run(alias, *_complete_statement(batch)))
 
 
-def _complete_params(
+def _complete_statement(
     batch: Sequence[tuple[int, tuple[uuid.UUID, str, str | None, int]]],
-) -> dict[str, Any]:
-    """Return the parameters of sql.COMPLETE for (position, (id, token, result, dependents))."""
+) -> tuple[str, dict[str, Any]]:
+    """Return the settle of (position, (id, token, result, dependents)) and its parameters.
+
+    COMPLETE_RELEASING when a job of the batch had dependents at its claim, else
+    COMPLETE, which has no release part to plan or run.
+    """
     quoted: dict[str, str] = {}
     items = ",".join(
         f'{{"i":{index},"id":"{job_id}","token":'
@@ -1416,7 +1420,9 @@ def _complete_params(
         f'"d":{int(dependents)},"result":{result if result is not None else "null"}}}'
         for index, (job_id, token, result, dependents) in batch
     )
-    return {"batch": f"[{items}]", **_notify_params()}
+    if any(dependents for _, (*_, dependents) in batch):
+        return sql.COMPLETE_RELEASING, {"batch": f"[{items}]", **_notify_params()}
+    return sql.COMPLETE, {"batch": f"[{items}]"}
 
 
 def _settled_of(rows: list[tuple[Any, ...]]) -> Settled:

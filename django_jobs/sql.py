@@ -439,10 +439,23 @@ woken AS (
 # The fence (j.dependents = f.d): a dependent registered after the claim may have
 # committed after this statement's snapshot, its edge invisible here; such a row
 # is left alone, and the caller settles it again after locking it (LOCK_SETTLING).
-# The jobs deleted with dependents release them (_release). Returns the positions
-# in the batch of the jobs settled, and a NULL row per queue that has jobs made
-# due, notified when %(notify)s.
-COMPLETE = f"""
+# Returns the positions in the batch of the jobs settled.
+def _complete(*, release: bool) -> str:
+    # COMPLETE_RELEASING: the jobs deleted with dependents release them (_release),
+    # and a NULL row is returned per queue that has jobs made due, notified when
+    # %(notify)s. COMPLETE, for a batch claimed without any dependents, leaves that
+    # part out: the fence alone keeps it exact, and it plans and runs as before.
+    keys = "SELECT COALESCE(key, id::text) FROM deleted WHERE dependents > 0"
+    tail = (
+        f""",{_release(keys)}
+SELECT i, NULL FROM deleted
+UNION ALL
+SELECT NULL, CASE WHEN %(notify)s THEN pg_notify(%(channel)s, queue) END FROM woken
+"""  # noqa: S608 - spliced: _release, no input
+        if release
+        else "\nSELECT i FROM deleted\n"
+    )
+    return f"""
 WITH finished AS (
     SELECT * FROM json_to_recordset(%(batch)s::json)
         AS f(i int, id uuid, token text, d int, result jsonb)
@@ -454,12 +467,11 @@ deleted AS (
     RETURNING f.i, j.id, j.key, j.name, j.queue, j.attempts, j.enqueued_at, j.started_at,
               j.fingerprint, j.locked_by, f.result, j.dependents
 ),
-marked AS ({MARK_DELETED}),
-{_release("SELECT COALESCE(key, id::text) FROM deleted WHERE dependents > 0")}
-SELECT i, NULL FROM deleted
-UNION ALL
-SELECT NULL, CASE WHEN %(notify)s THEN pg_notify(%(channel)s, queue) END FROM woken
-"""  # noqa: S608 - spliced: MARK_DELETED and _release, no input
+marked AS ({MARK_DELETED}){tail}"""  # noqa: S608 - spliced: MARK_DELETED and _release, no input
+
+
+COMPLETE = _complete(release=False)
+COMPLETE_RELEASING = _complete(release=True)
 
 # The rows of a batch COMPLETE left alone (its fence, or a lease lost), locked in
 # id order inside a transaction: the COMPLETE that follows sees every edge

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from functools import partial
 
 import pytest
 from django.db import connection, connections, transaction
@@ -41,7 +42,7 @@ def _blocked(handler=jobs.noop, payload=None, *, queue=None) -> uuid.UUID:
 
 
 def _wait(child: uuid.UUID, parent: uuid.UUID) -> None:
-    """Register child as waiting for the live job parent, as enqueue with after= does."""
+    """Register child as waiting for the live job parent, as enqueue(after=) does, by hand."""
     with transaction.atomic():
         row = Job.objects.select_for_update().get(id=parent)
         Job.objects.filter(id=parent).update(dependents=F("dependents") + 1)
@@ -52,6 +53,11 @@ def _wait(child: uuid.UUID, parent: uuid.UUID) -> None:
             created_at=timezone.now(),
         )
         Job.objects.filter(id=child).update(waiting_for=F("waiting_for") + 1)
+
+
+def _after(*parents, handler=jobs.noop, payload=None, queue=None) -> uuid.UUID:
+    """Enqueue a job that waits for parents (blocked while any is unfinished)."""
+    return enqueue(handler, payload or {}, after=list(parents), queue=queue).id
 
 
 def _claim(limit=10, queue="default"):
@@ -69,8 +75,7 @@ def _due(job_id) -> bool:
 
 def test_a_parents_settle_releases_its_child():
     parent = enqueue(jobs.noop, {"p": 1}).id
-    child = _blocked(queue="children")
-    _wait(child, parent)
+    child = _after(parent, queue="children")
     assert not _due(child)
     [claimed] = _claim()
     assert claimed.id == parent and claimed.dependents == 1
@@ -96,9 +101,7 @@ def test_a_job_without_dependents_settles_as_before():
 
 def test_a_child_of_two_parents_settled_in_one_batch_is_released_once():
     first, second = (enqueue(jobs.noop, {"p": i}).id for i in range(2))
-    child = _blocked(queue="children")
-    _wait(child, first)
-    _wait(child, second)
+    child = _after(first, second, queue="children")
     claimed = _claim()
     assert {j.id for j in claimed} == {first, second}
     assert Job.objects.complete(_finished(claimed)) == {0, 1}
@@ -110,9 +113,7 @@ def test_a_child_of_two_parents_settled_in_one_batch_is_released_once():
 
 def test_a_child_of_two_parents_waits_for_the_second():
     first, second = (enqueue(jobs.noop, {"p": i}).id for i in range(2))
-    child = _blocked(queue="children")
-    _wait(child, first)
-    _wait(child, second)
+    child = _after(first, second, queue="children")
     claimed = {j.id: j for j in _claim()}
     assert Job.objects.complete(_finished([claimed[first]])) == {0}
     assert Job.objects.get(id=child).waiting_for == 1
@@ -147,12 +148,16 @@ def test_a_dependent_registered_between_claim_and_settle_is_released():
     parent = enqueue(jobs.noop, {"p": 1}).id
     [claimed] = _claim()
     assert claimed.dependents == 0
-    child = _blocked(queue="children")
-    # Another connection registers the child and commits after the claim.
-    thread = threading.Thread(target=_in_thread, args=(_wait, child, parent))
+    # Another connection enqueues a child of it and commits after the claim.
+    children: list[uuid.UUID] = []
+    thread = threading.Thread(
+        target=_in_thread, args=(lambda: children.append(_after(parent, queue="children")),)
+    )
     thread.start()
     thread.join(30)
+    [child] = children
     assert Job.objects.get(id=parent).dependents == 1
+    assert Job.objects.get(id=child).waiting_for == 1
     # The parent is settled (not reported as lease lost), and its child released.
     assert Job.objects.complete(_finished([claimed])) == {0}
     assert not Job.objects.filter(id=parent).exists()
@@ -163,8 +168,7 @@ def test_a_dependent_registered_between_claim_and_settle_is_released():
 def test_a_lost_lease_is_still_lost_next_to_a_fenced_job():
     fenced, lost = (enqueue(jobs.noop, {"p": i}).id for i in range(2))
     claimed = {j.id: j for j in _claim()}
-    child = _blocked(queue="children")
-    _wait(child, fenced)
+    child = _after(fenced, queue="children")
     Job.objects.filter(id=lost).update(locked_by="another#1")
     batch = [claimed[lost], claimed[fenced]]
     assert Job.objects.complete(_finished(batch)) == {1}
@@ -184,9 +188,7 @@ def test_two_parents_settled_in_concurrent_transactions_release_the_child_once(c
     if claim_path != "auto":
         pytest.skip("the claim path does not matter here")
     first, second = (enqueue(jobs.noop, {"p": i}).id for i in range(2))
-    child = _blocked(queue="wf-concurrent")
-    _wait(child, first)
-    _wait(child, second)
+    child = _after(first, second, queue="wf-concurrent")
     claimed = {j.id: j for j in _claim()}
     listener = _listen()
     released = threading.Event()
@@ -244,12 +246,13 @@ def _notified(listener, queue: str) -> int:
 
 def test_an_atomic_handlers_settle_releases(run_worker):
     parent = enqueue(jobs.record_atomic, {"label": "wf-parent"}).id
-    child = _blocked(jobs.record, {"label": "wf-child"})
-    _wait(child, parent)
+    child = _after(parent, handler=jobs.record, payload={"label": "wf-child"})
     worker = run_worker()
     assert worker.stats.succeeded == 2
     assert worker.stats.lost == 0
     assert not Job.objects.exists()
+    parent_done = CompletionMarker.objects.get(job_id=parent).completed_at
+    assert CompletionMarker.objects.get(job_id=child).started_at >= parent_done
     assert list(Audit.objects.order_by("id").values_list("label", flat=True)) == [
         "wf-parent",
         "wf-child",
@@ -258,8 +261,7 @@ def test_an_atomic_handlers_settle_releases(run_worker):
 
 def test_an_atomic_settle_releases_in_the_handlers_transaction():
     parent = enqueue(jobs.record_atomic, {"label": "wf-parent"}).id
-    child = _blocked()
-    _wait(child, parent)
+    child = _after(parent)
     [claimed] = _claim()
     with pytest.raises(RuntimeError), transaction.atomic():
         assert Job.objects.complete_atomically(claimed, None) is True
@@ -274,17 +276,15 @@ def test_an_atomic_settle_releases_in_the_handlers_transaction():
 
 
 def test_a_worker_settles_a_parent_whose_child_registered_while_it_ran(run_worker):
-    child_of: dict[str, uuid.UUID] = {}
-
     @job(name="tests.wf_registers_a_child")
     def registers(payload, ctx):
-        # Another connection registers a dependent and commits while this job runs.
-        thread = threading.Thread(target=_in_thread, args=(_wait, child_of["child"], ctx.id))
+        # Another connection enqueues a child of this job and commits while it runs.
+        child = partial(_after, ctx.id, handler=jobs.record, payload={"label": "wf-child"})
+        thread = threading.Thread(target=_in_thread, args=(child,))
         thread.start()
         thread.join(30)
 
     try:
-        child_of["child"] = _blocked(jobs.record, {"label": "wf-child"})
         parent = enqueue(registers, {}).id
         worker = run_worker()
     finally:
@@ -300,8 +300,7 @@ def test_a_worker_settles_a_parent_whose_child_registered_while_it_ran(run_worke
 @pytest.mark.mariadb
 def test_a_worker_process_drains_a_parent_then_its_child(worker_process, claim_path):
     parent = enqueue(jobs.record, {"label": "wf-parent"}).id
-    child = _blocked(jobs.record, {"label": "wf-child"})
-    _wait(child, parent)
+    child = _after(parent, handler=jobs.record, payload={"label": "wf-child"})
     proc = worker_process("--burst")
     assert proc.wait(timeout=120) == 0, proc.output()[-2000:]
     assert not Job.objects.exists()
@@ -314,12 +313,12 @@ def test_a_worker_process_drains_a_parent_then_its_child(worker_process, claim_p
 @pytest.mark.postgres
 def test_a_released_child_wakes_its_queues_workers():
     parent = enqueue(jobs.noop, {}).id
-    child = _blocked(queue="wf-wake")
-    _wait(child, parent)
+    child = _after(parent, queue="wf-wake")
     [claimed] = _claim()
     listener = _listen()
     try:
         assert Job.objects.complete(_finished([claimed])) == {0}
         assert _notified(listener, "wf-wake") == 1
+        assert _due(child)
     finally:
         listener.close()
