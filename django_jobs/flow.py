@@ -23,6 +23,10 @@ MAX_PARTITION_LENGTH = 200
 SCAN = 1000
 
 WINDOWS = {"s": 1, "m": 60, "h": 3600}
+# The NOTIFY payload that says a slot of a group freed: this prefix, then the group's
+# key. A queue name cannot hold a space, so no worker takes it for a queue's wake-up
+# (nor does one of a release before it, which then waits for its poll as before).
+FREED = "flow freed "
 # A window counter whose window started this long ago (the longest window, an
 # hour, and an hour's margin) is pruned by the workers' upkeep.
 KEEP_ENDED_WINDOWS = timedelta(seconds=2 * max(WINDOWS.values()))

@@ -1448,6 +1448,17 @@ def notify(alias: str, queues: Iterable[str]) -> None:
             cursor.execute(sql.NOTIFY, [conf.get("CHANNEL"), queue])
 
 
+def notify_freed(alias: str, keys: Iterable[str]) -> None:
+    """Tell listening workers that slots of these limited groups (flow.Limit.key) freed."""
+    if not _is_postgres(alias) or not conf.get("LISTEN"):
+        return
+    sql.run(
+        alias,
+        sql.NOTIFY_EACH,
+        [conf.get("CHANNEL"), [flow.FREED + key for key in sorted(set(keys))]],
+    )
+
+
 def _insert_params(job: NewJob) -> dict[str, Any]:
     return {
         "id": job.id,

@@ -602,6 +602,8 @@ COPY django_jobs_workflow_step (job_id, workflow, name, key, created_at) FROM ST
 
 # Wake listening workers of a queue (after a replay or "run now", say).
 NOTIFY = "SELECT pg_notify(%s, %s)"
+# Send each payload of an array on a channel, in one round trip (flow control's freed slots).
+NOTIFY_EACH = "SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload"
 
 
 def dead_rows(alias: str, table: str) -> int:

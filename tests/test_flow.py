@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import time
+from collections import Counter
 from datetime import timedelta
 
 import pytest
@@ -347,6 +348,33 @@ def test_partitions_run_one_at_a_time_each_and_side_by_side(handlers, worker_pro
         assert len(mine) == 4
         assert _max_overlap(mine) == 1
     assert _max_overlap(list(found.values())) >= 2
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_slot_a_stopping_worker_frees_wakes_a_waiting_worker_at_once(handlers, worker_process):
+    from django_jobs.models import WorkerBeat
+
+    total = 4
+    with transaction.atomic():
+        for i in range(total):
+            enqueue(handlers["capped"], {"seconds": 5.0, "label": str(i)})  # cap 2
+    first = worker_process("--concurrency", "2", extra_env=FLOW_ENV)
+    wait_for(lambda: Audit.objects.filter(label__startswith="start|").count() == 2)
+    # The second worker polls once an hour: only a wake-up can make it look again.
+    second = worker_process("--concurrency", "2", "--poll-interval", "3600", extra_env=FLOW_ENV)
+    wait_for(lambda: WorkerBeat.objects.count() == 2, message="the second worker is up")
+    assert Audit.objects.filter(label__startswith="start|").count() == 2, "the cap held"
+    # The first finishes its two jobs and leaves without claiming: it tells the fleet.
+    first.signal(signal.SIGTERM)
+    assert first.wait() == 0
+    wait_for(lambda: CompletionMarker.objects.count() == total, timeout=60, message="all done")
+    second.signal(signal.SIGTERM)
+    assert second.wait() == 0
+    assert _max_overlap(list(_intervals("capped").values())) == 2
+    by_worker = CompletionMarker.objects.values_list("worker_id", flat=True)
+    assert sorted(Counter(by_worker).values()) == [2, 2], "each ran two"
 
 
 @pytest.mark.postgres

@@ -29,7 +29,7 @@ from django_jobs import conf, flow, lifecycle, limits, registry
 from django_jobs.attempts import MAX_MESSAGE, lease_token, type_name
 from django_jobs.context import JobContext
 from django_jobs.lifecycle import Outcome
-from django_jobs.models import ClaimedJob, Job, JobQuerySet
+from django_jobs.models import ClaimedJob, Job, JobQuerySet, notify_freed
 from django_jobs.payloads import safe_str, storable_text
 from django_jobs.registry import Handler
 from django_jobs.worker.executor import ExecutorThreads, _close_quietly
@@ -141,6 +141,9 @@ class Worker(Settler, ExecutorThreads):
         self._limited = {g.value for g in self._flow_limits if g.kind == "name"}
         self._limited_queues = {g.value for g in self._flow_limits if g.kind == "queue"}
         self._flow_freed = False  # a limited job finished: settle it, then claim again
+        # The groups (keys) whose slots this worker freed since the loop last looked: told
+        # to the other workers (NOTIFY) when this worker's next claim will not refill them.
+        self._freed: set[str] = set()
         # The limited groups whose jobs the next claim looks for (their keys): all of them
         # at each poll and wake-up, a group whose slot this worker freed, and those the
         # last claim found jobs of; not the others, so that a busy worker draining other
@@ -275,12 +278,8 @@ class Worker(Settler, ExecutorThreads):
                 self._to_release = []
             # A limited job finished: its settle goes with the claim that refills its
             # slot (one transaction, one round trip), unless there is no claim to make.
-            settle_with_claim = bool(
-                self._done
-                and self._flow_freed
-                and not self._stopping
-                and self._want_claim(now >= next_poll)
-            )
+            claims_now = not self._stopping and self._want_claim(now >= next_poll)
+            settle_with_claim = bool(self._done and self._flow_freed and claims_now)
             if (
                 self._done
                 and not settle_with_claim
@@ -293,6 +292,10 @@ class Worker(Settler, ExecutorThreads):
                 )
             ):
                 self._flush_done()
+            if self._freed:
+                if not claims_now:  # settled above: tell the workers that can refill them
+                    self._tell_freed(self._freed)
+                self._freed = set()
             self._flow_freed = False
             if self._unsettled and now >= self._next_unsettled_retry:
                 self._retry_unsettled()
@@ -358,7 +361,13 @@ class Worker(Settler, ExecutorThreads):
         if isinstance(event, Finished):
             self._on_finished(event)
         elif isinstance(event, Wake):
-            if event.queue is None or event.queue in self.queues:
+            if event.queue is not None and event.queue.startswith(flow.FREED):
+                # Another worker freed a slot of a group it will not refill itself.
+                key = event.queue[len(flow.FREED) :]
+                if any(g.key == key for g in self._flow_limits):
+                    self._more = True
+                    self._flow_due.add(key)
+            elif event.queue is None or event.queue in self.queues:
                 self._more = self._others_due = True
                 self._flow_due = {g.key for g in self._flow_limits}
         elif isinstance(event, Extend):
@@ -587,8 +596,13 @@ class Worker(Settler, ExecutorThreads):
                 # A fleet-wide slot frees at its settle: settle, then claim the group's jobs.
                 self._more = self._flow_freed = True
                 self._flow_due.add(key)
+                self._freed.add(key)
             if self._held_back and not self._stopping:
                 self._release_held_back()
+
+    def _tell_freed(self, keys: set[str]) -> None:
+        """NOTIFY the fleet that slots of these groups freed (a wake-up for that group only)."""
+        self._db(lambda: notify_freed(self.database, keys))
 
     def _group_of(self, job: ClaimedJob) -> str | None:
         """Return the key of the limited group that holds job, if any (its handler's first)."""
@@ -647,6 +661,7 @@ class Worker(Settler, ExecutorThreads):
         self._draining = True
         if self._held_back:
             self._release(list(self._held_back))
+            self._freed.update(k for run in self._held_back if (k := self._group_of(run.job)))
             self._held_back.clear()
         return time.monotonic() + self.grace
 
@@ -678,6 +693,9 @@ class Worker(Settler, ExecutorThreads):
             if not self._unsettled:
                 break
             self._retry_unsettled()
+        self._freed.update(k for run in unfinished if (k := self._group_of(run.job)))
+        if self._freed:
+            self._tell_freed(self._freed)
 
     # ---- database access ------------------------------------------------------
 
