@@ -2091,6 +2091,9 @@ class WorkflowStep(models.Model):
     class Meta:
         db_table = "django_jobs_workflow_step"
         ordering = ["workflow", "created_at", "job_id"]
+        # The admin lists workflows (steps grouped by name) under this model's entry.
+        verbose_name = _("workflow")
+        verbose_name_plural = _("workflows")
         indexes = [
             models.Index(fields=["workflow", "created_at"], name="django_jobs_step_workflow"),
         ]

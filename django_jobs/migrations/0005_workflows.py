@@ -111,6 +111,8 @@ class Migration(migrations.Migration):
                 ("created_at", models.DateTimeField()),
             ],
             options={
+                "verbose_name": "workflow",
+                "verbose_name_plural": "workflows",
                 "db_table": "django_jobs_workflow_step",
                 "ordering": ["workflow", "created_at", "job_id"],
                 "indexes": [
