@@ -653,9 +653,19 @@ class JobQuerySet(models.QuerySet["Job"]):
         )
 
     def cancel_workflow(self, workflow: str, *, by: str = "") -> CancelReport:
-        """Cancel the live steps of a workflow as cancel() does (running ones are left alone)."""
-        steps = WorkflowStep.objects.using(self.db).filter(workflow=workflow)
-        return self.filter(id__in=steps.values("job_id")).cancel(by=by)
+        """Cancel the live steps of a workflow as cancel() does (running ones are left alone).
+
+        A step that died and was replayed counts by its replay's job, as the
+        workflow page shows it (a replay also writes a step row of its own; this
+        covers one whose row is missing).
+        """
+        steps = WorkflowStep.objects.using(self.db).filter(workflow=workflow).values("job_id")
+        replays = DeadLetter.objects.using(self.db).filter(
+            id__in=steps, replay_job_id__isnull=False
+        )
+        return self.filter(Q(id__in=steps) | Q(id__in=replays.values("replay_job_id"))).cancel(
+            by=by
+        )
 
     # ---- worker ---------------------------------------------------------
 

@@ -19,7 +19,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db.models import Count, Min, Q, QuerySet
+from django.db.models import Count, Min, QuerySet
 from django.http import (
     Http404,
     HttpRequest,
@@ -385,23 +385,13 @@ class WorkflowStepAdmin(AnyModelAdmin):
             return refused
         name = request.POST.get("name", "")
         by = request.user.get_username()
-        step_rows = WorkflowStep.objects.filter(workflow=name)
-        alias = step_rows.db
-        step_ids = step_rows.values("job_id")
-        # The steps that died and were replayed: their replays are the steps' work now.
-        replayed = DeadLetter.objects.using(alias).filter(
-            id__in=step_ids, replay_job_id__isnull=False
+        alias = WorkflowStep.objects.db
+        live = Job.objects.using(alias).filter(
+            id__in=WorkflowStep.objects.using(alias).filter(workflow=name).values("job_id")
         )
-        where = steps.resolve(replayed.values_list("id", flat=True), alias)
-        replays = [at.current for at in where.values() if at.state in steps.LIVE]
-        live = Job.objects.using(alias).filter(Q(id__in=step_ids) | Q(id__in=replays))
         names = dict(live.values_list("id", "name"))
-        # The store's cancel of a workflow's steps, then the same for the replays of dead ones.
+        # The store's cancel of a workflow's steps: a replayed step's replay is a step too.
         report = Job.objects.using(alias).cancel_workflow(name, by=by)
-        if replays:
-            more = Job.objects.using(alias).filter(id__in=replays).cancel(by=by)
-            report.cancelled += more.cancelled
-            report.running += more.running
         # A running step's handler is stopped by its worker: flag it for the next heartbeat.
         Job.objects.using(alias).filter(id__in=report.running).request_cancel()
         if report.cancelled:
