@@ -6,6 +6,7 @@ edges, the parents' dependents counts), as docs/workflows.md's enqueue does.
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from functools import partial
@@ -184,9 +185,7 @@ def _in_thread(function, *args):
 
 
 @pytest.mark.postgres
-def test_two_parents_settled_in_concurrent_transactions_release_the_child_once(claim_path):
-    if claim_path != "auto":
-        pytest.skip("the claim path does not matter here")
+def test_two_parents_settled_in_concurrent_transactions_release_the_child_once():
     first, second = (enqueue(jobs.noop, {"p": i}).id for i in range(2))
     child = _after(first, second, queue="wf-concurrent")
     claimed = {j.id: j for j in _claim()}
@@ -301,7 +300,9 @@ def test_a_worker_settles_a_parent_whose_child_registered_while_it_ran(run_worke
 def test_a_worker_process_drains_a_parent_then_its_child(worker_process, claim_path):
     parent = enqueue(jobs.record, {"label": "wf-parent"}).id
     child = _after(parent, handler=jobs.record, payload={"label": "wf-child"})
-    proc = worker_process("--burst")
+    proc = worker_process(
+        "--burst", extra_env={"JOBS_TEST_SETTINGS": json.dumps({"CLAIM": claim_path})}
+    )
     assert proc.wait(timeout=120) == 0, proc.output()[-2000:]
     assert not Job.objects.exists()
     first = CompletionMarker.objects.get(job_id=parent)
