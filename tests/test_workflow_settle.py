@@ -166,6 +166,43 @@ def test_a_dependent_registered_between_claim_and_settle_is_released():
     assert _due(child)
 
 
+@pytest.mark.postgres
+def test_a_dependent_committing_while_the_settle_waits_for_its_lock_is_released():
+    # The case the fence is for: the settle's statement began before the
+    # dependent's transaction committed, so that statement cannot see the edge.
+    parent = enqueue(jobs.noop, {"p": 1}).id
+    [claimed] = _claim()
+    registered, commit = threading.Event(), threading.Event()
+    children: list[uuid.UUID] = []
+    settled: list[set[int]] = []
+
+    def register():
+        with transaction.atomic():
+            children.append(_after(parent, queue="children"))
+            registered.set()
+            commit.wait(30)
+
+    enqueuer = threading.Thread(target=_in_thread, args=(register,))
+    settler = threading.Thread(
+        target=_in_thread,
+        args=(lambda: settled.append(Job.objects.complete(_finished([claimed]))),),
+    )
+    enqueuer.start()
+    try:
+        assert registered.wait(30)
+        settler.start()
+        wait_for(_waiting_on_a_lock, message="the settle to wait for the parent's row")
+    finally:
+        commit.set()
+        enqueuer.join(30)
+        settler.join(30)
+    assert settled == [{0}]
+    [child] = children
+    assert not Job.objects.filter(id=parent).exists()
+    assert Job.objects.get(id=child).waiting_for == 0
+    assert _due(child)
+
+
 def test_a_lost_lease_is_still_lost_next_to_a_fenced_job():
     fenced, lost = (enqueue(jobs.noop, {"p": i}).id for i in range(2))
     claimed = {j.id: j for j in _claim()}
