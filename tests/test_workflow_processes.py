@@ -32,6 +32,7 @@ from django_jobs.models import (
     JobState,
     WorkflowStep,
 )
+from tests import workflow_model
 from tests.conftest import CHAOS_LINES, POSTGRES, wait_for
 from tests.testapp import jobs, workflow_jobs
 from tests.testapp.models import Audit
@@ -373,3 +374,49 @@ def test_children_enqueued_while_their_parents_run_are_each_released_once(worker
         child = CompletionMarker.objects.get(result__label=f"c{i}")
         assert child.result["saw"] == {str(parent.id): f"p{i}"}
     assert not Dependency.objects.filter(satisfied_at__isnull=True).exists()
+
+
+# ---- 5. a random DAG on three workers ------------------------------------------------------
+
+
+@pytest.mark.mariadb
+def test_a_random_dag_on_three_workers_ends_as_the_model_says(worker_process):
+    """Releases, dead-letter cascades and replays racing one another across processes."""
+    rng = random.Random(15)
+    nodes = workflow_model.random_dag(rng, 300, max_parents=3)
+    results, keys = workflow_model.write(nodes, 200, sleep=lambda i: rng.choice([0, 0, 0.01, 0.05]))
+    ids = [r.id for r in results]
+    outcome = workflow_model.expected_outcomes(nodes)
+    markers, letters = workflow_model.settled(outcome)
+    workers = [worker_process("--concurrency", "4") for _ in range(3)]
+    wait_for(
+        lambda: (
+            CompletionMarker.objects.count() >= markers and DeadLetter.objects.count() >= letters
+        ),
+        timeout=90,
+        message=f"{markers} markers and {letters} letters",
+    )
+    # A few more polls of every worker: nothing else is due.
+    for i in range(6):
+        sentinel = enqueue(jobs.record, {"label": f"sentinel-{i}"})
+        wait_for(
+            lambda s=sentinel: CompletionMarker.objects.filter(job_id=s.id).exists(),
+            timeout=30,
+            message="a sentinel job",
+        )
+    CompletionMarker.objects.filter(name=jobs.record.name).delete()
+    workflow_model.check_outcomes(nodes, ids, keys, outcome)
+    # Every letter replayed, its cause fixed, in random order while the workers run.
+    workflow_model.heal(nodes)
+    for i in rng.sample(
+        workflow_model.dead_nodes(outcome), len(workflow_model.dead_nodes(outcome))
+    ):
+        workflow_model.replay(ids, i)
+        time.sleep(rng.choice([0, 0, 0.02]))
+    wait_for(
+        lambda: CompletionMarker.objects.count() == len(nodes) and not Job.objects.exists(),
+        timeout=90,
+        message="every node to run",
+    )
+    stop(workers)
+    workflow_model.check_all_ran(nodes, ids, keys, outcome)
