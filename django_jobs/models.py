@@ -438,7 +438,7 @@ class JobQuerySet(models.QuerySet["Job"]):
         """
         alias = self.db
         with transaction.atomic(using=alias):
-            found = _distinct([_find_parent(alias, parent) for parent in after])
+            found = _distinct([_find_parent(alias, parent) for parent in _lock_order(after)])
             _not_after_itself(job, found)
             unfinished = sum(1 for f in found if f.state != _DONE)
             dead = next((f for f in found if f.state == _DEAD), None)
@@ -485,7 +485,10 @@ class JobQuerySet(models.QuerySet["Job"]):
                         named[parent] = named.get(parent, 0) + 1
                     else:
                         outside[parent] = outside.get(parent, 0) + 1
-            found = {parent: _find_parent(alias, parent, n) for parent, n in outside.items()}
+            found = {
+                parent: _find_parent(alias, parent, outside[parent])
+                for parent in _lock_order(outside)
+            }
             if _is_postgres(alias):
                 now = sql.run(alias, "SELECT statement_timestamp()")[0][0]
             else:
@@ -1617,6 +1620,12 @@ class _Found:
 def blocked_until() -> datetime:
     """BLOCKED_UNTIL as this project stores datetimes (naive when USE_TZ is off)."""
     return BLOCKED_UNTIL if settings.USE_TZ else BLOCKED_UNTIL.replace(tzinfo=None)
+
+
+def _lock_order(parents: Iterable[Parent]) -> list[Parent]:
+    """Parents in one order for every enqueue: two that name the same live parents lock
+    them in the same order, so they wait for each other instead of deadlocking."""
+    return sorted(parents, key=lambda p: (p.id is None, str(p.id), p.key or ""))
 
 
 def _find_parent(alias: str, parent: Parent, count: int = 1) -> _Found:

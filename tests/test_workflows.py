@@ -638,3 +638,54 @@ def test_a_dependent_enqueued_while_its_parent_settles_is_never_stuck():
             stuck.append(round_)
         Job.objects.all().delete()
     assert stuck == []
+
+
+@pytest.mark.skipif(not POSTGRES, reason="row locks seen from a third connection: PostgreSQL")
+def test_parents_are_locked_in_one_order_whatever_order_after_names_them():
+    # Two enqueues naming the same live parents in opposite orders would deadlock if
+    # each locked them as named. Hold A from another connection: an enqueue naming
+    # [B, A] must wait on A before it touches B, so B stays free meanwhile.
+    a, b = sorted([enqueue("tests.noop").id, enqueue("tests.noop").id])
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_a():
+        try:
+            with transaction.atomic():
+                list(Job.objects.select_for_update().filter(id=a))
+                holding.set()
+                release.wait(30)
+        finally:
+            close_old_connections()
+
+    def enqueue_after_b_then_a():
+        try:
+            enqueue("tests.noop", after=[b, a])
+        finally:
+            close_old_connections()
+
+    holder = threading.Thread(target=hold_a)
+    holder.start()
+    assert holding.wait(30)
+    enqueuer = threading.Thread(target=enqueue_after_b_then_a)
+    enqueuer.start()
+    try:
+        with connection.cursor() as cursor:
+            # Wait until the enqueue is blocked on A's lock (pg_locks: a lock not granted).
+            for _ in range(300):
+                cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+                if cursor.fetchone()[0]:
+                    break
+                threading.Event().wait(0.1)
+            else:
+                pytest.fail("the enqueue never waited for A")
+            with transaction.atomic():
+                cursor.execute(
+                    "SELECT id FROM django_jobs_job WHERE id = %s FOR UPDATE NOWAIT", [b]
+                )
+                assert cursor.fetchone() is not None  # B was not locked before A
+    finally:
+        release.set()
+        holder.join(30)
+        enqueuer.join(30)
+    assert Job.objects.get(id=a).dependents == 1
+    assert Job.objects.get(id=b).dependents == 1
