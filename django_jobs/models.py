@@ -825,7 +825,7 @@ class JobQuerySet(models.QuerySet["Job"]):
             )
             return sql.claim_limited_params(group, claim, limited_names)
 
-        batch = list(enumerate(finished))
+        batch = _id_order(finished)
         settled: Settled | None = None
         if len(groups) == 1 and limit > 0 and connections[alias].get_autocommit():
             # One group (a worker whose slot freed): settle, lock and claim in one round trip.
@@ -958,7 +958,7 @@ class JobQuerySet(models.QuerySet["Job"]):
             return Settled()
         alias = self.db
         if _is_postgres(alias):
-            return self._settle_fenced(alias, list(enumerate(finished)), None)
+            return self._settle_fenced(alias, _id_order(finished), None)
         token_of = {job_id: (token, result) for job_id, token, result, _ in finished}
         with transaction.atomic(using=alias):
             # Locking reads: MariaDB's plain SELECT reads the transaction's old
@@ -1620,6 +1620,14 @@ class _Found:
 def blocked_until() -> datetime:
     """BLOCKED_UNTIL as this project stores datetimes (naive when USE_TZ is off)."""
     return BLOCKED_UNTIL if settings.USE_TZ else BLOCKED_UNTIL.replace(tzinfo=None)
+
+
+def _id_order(
+    finished: Sequence[tuple[uuid.UUID, str, str | None, int]],
+) -> list[tuple[int, tuple[uuid.UUID, str, str | None, int]]]:
+    """A settle batch with its positions, in id order: its DELETE then locks rows in the
+    order an enqueue locks its parents (_lock_order), so the two cannot deadlock."""
+    return sorted(enumerate(finished), key=lambda item: item[1][0])
 
 
 def _lock_order(parents: Iterable[Parent]) -> list[Parent]:
