@@ -360,3 +360,47 @@ def test_a_released_child_wakes_its_queues_workers():
         assert _due(child)
     finally:
         listener.close()
+
+
+@pytest.mark.postgres
+def test_a_settle_batch_locks_its_rows_in_id_order_as_after_does():
+    # An enqueue after=[A, B] locks A then B (sorted); a settle of [B, A] must too, or
+    # the two could each hold one and wait for the other. Hold B from another
+    # connection: a settle in id order has locked A by the time it waits for B.
+    first, second = sorted(enqueue(jobs.noop, {"p": i}).id for i in range(2))
+    claimed = {j.id: j for j in _claim()}
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_second():
+        with transaction.atomic():
+            list(Job.objects.select_for_update().filter(id=second))
+            holding.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=_in_thread, args=(hold_second,))
+    holder.start()
+    assert holding.wait(30)
+    results = {}
+    settle = threading.Thread(
+        target=_in_thread,
+        args=(
+            lambda: results.update(
+                settled=Job.objects.complete(_finished([claimed[second], claimed[first]]))
+            ),
+        ),
+    )
+    settle.start()
+    try:
+        wait_for(_waiting_on_a_lock, message="the settle to wait for B's lock")
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = '100ms'")
+            with pytest.raises(Exception, match="lock"):
+                cursor.execute(
+                    "SELECT id FROM django_jobs_job WHERE id = %s FOR UPDATE NOWAIT", [first]
+                )
+    finally:
+        release.set()
+        holder.join(30)
+        settle.join(30)
+    assert results["settled"] == {0, 1}
+    assert not Job.objects.filter(id__in=[first, second]).exists()
