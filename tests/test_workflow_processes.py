@@ -21,7 +21,7 @@ import pytest
 from django.db import transaction
 from django.db.models import Max
 
-from django_jobs import enqueue, workflow
+from django_jobs import cancel_workflow, enqueue, workflow
 from django_jobs.fleet import WorkerBeat
 from django_jobs.models import (
     CompletionMarker,
@@ -420,3 +420,40 @@ def test_a_random_dag_on_three_workers_ends_as_the_model_says(worker_process):
     )
     stop(workers)
     workflow_model.check_all_ran(nodes, ids, keys, outcome)
+
+
+# ---- 6. cancel_workflow while a step runs -------------------------------------------------
+
+
+@pytest.mark.mariadb
+def test_cancel_workflow_stops_its_running_step_and_buries_dead_dependents(worker_process):
+    with transaction.atomic():
+        with workflow(name="cancelled") as w:
+            running = w.enqueue(jobs.until_cancelled, {"label": "running", "seconds": 60})
+            step = w.enqueue(workflow_jobs.step, {"label": "in-workflow"}, after=[running])
+        dead = enqueue(
+            workflow_jobs.step, {"label": "dead-mode"}, after=[running], on_parent_dead="dead"
+        )
+        waits = enqueue(workflow_jobs.step, {"label": "wait-mode"}, after=[running])
+    # A short lease: the heartbeat (lease / 3) carries the cancel request to the worker.
+    workers = [worker_process("--concurrency", "2", "--lease", "3")]
+    wait_for(lambda: Audit.objects.filter(label="start-running").exists(), message="the step")
+    result = cancel_workflow("cancelled")
+    assert (result.cancelled, result.requested) == (1, 1)
+    wait_for(
+        lambda: DeadLetter.objects.filter(id=running.id).exists(),
+        timeout=30,
+        message="the running step to stop",
+    )
+    letters = dict(DeadLetter.objects.values_list("id", "reason"))
+    assert letters == {
+        running.id: DeadReason.CANCELLED,
+        step.id: DeadReason.CANCELLED,
+        dead.id: DeadReason.PARENT_DEAD,
+    }
+    # The "wait" dependent outside the workflow waits for a replay of the cancelled step.
+    assert list(Job.objects.with_state().values_list("id", "state")) == [
+        (waits.id, JobState.BLOCKED)
+    ]
+    stop(workers)
+    assert not Audit.objects.filter(label__startswith="start|").exists()
