@@ -52,13 +52,17 @@ step = job(name="tests.wf.step")(_step)
 step_atomic = job(name="tests.wf.step_atomic", atomic=True)(_step)
 
 
-@job(name="tests.wf.chunk", atomic=True, max_attempts=30, backoff=0.5)
-def chunk(payload, ctx):
-    """One chunk of a fan-out: an atomic effect (one Audit row per success) that takes a while."""
+def _chunk(payload, ctx):
     Audit.objects.create(label=f"chunk|{payload['i']}", job_id=ctx.id, attempt=ctx.attempt)
     if payload.get("ms"):
         time.sleep(payload["ms"] / 1000)
     return payload["i"]
+
+
+# One chunk of a fan-out that takes a while: an atomic effect (one Audit row per success),
+# or a plain one (settled in the worker's batches; a killed attempt's effect stays).
+chunk = job(name="tests.wf.chunk", atomic=True, max_attempts=30, backoff=0.5)(_chunk)
+chunk_plain = job(name="tests.wf.chunk_plain", max_attempts=30, backoff=0.5)(_chunk)
 
 
 @job(name="tests.wf.fan_in", atomic=True, max_attempts=30, backoff=0.5)
