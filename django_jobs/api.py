@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -58,9 +58,7 @@ def enqueue(
     dead-lettered.
     """
     job = _prepare(handler, payload, key, delay, run_at, priority, queue, max_attempts)
-    if after or on_parent_dead != "wait":
-        return _write_after(job, conf.database(), _parents(after), _mode(on_parent_dead))
-    return _write(job, conf.database())
+    return _write(job, conf.database(), _parents(after), _mode(on_parent_dead))
 
 
 def enqueue_on_commit(
@@ -88,14 +86,12 @@ def enqueue_on_commit(
     """
     job = _prepare(handler, payload, key, delay, run_at, priority, queue, max_attempts)
     alias = conf.database()
-    write: Any = _write
-    if after or on_parent_dead != "wait":
-        write = partial(_write_after, parents=_parents(after), mode=_mode(on_parent_dead))
+    parents, mode = _parents(after), _mode(on_parent_dead)
     if commit_of is None or commit_of == alias:
-        return cast(EnqueueResult, write(job, alias))
+        return _write(job, alias, parents, mode)
     if commit_of not in connections:
         raise InvalidJob(f"commit_of names no database alias in DATABASES: {commit_of!r}")
-    transaction.on_commit(partial(write, job, alias), using=commit_of)
+    transaction.on_commit(partial(_write, job, alias, parents, mode), using=commit_of)
     return EnqueueResult(job.id, None, job.name, job.queue)
 
 
@@ -287,23 +283,14 @@ def _schedule(
     )
 
 
-def _write(job: NewJob, alias: str) -> EnqueueResult:
+def _write(
+    job: NewJob, alias: str, parents: Sequence[Parent] = (), mode: str = "wait"
+) -> EnqueueResult:
+    """Insert job (after `parents`, when given) and send job_enqueued at commit."""
     try:
         # The queryset built directly: a manager's using() clones twice (~10 µs per enqueue).
-        result = JobQuerySet(Job, using=alias).insert(job)
-    except DatabaseError as exc:
-        _explain_missing_tables(exc, alias)
-        raise
-    if signals.job_enqueued.receivers:
-        transaction.on_commit(partial(_send_enqueued, result), using=alias)
-    return result
-
-
-def _write_after(job: NewJob, alias: str, parents: list[Parent], mode: str) -> EnqueueResult:
-    if not parents:
-        return _write(job, alias)
-    try:
-        result = JobQuerySet(Job, using=alias).insert_after(job, parents, mode)
+        jobs = JobQuerySet(Job, using=alias)
+        result = jobs.insert_after(job, parents, mode) if parents else jobs.insert(job)
     except DatabaseError as exc:
         _explain_missing_tables(exc, alias)
         raise
@@ -345,6 +332,8 @@ def _parents(after: Iterable[Any] | None) -> list[Parent]:
 
 
 def _mode(on_parent_dead: object) -> str:
+    if on_parent_dead == "wait":  # the default, checked first: every enqueue passes here
+        return "wait"
     if on_parent_dead not in OnParentDead.values:
         raise InvalidJob(f'on_parent_dead must be "wait" or "dead", not {on_parent_dead!r}')
     return str(on_parent_dead)
