@@ -640,7 +640,7 @@ def test_a_dependent_enqueued_while_its_parent_settles_is_never_stuck():
     assert stuck == []
 
 
-@pytest.mark.skipif(not POSTGRES, reason="row locks seen from a third connection: PostgreSQL")
+@pytest.mark.postgres  # row locks seen from a third connection
 def test_parents_are_locked_in_one_order_whatever_order_after_names_them():
     # Two enqueues naming the same live parents in opposite orders would deadlock if
     # each locked them as named. Hold A from another connection: an enqueue naming
