@@ -28,7 +28,7 @@ from typing import Any, cast
 
 from django.conf import settings
 from django.core.checks import CheckMessage
-from django.db import IntegrityError, connections, models, transaction
+from django.db import IntegrityError, OperationalError, connections, models, transaction
 from django.db.models import Case, ExpressionWrapper, F, Q, Value, When
 from django.db.models.functions import Coalesce, Greatest, Now
 from django.utils import timezone
@@ -436,9 +436,14 @@ class JobQuerySet(models.QuerySet["Job"]):
         dead letters (parent_dead). A key held by a live or done job makes no
         row and registers nothing: the result is that job's, marked duplicate.
         """
+        return _retrying_deadlocks(self.db, lambda: self._insert_after(job, after, on_parent_dead))
+
+    def _insert_after(
+        self, job: NewJob, after: Sequence[Parent], on_parent_dead: str
+    ) -> EnqueueResult:
         alias = self.db
         with transaction.atomic(using=alias):
-            found = _distinct([_find_parent(alias, parent) for parent in _lock_order(after)])
+            found = _distinct(list(_find_parents(alias, dict.fromkeys(after, 1)).values()))
             _not_after_itself(job, found)
             unfinished = sum(1 for f in found if f.state != _DONE)
             dead = next((f for f in found if f.state == _DEAD), None)
@@ -475,6 +480,9 @@ class JobQuerySet(models.QuerySet["Job"]):
         it makes no row and its dependents in the workflow wait for that job.
         Parents outside the workflow are found as by insert_after, once each.
         """
+        return _retrying_deadlocks(self.db, lambda: self._insert_workflow(workflow, steps))
+
+    def _insert_workflow(self, workflow: str, steps: Sequence[Step]) -> list[EnqueueResult]:
         alias = self.db
         with transaction.atomic(using=alias):
             named: dict[int, int] = {}  # step index -> steps that name it
@@ -485,10 +493,7 @@ class JobQuerySet(models.QuerySet["Job"]):
                         named[parent] = named.get(parent, 0) + 1
                     else:
                         outside[parent] = outside.get(parent, 0) + 1
-            found = {
-                parent: _find_parent(alias, parent, outside[parent])
-                for parent in _lock_order(outside)
-            }
+            found = _find_parents(alias, outside)
             if _is_postgres(alias):
                 now = sql.run(alias, "SELECT statement_timestamp()")[0][0]
             else:
@@ -963,13 +968,16 @@ class JobQuerySet(models.QuerySet["Job"]):
         with transaction.atomic(using=alias):
             # Locking reads: MariaDB's plain SELECT reads the transaction's old
             # snapshot, which may not count a dependent registered since.
+            locking = list(token_of)
+            if any(dependents for *_, dependents in finished):
+                locking = _family(alias, locking)  # with the jobs it may release, in id order
             rows = list(
                 self.select_for_update()
-                .filter(id__in=list(token_of))
+                .filter(id__in=locking)
                 .order_by("id")
                 .values_list(*_CLAIMED_FIELDS, "locked_by")
             )
-            held = [row for row in rows if row[-1] == token_of[row[0]][0]]
+            held = [row for row in rows if row[0] in token_of and row[-1] == token_of[row[0]][0]]
             if not held:
                 return Settled()
             self.filter(
@@ -1033,7 +1041,7 @@ class JobQuerySet(models.QuerySet["Job"]):
             now = {
                 job_id: (locked_by, dependents)
                 for job_id, locked_by, dependents in sql.run(
-                    alias, sql.LOCK_SETTLING, [ids, tokens]
+                    alias, sql.LOCK_SETTLING, {"ids": ids, "tokens": tokens}
                 )
             }
             held = [
@@ -1057,6 +1065,8 @@ class JobQuerySet(models.QuerySet["Job"]):
         if not conn.in_atomic_block:
             raise RuntimeError("complete_atomically must run inside transaction.atomic()")
         if _is_postgres(alias):
+            if job.dependents:
+                sql.run(alias, sql.LOCK_FAMILY, {"ids": [job.id]})
             [(deleted, marked, dependents)] = sql.run(
                 alias, sql.COMPLETE_ATOMIC, {"id": job.id, "token": job.token, "result": result}
             )
@@ -1067,6 +1077,8 @@ class JobQuerySet(models.QuerySet["Job"]):
                 self.release_dependents([job.idempotency_key])
             return bool(marked)
         # A locking read: the count as it is now (see complete()).
+        if job.dependents:
+            list(self.select_for_update().filter(id__in=_family(alias, [job.id])).order_by("id"))
         dependents = (
             self.select_for_update()
             .filter(id=job.id, locked_by=job.token)
@@ -1630,10 +1642,86 @@ def _id_order(
     return sorted(enumerate(finished), key=lambda item: item[1][0])
 
 
-def _lock_order(parents: Iterable[Parent]) -> list[Parent]:
-    """Parents in one order for every enqueue: two that name the same live parents lock
-    them in the same order, so they wait for each other instead of deadlocking."""
-    return sorted(parents, key=lambda p: (p.id is None, str(p.id), p.key or ""))
+def _family(alias: str, ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
+    """ids and the jobs their settle may release: what sql._lock_family locks, for the ORM."""
+    keys = [
+        key if key is not None else str(job_id)
+        for job_id, key in Job.objects.using(alias)
+        .filter(id__in=ids, dependents__gt=0)
+        .values_list("id", "key")
+    ]
+    if not keys:
+        return list(ids)
+    edges = Dependency.objects.using(alias).filter(parent_key__in=keys, satisfied_at__isnull=True)
+    return list({*ids, *edges.values_list("job_id", flat=True)})
+
+
+def _find_parents(alias: str, counts: Mapping[Parent, int]) -> dict[Parent, _Found]:
+    """Find each parent (with its count of new dependents), locking the rows in id order.
+
+    Every path that locks several jobs does it in id order: this one, a settle
+    (sql.COMPLETE_RELEASING locks a batch and the jobs it releases together,
+    _id_order) and a replay. A parent named by key is first looked up without a
+    lock, for the id of the row it will lock: two enqueues that name the same
+    parents, one by id and one by key, then wait for each other instead of each
+    holding what the other needs (a deadlock).
+    """
+    if len(counts) < 2:
+        return {parent: _find_parent(alias, parent, count) for parent, count in counts.items()}
+    by_key = [p.key for p in counts if p.id is None and p.key is not None]
+    row_of: dict[str | None, uuid.UUID] = {}
+    if by_key:
+        letters = DeadLetter.objects.using(alias).filter(key__in=by_key).order_by("-id")
+        row_of.update(letters.values_list("key", "id"))  # the lowest id of each key wins
+        row_of.update(Job.objects.using(alias).filter(key__in=by_key).values_list("key", "id"))
+    # An id first (a key with no row locks nothing, or only markers: last).
+    unseen = uuid.UUID(int=(1 << 128) - 1)
+
+    def position(parent: Parent) -> tuple[uuid.UUID, str]:
+        row = parent.id if parent.id is not None else row_of.get(parent.key, unseen)
+        return row, parent.key or ""
+
+    return {
+        parent: _find_parent(alias, parent, counts[parent])
+        for parent in sorted(counts, key=position)
+    }
+
+
+# How many times an enqueue after parents is tried when the database picks it as a
+# deadlock's victim (a lock order no path can rule out: a settle's release meeting
+# an enqueue that names a parent and its child). Each try waits deadlock_timeout.
+DEADLOCK_TRIES = 5
+_PG_DEADLOCK = "40P01"
+_MYSQL_DEADLOCK = 1213
+
+
+def _is_deadlock(exc: BaseException) -> bool:
+    """Whether exc is the database's "deadlock detected" (PostgreSQL, MySQL and MariaDB)."""
+    cause = exc.__cause__
+    if getattr(cause, "sqlstate", None) == _PG_DEADLOCK:
+        return True
+    return bool(exc.args) and exc.args[0] == _MYSQL_DEADLOCK
+
+
+def _retrying_deadlocks[T](alias: str, write: Callable[[], T]) -> T:
+    """Run write (one transaction.atomic block), again when it lost a deadlock.
+
+    The victim's block is rolled back, and with it the row locks it took: on
+    PostgreSQL a savepoint's rollback releases them, so a write inside the
+    caller's transaction is tried again in place. MySQL and MariaDB roll the
+    whole transaction back: only a write that is its own transaction is retried
+    there; inside the caller's, the error reaches the caller, whose transaction
+    is gone.
+    """
+    own_transaction = not connections[alias].in_atomic_block
+    for tries_left in range(DEADLOCK_TRIES - 1, -1, -1):
+        try:
+            return write()
+        except OperationalError as exc:
+            retry = tries_left and _is_deadlock(exc) and (own_transaction or _is_postgres(alias))
+            if not retry:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _find_parent(alias: str, parent: Parent, count: int = 1) -> _Found:
@@ -1677,15 +1765,16 @@ def _find_parent(alias: str, parent: Parent, count: int = 1) -> _Found:
         marked_id = markers.filter(key=key).values_list("job_id", flat=True).first()
         if marked_id is not None:
             return _Found(_DONE, key, marked_id)
-        dead = list(
+        dead = list(  # locked in id order, as every path that locks several rows
             letters.filter(key=key)
-            .order_by("-dead_at", "id")
+            .order_by("id")
             .select_for_update()
-            .values_list("id", "replay_job_id")
+            .values_list("id", "replay_job_id", "dead_at")
         )
-        pending = [letter_id for letter_id, replay in dead if replay is None]
+        pending = [(dead_at, letter_id) for letter_id, replay, dead_at in dead if replay is None]
         if pending:
-            return _Found(_DEAD, key, pending[0])
+            latest = max(pending, key=lambda letter: (letter[0], -letter[1].int))
+            return _Found(_DEAD, key, latest[1])
         if not dead:
             break
         # Every letter of the key was replayed, maybe just now: its job is live or done.
@@ -1902,7 +1991,9 @@ class DeadLetterQuerySet(models.QuerySet["DeadLetter"]):
         # Each new job due now wakes listening workers at commit (see JobQuerySet.insert).
         for chunk in _chunks(ids, REPLAY_BATCH):
             with transaction.atomic(using=alias):
-                for letter in DeadLetter.objects.using(alias).filter(id__in=chunk):
+                # In id order, as every path that locks several rows (_find_parents).
+                letters = DeadLetter.objects.using(alias).filter(id__in=chunk).order_by("id")
+                for letter in letters:
                     letter._replay(alias, by, run_at, seconds, report)
             done += len(chunk)
             if progress is not None:

@@ -431,6 +431,28 @@ woken AS (
 )"""  # noqa: S608 - spliced: constants of this module, no input
 
 
+# The jobs %(ids)s (an `ids` query) and the jobs their settle may release (the
+# open edges on the keys of those with dependents), locked together in id order,
+# as an enqueue after several parents locks them (models._find_parents): a settle
+# that locked its batch first and the released jobs after could meet an enqueue
+# naming one of each and deadlock. Returns the rows as locked (latest versions).
+def _lock_family(ids: str) -> str:
+    return f"""
+    SELECT j.id, j.locked_by, j.dependents
+    FROM (
+        SELECT batch.id FROM ({ids}) AS batch(id)
+        UNION
+        SELECT e.job_id FROM django_jobs_dependency AS e
+        WHERE e.satisfied_at IS NULL AND e.parent_key = ANY(ARRAY(
+            SELECT COALESCE(p.key, p.id::text) FROM django_jobs_job AS p
+            WHERE p.id IN ({ids}) AND p.dependents > 0
+        ))
+    ) AS family
+    JOIN django_jobs_job AS j ON j.id = family.id
+    ORDER BY j.id
+    FOR UPDATE OF j"""  # noqa: S608 - spliced: constants of this module, no input
+
+
 # Settle a batch of finished jobs: delete each row still leased to its token and
 # write its completion marker, in one statement. The batch comes as one JSON
 # array of {"i", "id", "token", "d", "result"} (cheaper to build and to bind than
@@ -446,6 +468,19 @@ def _complete(*, release: bool) -> str:
     # %(notify)s. COMPLETE, for a batch claimed without any dependents, leaves that
     # part out: the fence alone keeps it exact, and it plans and runs as before.
     keys = "SELECT COALESCE(key, id::text) FROM deleted WHERE dependents > 0"
+    # COMPLETE_RELEASING locks the batch and the jobs it may release first, in id
+    # order (_lock_family); the DELETE's one-time filter reads that CTE whole
+    # before the DELETE locks anything. Edges committed after this statement's
+    # snapshot changed their parent's dependents: the fence leaves that parent.
+    family = _lock_family("SELECT id FROM finished")
+    locking = (
+        f""",
+family AS MATERIALIZED ({family}
+)"""
+        if release
+        else ""
+    )  # noqa: S608
+    gate = "\n      AND (SELECT count(*) FROM family) >= 0" if release else ""
     tail = (
         f""",{_release(keys)}
 SELECT i, NULL FROM deleted
@@ -459,11 +494,11 @@ SELECT NULL, CASE WHEN %(notify)s THEN pg_notify(%(channel)s, queue) END FROM wo
 WITH finished AS (
     SELECT * FROM json_to_recordset(%(batch)s::json)
         AS f(i int, id uuid, token text, d int, result jsonb)
-),
+){locking},
 deleted AS (
     DELETE FROM django_jobs_job AS j
     USING finished AS f
-    WHERE j.id = f.id AND j.locked_by = f.token AND j.dependents = f.d
+    WHERE j.id = f.id AND j.locked_by = f.token AND j.dependents = f.d{gate}
     RETURNING f.i, j.id, j.key, j.name, j.queue, j.attempts, j.enqueued_at, j.started_at,
               j.fingerprint, j.locked_by, f.result, j.dependents
 ),
@@ -476,12 +511,17 @@ COMPLETE_RELEASING = _complete(release=True)
 # The rows of a batch COMPLETE left alone (its fence, or a lease lost), locked in
 # id order inside a transaction: the COMPLETE that follows sees every edge
 # committed before the lock was granted, and no dependent can register meanwhile.
-LOCK_SETTLING = """
-SELECT id, locked_by, dependents FROM django_jobs_job
-WHERE id = ANY(%s::uuid[]) AND locked_by = ANY(%s::text[])
-ORDER BY id
-FOR UPDATE
-"""
+LOCK_SETTLING = f"""
+WITH family AS MATERIALIZED ({_lock_family("SELECT unnest(%(ids)s::uuid[])")}
+)
+SELECT id, locked_by, dependents FROM family
+WHERE id = ANY(%(ids)s::uuid[]) AND locked_by = ANY(%(tokens)s::text[])
+"""  # noqa: S608 - spliced: _lock_family, no input
+
+# An atomic handler's job that has dependents, and those, locked in id order before
+# COMPLETE_ATOMIC deletes it and RELEASE counts them down (see _lock_family).
+LOCK_FAMILY = f"""{_lock_family("SELECT unnest(%(ids)s::uuid[])")}
+"""  # noqa: S608 - spliced: _lock_family, no input
 
 # The release of COMPLETE on its own, for the keys %(keys)s: an atomic handler's
 # settle runs it in the handler's transaction after COMPLETE_ATOMIC deleted a job
