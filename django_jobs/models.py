@@ -1065,10 +1065,9 @@ class JobQuerySet(models.QuerySet["Job"]):
         if not conn.in_atomic_block:
             raise RuntimeError("complete_atomically must run inside transaction.atomic()")
         if _is_postgres(alias):
-            if job.dependents:
-                sql.run(alias, sql.LOCK_FAMILY, {"ids": [job.id]})
+            statement = sql.COMPLETE_ATOMIC_LOCKING if job.dependents else sql.COMPLETE_ATOMIC
             [(deleted, marked, dependents)] = sql.run(
-                alias, sql.COMPLETE_ATOMIC, {"id": job.id, "token": job.token, "result": result}
+                alias, statement, {"id": job.id, "token": job.token, "result": result}
             )
             if not deleted:
                 raise LeaseLost(f"job {job.id} was taken over by another worker")

@@ -518,10 +518,6 @@ SELECT id, locked_by, dependents FROM family
 WHERE id = ANY(%(ids)s::uuid[]) AND locked_by = ANY(%(tokens)s::text[])
 """  # noqa: S608 - spliced: _lock_family, no input
 
-# An atomic handler's job that has dependents, and those, locked in id order before
-# COMPLETE_ATOMIC deletes it and RELEASE counts them down (see _lock_family).
-LOCK_FAMILY = f"""{_lock_family("SELECT unnest(%(ids)s::uuid[])")}
-"""  # noqa: S608 - spliced: _lock_family, no input
 
 # The release of COMPLETE on its own, for the keys %(keys)s: an atomic handler's
 # settle runs it in the handler's transaction after COMPLETE_ATOMIC deleted a job
@@ -532,6 +528,7 @@ SELECT (SELECT count(*) FROM released WHERE waiting_for <= 0),
        (SELECT count(CASE WHEN %(notify)s THEN pg_notify(%(channel)s, queue) END) FROM woken)
 """  # noqa: S608 - spliced: _release, no input
 
+
 # Settle one job inside an atomic handler's own transaction: delete it if still
 # leased to the token and write its marker. Returns (deleted, marked, dependents):
 # 0 deleted means the lease was taken over; 0 marked means the key's marker exists
@@ -539,10 +536,17 @@ SELECT (SELECT count(*) FROM released WHERE waiting_for <= 0),
 # The DELETE returns the row's latest dependents (it waits for a registering
 # enqueue to commit); when above 0 the caller runs RELEASE next, in a statement
 # whose snapshot sees their edges.
-COMPLETE_ATOMIC = f"""
-WITH deleted AS (
+def _complete_atomic(*, lock: bool) -> str:
+    # COMPLETE_ATOMIC_LOCKING, for a job that had dependents at its claim: the job
+    # and the jobs RELEASE will count down are locked first, in id order
+    # (_lock_family), read whole by the DELETE's one-time filter.
+    family = _lock_family("SELECT %(id)s::uuid")
+    locking = f"""family AS MATERIALIZED ({family}\n),\n""" if lock else ""  # noqa: S608
+    gate = " AND (SELECT count(*) FROM family) >= 0" if lock else ""
+    return f"""
+WITH {locking}deleted AS (
     DELETE FROM django_jobs_job
-    WHERE id = %(id)s AND locked_by = %(token)s
+    WHERE id = %(id)s AND locked_by = %(token)s{gate}
     RETURNING id, key, name, queue, attempts, enqueued_at, started_at, fingerprint, locked_by,
               %(result)s::jsonb AS result, dependents
 ),
@@ -550,7 +554,11 @@ marked AS ({MARK_DELETED}    RETURNING job_id
 )
 SELECT (SELECT count(*) FROM deleted), (SELECT count(*) FROM marked),
        (SELECT COALESCE(sum(dependents), 0) FROM deleted)
-"""  # noqa: S608 - spliced: MARK_DELETED, no input
+"""  # noqa: S608 - spliced: MARK_DELETED and _lock_family, no input
+
+
+COMPLETE_ATOMIC = _complete_atomic(lock=False)
+COMPLETE_ATOMIC_LOCKING = _complete_atomic(lock=True)
 
 # Heartbeat: push the leases of the jobs this worker still holds (never shortening
 # one a handler extended further itself), and say which of them an operator
