@@ -43,11 +43,15 @@ class PruneResult:
     markers: int = 0
     dead_letters: int = 0
     batches: int = 0
+    dependencies: int = 0  # workflow edges deleted with the last record of their job
+    workflow_steps: int = 0  # WorkflowStep rows, likewise
 
     def __iadd__(self, other: PruneResult) -> PruneResult:
         self.markers += other.markers
         self.dead_letters += other.dead_letters
         self.batches += other.batches
+        self.dependencies += other.dependencies
+        self.workflow_steps += other.workflow_steps
         return self
 
 
@@ -80,30 +84,71 @@ def prunable_dead_letters(alias: str, keep: timedelta) -> QuerySet[DeadLetter]:
     )
 
 
-def _forget_workflow_rows(alias: str, ids: list[Any]) -> None:
-    """Delete the edges and WorkflowStep rows of jobs of which no record is left."""
+def _forget_workflow_rows(alias: str, ids: list[Any]) -> tuple[int, int]:
+    """Delete the edges and WorkflowStep rows of jobs of which no record is left; count them."""
     from django_jobs.models import CompletionMarker, DeadLetter, Dependency, Job, WorkflowStep
 
     markers = CompletionMarker.objects.using(alias).filter(job_id__in=ids).values("job_id")
     letters = DeadLetter.objects.using(alias).filter(id__in=ids).values("id")
     live = Job.objects.using(alias).filter(id__in=ids).values("id")
-    for model in (Dependency, WorkflowStep):
-        rows = model.objects.using(alias).filter(job_id__in=ids)
-        rows.exclude(job_id__in=markers).exclude(job_id__in=letters).exclude(
-            job_id__in=live
-        ).delete()
+    edges, steps = (
+        model.objects.using(alias)
+        .filter(job_id__in=ids)
+        .exclude(job_id__in=markers)
+        .exclude(job_id__in=letters)
+        .exclude(job_id__in=live)
+        .delete()[0]
+        for model in (Dependency, WorkflowStep)
+    )
+    return edges, steps
 
 
-def _delete_batch(queryset: QuerySet[Any], pk: str, order: str, batch: int) -> int:
+def count_workflow_rows(
+    alias: str,
+    markers: QuerySet[CompletionMarker] | None,
+    letters: QuerySet[DeadLetter] | None,
+) -> tuple[int, int]:
+    """Count the edges and WorkflowStep rows that pruning these markers and letters deletes.
+
+    None: that table is not pruned. A job's rows go with its last record
+    (_forget_workflow_rows): they count when a record of the job is among these
+    and neither the job itself nor another record of it stays.
+    """
+    from django_jobs.models import CompletionMarker, DeadLetter, Dependency, Job, WorkflowStep
+
+    pruned = Q()
+    stays = Q(job_id__in=Job.objects.using(alias).values("id"))
+    every_marker = CompletionMarker.objects.using(alias).values("job_id")
+    every_letter = DeadLetter.objects.using(alias).values("id")
+    if markers is None:
+        stays |= Q(job_id__in=every_marker)
+    else:
+        pruned |= Q(job_id__in=markers.values("job_id"))
+        stays |= Q(job_id__in=every_marker) & ~Q(job_id__in=markers.values("job_id"))
+    if letters is None:
+        stays |= Q(job_id__in=every_letter)
+    else:
+        pruned |= Q(job_id__in=letters.values("id"))
+        stays |= Q(job_id__in=every_letter) & ~Q(job_id__in=letters.values("id"))
+    if not pruned:
+        return 0, 0
+    edges, steps = (
+        model.objects.using(alias).filter(pruned).exclude(stays).count()
+        for model in (Dependency, WorkflowStep)
+    )
+    return edges, steps
+
+
+def _delete_batch(queryset: QuerySet[Any], pk: str, order: str, batch: int) -> tuple[int, int, int]:
+    """Delete one batch; return how many rows, edges and WorkflowStep rows went."""
     # Two statements: pick the oldest ids along the age index, then delete those
     # still eligible (the same conditions, re-checked at delete time).
     ids = list(queryset.order_by(order).values_list(pk, flat=True)[:batch])
     if not ids:
-        return 0
+        return 0, 0, 0
     deleted, _ = queryset.filter(**{f"{pk}__in": ids}).delete()
-    if deleted:
-        _forget_workflow_rows(queryset.db, ids)
-    return deleted
+    edges, steps = _forget_workflow_rows(queryset.db, ids) if deleted else (0, 0)
+    return deleted, edges, steps
 
 
 def prune_batch(
@@ -162,12 +207,12 @@ def _prune_batch(plan: _Plan) -> PruneResult:
     result = PruneResult()
     if plan.keep_markers is not None:
         markers = prunable_markers(plan.alias, plan.keep_markers)
-        result.markers = _delete_batch(markers, "job_id", "completed_at", plan.batch)
-        result.batches += 1
+        result.markers, edges, steps = _delete_batch(markers, "job_id", "completed_at", plan.batch)
+        result += PruneResult(batches=1, dependencies=edges, workflow_steps=steps)
     if plan.keep_dead_letters is not None:
         letters = prunable_dead_letters(plan.alias, plan.keep_dead_letters)
-        result.dead_letters = _delete_batch(letters, "id", "dead_at", plan.batch)
-        result.batches += 1
+        result.dead_letters, edges, steps = _delete_batch(letters, "id", "dead_at", plan.batch)
+        result += PruneResult(batches=1, dependencies=edges, workflow_steps=steps)
     return result
 
 
@@ -177,14 +222,17 @@ def count_prunable(
     keep_markers: Any = SETTINGS,
     keep_dead_letters: Any = SETTINGS,
 ) -> PruneResult:
-    """Count what prune() would delete now (for --dry-run)."""
+    """Count what prune() would delete now, workflow rows included (for --dry-run)."""
     alias = alias or conf.database()
     keep_markers, keep_dead_letters = _keeps(keep_markers, keep_dead_letters)
+    markers = None if keep_markers is None else prunable_markers(alias, keep_markers)
+    letters = None if keep_dead_letters is None else prunable_dead_letters(alias, keep_dead_letters)
+    edges, steps = count_workflow_rows(alias, markers, letters)
     return PruneResult(
-        markers=prunable_markers(alias, keep_markers).count() if keep_markers is not None else 0,
-        dead_letters=prunable_dead_letters(alias, keep_dead_letters).count()
-        if keep_dead_letters is not None
-        else 0,
+        markers=0 if markers is None else markers.count(),
+        dead_letters=0 if letters is None else letters.count(),
+        dependencies=edges,
+        workflow_steps=steps,
     )
 
 

@@ -16,8 +16,9 @@ from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
-from django_jobs import enqueue, retention
-from django_jobs.models import CompletionMarker, DeadLetter, Job
+from django_jobs import enqueue, retention, workflow
+from django_jobs.models import CompletionMarker, DeadLetter, Dependency, Job, WorkflowStep, uuid7
+from django_jobs.testing import drain
 from tests.conftest import wait_for
 from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory
 from tests.testapp import jobs
@@ -86,11 +87,87 @@ def test_prunejobs_dry_run_counts_and_deletes_nothing(capsys):
     _markers(2, DAY)
     DeadLetterFactory(dead_at=timezone.now() - 40 * DAY)
     call_command("prunejobs", "--dry-run")
-    assert "would delete 4 completion marker(s) and 1 dead letter(s)" in capsys.readouterr().out
+    assert "would delete 4 completion marker(s), 1 dead letter(s), " in capsys.readouterr().out
     assert (CompletionMarker.objects.count(), DeadLetter.objects.count()) == (6, 1)
     call_command("prunejobs", "--markers", "12h", "--dead-letters", "none", "--batch", "3")
-    assert "deleted 6 completion marker(s) and 0 dead letter(s)" in capsys.readouterr().out
+    assert "deleted 6 completion marker(s), 0 dead letter(s), " in capsys.readouterr().out
     assert (CompletionMarker.objects.count(), DeadLetter.objects.count()) == (0, 1)
+
+
+def _finished_workflows():
+    """Workflows whose records are partly prunable; return the steps whose rows must stay."""
+    old = timezone.now() - 40 * DAY  # past KEEP_MARKERS (7 days) and KEEP_DEAD_LETTERS (30)
+    with workflow(name="done") as w:  # fan-out and fan-in: 4 markers, 4 edges, 4 steps
+        a = w.enqueue("tests.noop")
+        b = w.enqueue("tests.noop", after=[a])
+        c = w.enqueue("tests.noop", after=[a])
+        w.enqueue("tests.noop", after=[b, c])
+    with workflow(name="half") as w:
+        first = w.enqueue("tests.noop")  # old marker: its step row goes (it has no edge)
+        second = w.enqueue("tests.noop", after=[first])  # young marker: its edge and row stay
+    drain()
+    DeadLetterFactory(key="gone")  # a letter without workflow rows
+    with workflow(name="died") as w:
+        x = w.enqueue("tests.noop", after=["gone"], on_parent_dead="dead")
+        y = w.enqueue("tests.noop", after=[x], on_parent_dead="dead")  # letter, edge, row go
+        z = w.enqueue("tests.noop", after=[x])  # blocked on x: x's letter and rows stay
+    assert set(DeadLetter.objects.values_list("id", flat=True)) >= {x.id, y.id}
+    # A job with two records, an old letter and a young marker: its rows stay with the marker.
+    both = DeadLetterFactory().id
+    MarkerFactory(job_id=both)
+    WorkflowStep.objects.create(
+        job_id=both, workflow="both", name="tests.noop", created_at=timezone.now()
+    )
+    Dependency.objects.create(
+        job_id=both, parent_key="p", parent_id=uuid7(), created_at=timezone.now()
+    )
+    CompletionMarker.objects.exclude(job_id__in=[second.id, both]).update(completed_at=old)
+    DeadLetter.objects.update(dead_at=old)
+    return {x.id, z.id, second.id, both}
+
+
+@pytest.mark.parametrize("batch", ["1", "500"])
+def test_prunejobs_dry_run_counts_the_workflow_rows_the_real_run_deletes(capsys, batch):
+    staying = _finished_workflows()
+    tables = (CompletionMarker, DeadLetter, Dependency, WorkflowStep)
+    before = [model.objects.count() for model in tables]
+    # Markers: done's 4 and half's first; letters: gone, y and both's.
+    figures = (
+        "5 completion marker(s), 3 dead letter(s), 5 workflow dependency edge(s) "
+        "and 6 workflow step row(s)"
+    )
+
+    call_command("prunejobs", "--dry-run")
+    assert capsys.readouterr().out == f"would delete {figures}\n"
+    assert [model.objects.count() for model in tables] == before
+
+    call_command("prunejobs", "--batch", batch)
+    assert capsys.readouterr().out.startswith(f"deleted {figures} in ")
+    after = [model.objects.count() for model in tables]
+    assert [b - a for b, a in zip(before, after, strict=True)] == [5, 3, 5, 6]
+    assert set(WorkflowStep.objects.values_list("job_id", flat=True)) == staying
+    assert set(Dependency.objects.values_list("job_id", flat=True)) == staying
+
+    call_command("prunejobs", "--dry-run")
+    assert capsys.readouterr().out == (
+        "would delete 0 completion marker(s), 0 dead letter(s), 0 workflow dependency edge(s) "
+        "and 0 workflow step row(s)\n"
+    )
+
+
+def test_prunejobs_dry_run_leaves_out_the_workflow_rows_of_a_table_kept(capsys):
+    _finished_workflows()
+    call_command("prunejobs", "--dry-run", "--dead-letters", "none")
+    # Markers alone: done's and half's first (both's marker is young).
+    assert capsys.readouterr().out == (
+        "would delete 5 completion marker(s), 0 dead letter(s), 4 workflow dependency edge(s) "
+        "and 5 workflow step row(s)\n"
+    )
+    call_command("prunejobs", "--dead-letters", "none")
+    assert capsys.readouterr().out.startswith(
+        "deleted 5 completion marker(s), 0 dead letter(s), 4 workflow dependency edge(s) "
+        "and 5 workflow step row(s) in "
+    )
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,7 @@
-"""python manage.py prunejobs: delete old completion markers and dead letters, in small batches."""
+"""python manage.py prunejobs: delete old completion markers and dead letters, in small batches.
+
+A job's workflow rows (its Dependency edges and WorkflowStep row) go with its last record.
+"""
 
 from __future__ import annotations
 
@@ -53,13 +56,16 @@ class Command(BaseCommand):
         keep = {"keep_markers": markers, "keep_dead_letters": dead_letters}
         if dry_run:
             result = retention.count_prunable(**keep)
-            self.stdout.write(
-                f"would delete {result.markers} completion marker(s) and "
-                f"{result.dead_letters} dead letter(s)"
-            )
+            self.stdout.write(f"would delete {_counts(result)}")
             return
         result = retention.prune(**keep, batch=batch or conf.get("PRUNE_BATCH"))
-        self.stdout.write(
-            f"deleted {result.markers} completion marker(s) and "
-            f"{result.dead_letters} dead letter(s) in {result.batches} batch(es)"
-        )
+        self.stdout.write(f"deleted {_counts(result)} in {result.batches} batch(es)")
+
+
+def _counts(result: retention.PruneResult) -> str:
+    # One wording for the dry run and the real one, so their figures compare line to line.
+    return (
+        f"{result.markers} completion marker(s), {result.dead_letters} dead letter(s), "
+        f"{result.dependencies} workflow dependency edge(s) and "
+        f"{result.workflow_steps} workflow step row(s)"
+    )
