@@ -101,6 +101,9 @@ CASES = [
     *[("jobs", "resume", v) for v in ["", "a b", NOT_UTF8]],
     *[(action, v) for action in ("enable", "disable") for v in ["s" * 101, "a\x01b", NOT_UTF8]],
     *[("jobs", "cancel", v) for v in ["", "42", "not-a-uuid", NOT_UTF8]],
+    *[("jobs", "cancel", "--workflow", v) for v in ["", " x", "w" * 256, "a\x01b", NOT_UTF8]],
+    ("jobs", "cancel"),
+    ("jobs", "cancel", "--workflow", "w", "0191d7b2-0000-7000-8000-000000000000"),
     ("jobs", "status", "--json", "extra"),
 ]
 CASES = [("jobs", *case) if case[0] in ("enable", "disable") else case for case in CASES]
@@ -146,6 +149,8 @@ PROCESS_CASES = [
     (("prunejobs", "--batch", BIG), "from 1 to 2147483647"),
     (("jobs", "pause", "default", "--reason", "a\x1bb"), "control"),
     (("jobs", "cancel", "42"), "not a job id"),
+    (("jobs", "cancel", "--workflow", "a\x01b"), "not a valid workflow name"),
+    (("jobs", "cancel"), "say what to cancel"),
 ]
 
 

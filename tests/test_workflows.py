@@ -11,6 +11,8 @@ from datetime import timedelta
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db import close_old_connections, connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -560,6 +562,71 @@ def test_cancel_workflow_cancels_its_live_steps():
     assert set(Job.objects.values_list("id", flat=True)) == {other.id, running.id}
     assert Job.objects.get(id=running.id).cancel_requested_at is not None
     assert cancel_workflow("no-such-workflow").cancelled == 0
+
+
+def _workflow_to_cancel():
+    """A workflow of two waiting steps (one blocked) and a running one, and a job outside it."""
+    other = enqueue("tests.noop")
+    with workflow(name="to-cancel") as w:
+        a = w.enqueue("tests.noop")
+        b = w.enqueue("tests.noop", after=[a], on_parent_dead="dead")
+    running = JobFactory(leased=True)
+    WorkflowStep.objects.create(
+        job_id=running.id, workflow="to-cancel", name="tests.noop", created_at=timezone.now()
+    )
+    return other, a, b, running
+
+
+def test_jobs_cancel_workflow_command_cancels_its_live_steps(capsys):
+    other, a, b, running = _workflow_to_cancel()
+    call_command("jobs", "cancel", "--workflow", "to-cancel")
+    out, err = capsys.readouterr()
+    assert out == (
+        "workflow 'to-cancel': cancelled 2 waiting job(s); asked the workers of 1 running "
+        "job(s) to stop them\n"
+    )
+    assert err == ""
+    letter = DeadLetter.objects.get(id=a.id)
+    assert letter.reason == DeadReason.CANCELLED
+    assert "manage.py jobs" in letter.error
+    assert DeadLetter.objects.filter(id=b.id).exists()
+    assert set(Job.objects.values_list("id", flat=True)) == {other.id, running.id}
+    assert Job.objects.get(id=running.id).cancel_requested_at is not None
+
+    # Again: nothing live is left (the running step is already asked), and it says so.
+    call_command("jobs", "cancel", "--workflow", "to-cancel")
+    out, err = capsys.readouterr()
+    assert out.startswith("workflow 'to-cancel': cancelled 0 waiting job(s); ")
+    assert "asked the workers of 0 running job(s)" in out
+    assert err == (
+        "workflow 'to-cancel' has no live step (all finished, dead or already cancelling)\n"
+    )
+
+
+def test_jobs_cancel_workflow_command_refuses_an_unknown_name(capsys):
+    other, *_ = _workflow_to_cancel()
+    with pytest.raises(CommandError, match="^no workflow named 'to-cancel-2'$") as error:
+        call_command("jobs", "cancel", "--workflow", "to-cancel-2")
+    assert error.value.returncode == 1
+    assert capsys.readouterr().out == ""
+    assert Job.objects.count() == 4 and not DeadLetter.objects.exists()
+    assert Job.objects.filter(id=other.id).exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--workflow", "to-cancel", "ID"], "give JOB_IDs or --workflow NAME, not both"),
+        ([], "say what to cancel: JOB_ID ... or --workflow NAME"),
+    ],
+)
+def test_jobs_cancel_wants_job_ids_or_a_workflow(argv, message):
+    other, *_ = _workflow_to_cancel()
+    argv = [str(other.id) if arg == "ID" else arg for arg in argv]
+    with pytest.raises(CommandError, match=message) as error:
+        call_command("jobs", "cancel", *argv)
+    assert error.value.returncode == 2  # as argparse's errors: the command line is wrong
+    assert Job.objects.count() == 4 and not DeadLetter.objects.exists()
 
 
 def test_on_parent_dead_is_exported():

@@ -85,6 +85,15 @@ def job_name(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{limits.shown(text)} is not a valid job name") from None
 
 
+def workflow_name(text: str) -> str:
+    try:
+        return limits.workflow_name(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{limits.shown(text)} is not a valid workflow name"
+        ) from None
+
+
 def job_id(text: str) -> uuid.UUID:
     try:
         return uuid.UUID(text)

@@ -1,4 +1,7 @@
-"""python manage.py jobs status|pause|resume|schedules|enable|disable|cancel: operate the queues."""
+"""python manage.py jobs status|pause|resume|schedules|enable|disable|cancel: operate the queues.
+
+`jobs cancel JOB_ID ...` cancels jobs, `jobs cancel --workflow NAME` the steps of a workflow.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from django.utils import timezone
 
 from django_jobs import conf, control, limits, registry, status
 from django_jobs.exceptions import InvalidJob
-from django_jobs.management.arguments import free_text, job_id, queue_name
+from django_jobs.management.arguments import free_text, job_id, queue_name, workflow_name
 from django_jobs.worker import ticker
 
 
@@ -52,7 +55,7 @@ def _table(rows: Sequence[Sequence[object]], header: list[str]) -> str:
 class Command(BaseCommand):
     help = (
         "Operate django-jobs: status, pause/resume queues, list/enable/disable schedules, "
-        "cancel jobs."
+        "cancel jobs or workflows."
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -83,9 +86,17 @@ class Command(BaseCommand):
             "names", nargs="+", type=free_text(limits.MAX_SCHEDULE_LENGTH), metavar="SCHEDULE"
         )
         cancel = sub.add_parser(
-            "cancel", help="Cancel jobs: waiting ones now, running ones at their next heartbeat."
+            "cancel",
+            help="Cancel jobs, or a workflow's steps: waiting ones now, running ones at their "
+            "next heartbeat.",
         )
-        cancel.add_argument("ids", nargs="+", type=job_id, metavar="JOB_ID")
+        cancel.add_argument("ids", nargs="*", type=job_id, metavar="JOB_ID")
+        cancel.add_argument(
+            "--workflow",
+            type=workflow_name,
+            metavar="NAME",
+            help="Cancel the steps of this workflow that have not finished (instead of JOB_IDs).",
+        )
 
     def handle(self, *, action: str, **options: Any) -> None:
         getattr(self, f"do_{action}")(**options)
@@ -250,7 +261,17 @@ class Command(BaseCommand):
             f"disabled {Schedule.objects.filter(name__in=names).disable()} schedule(s)"
         )
 
-    def do_cancel(self, *, ids: list[uuid.UUID], **options: Any) -> None:
+    def do_cancel(
+        self, *, ids: list[uuid.UUID], workflow: str | None = None, **options: Any
+    ) -> None:
+        # Exit code 2 as argparse's own errors: the command line is wrong, nothing was done.
+        if workflow is not None and ids:
+            raise CommandError("give JOB_IDs or --workflow NAME, not both", returncode=2)
+        if workflow is not None:
+            self._cancel_workflow(workflow)
+            return
+        if not ids:
+            raise CommandError("say what to cancel: JOB_ID ... or --workflow NAME", returncode=2)
         result = control.cancel(ids, by="manage.py jobs")
         self.stdout.write(
             f"cancelled {result.cancelled} waiting job(s); asked the workers of {result.requested} "
@@ -260,6 +281,21 @@ class Command(BaseCommand):
         if missing:
             self.stderr.write(
                 f"{missing} job(s) were not live (finished, dead or already cancelling)"
+            )
+
+    def _cancel_workflow(self, name: str) -> None:
+        from django_jobs.models import WorkflowStep
+
+        if not WorkflowStep.objects.filter(workflow=name).exists():
+            raise CommandError(f"no workflow named {name!r}")
+        result = control.cancel_workflow(name, by="manage.py jobs")
+        self.stdout.write(
+            f"workflow {name!r}: cancelled {result.cancelled} waiting job(s); asked the workers "
+            f"of {result.requested} running job(s) to stop them"
+        )
+        if not (result.cancelled or result.requested):
+            self.stderr.write(
+                f"workflow {name!r} has no live step (all finished, dead or already cancelling)"
             )
 
     def _known(self, names: list[str]) -> None:
