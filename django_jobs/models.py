@@ -968,16 +968,17 @@ class JobQuerySet(models.QuerySet["Job"]):
         with transaction.atomic(using=alias):
             # Locking reads: MariaDB's plain SELECT reads the transaction's old
             # snapshot, which may not count a dependent registered since.
-            locking = list(token_of)
             if any(dependents for *_, dependents in finished):
-                locking = _family(alias, locking)  # with the jobs it may release, in id order
+                # With the jobs it may release, in id order, when theirs cross.
+                family = _family(alias, list(token_of))
+                list(self.select_for_update().filter(id__in=family).order_by("id"))
             rows = list(
                 self.select_for_update()
-                .filter(id__in=locking)
+                .filter(id__in=list(token_of))
                 .order_by("id")
                 .values_list(*_CLAIMED_FIELDS, "locked_by")
             )
-            held = [row for row in rows if row[0] in token_of and row[-1] == token_of[row[0]][0]]
+            held = [row for row in rows if row[-1] == token_of[row[0]][0]]
             if not held:
                 return Settled()
             self.filter(
@@ -1642,7 +1643,12 @@ def _id_order(
 
 
 def _family(alias: str, ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
-    """ids and the jobs their settle may release: what sql._lock_family locks, for the ORM."""
+    """What the ORM's settle of ids locks first (sql._lock_family with crossed_only).
+
+    The jobs it may release whose ids sort before the batch's last, with the batch
+    up to it; none when there are no such jobs: locking the batch then the
+    released jobs keeps id order then.
+    """
     keys = [
         key if key is not None else str(job_id)
         for job_id, key in Job.objects.using(alias)
@@ -1652,7 +1658,9 @@ def _family(alias: str, ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
     if not keys:
         return list(ids)
     edges = Dependency.objects.using(alias).filter(parent_key__in=keys, satisfied_at__isnull=True)
-    return list({*ids, *edges.values_list("job_id", flat=True)})
+    last = max(ids)
+    early = [job_id for job_id in edges.values_list("job_id", flat=True) if job_id < last]
+    return sorted({*ids, *early}) if early else []
 
 
 def _find_parents(alias: str, counts: Mapping[Parent, int]) -> dict[Parent, _Found]:

@@ -431,26 +431,38 @@ woken AS (
 )"""  # noqa: S608 - spliced: constants of this module, no input
 
 
-# The jobs %(ids)s (an `ids` query) and the jobs their settle may release (the
-# open edges on the keys of those with dependents), locked together in id order,
-# as an enqueue after several parents locks them (models._find_parents): a settle
-# that locked its batch first and the released jobs after could meet an enqueue
-# naming one of each and deadlock. Returns the rows as locked (latest versions).
-def _lock_family(ids: str) -> str:
+# Two CTEs: `kin`, the jobs %(ids)s (an `ids` query) and the jobs their settle
+# may release (the open edges on the keys of those with dependents), and
+# `family`, those locked in id order, as an enqueue after several parents locks
+# them (models._find_parents). A settle that locked its batch, then the jobs it
+# releases, could meet an enqueue naming one of each and deadlock, but only when
+# a released job's id sorts before a batch job's: with `crossed_only` nothing is
+# locked otherwise (the batch and then the released jobs are then in id order
+# already), and only the kin up to the batch's last id when so (the rest come
+# after it anyway). Without it, `family` holds all the kin as locked (latest).
+def _lock_family(ids: str, *, crossed_only: bool) -> str:
+    last_own = "(SELECT id FROM kin WHERE own ORDER BY id DESC LIMIT 1)"
+    first_other = "(SELECT id FROM kin WHERE NOT own ORDER BY id LIMIT 1)"
+    crossed = (
+        f"\n    WHERE j.id <= {last_own} AND {first_other} < {last_own}" if crossed_only else ""
+    )
     return f"""
+kin AS MATERIALIZED (
+    SELECT batch.id, true AS own FROM ({ids}) AS batch(id)
+    UNION ALL
+    SELECT e.job_id, false FROM django_jobs_dependency AS e
+    WHERE e.satisfied_at IS NULL AND e.parent_key = ANY(ARRAY(
+        SELECT COALESCE(p.key, p.id::text) FROM django_jobs_job AS p
+        WHERE p.id IN ({ids}) AND p.dependents > 0
+    ))
+),
+family AS MATERIALIZED (
     SELECT j.id, j.locked_by, j.dependents
-    FROM (
-        SELECT batch.id FROM ({ids}) AS batch(id)
-        UNION
-        SELECT e.job_id FROM django_jobs_dependency AS e
-        WHERE e.satisfied_at IS NULL AND e.parent_key = ANY(ARRAY(
-            SELECT COALESCE(p.key, p.id::text) FROM django_jobs_job AS p
-            WHERE p.id IN ({ids}) AND p.dependents > 0
-        ))
-    ) AS family
-    JOIN django_jobs_job AS j ON j.id = family.id
+    FROM (SELECT DISTINCT id FROM kin) AS k
+    JOIN django_jobs_job AS j ON j.id = k.id{crossed}
     ORDER BY j.id
-    FOR UPDATE OF j"""  # noqa: S608 - spliced: constants of this module, no input
+    FOR UPDATE OF j
+)"""  # noqa: S608 - spliced: constants of this module, no input
 
 
 # Settle a batch of finished jobs: delete each row still leased to its token and
@@ -468,18 +480,12 @@ def _complete(*, release: bool) -> str:
     # %(notify)s. COMPLETE, for a batch claimed without any dependents, leaves that
     # part out: the fence alone keeps it exact, and it plans and runs as before.
     keys = "SELECT COALESCE(key, id::text) FROM deleted WHERE dependents > 0"
-    # COMPLETE_RELEASING locks the batch and the jobs it may release first, in id
-    # order (_lock_family); the DELETE's one-time filter reads that CTE whole
-    # before the DELETE locks anything. Edges committed after this statement's
-    # snapshot changed their parent's dependents: the fence leaves that parent.
-    family = _lock_family("SELECT id FROM finished")
-    locking = (
-        f""",
-family AS MATERIALIZED ({family}
-)"""
-        if release
-        else ""
-    )  # noqa: S608
+    # COMPLETE_RELEASING keeps its locks in id order with the jobs it may release
+    # (_lock_family); the DELETE's one-time filter reads `family` whole before the
+    # DELETE locks anything. Edges committed after this statement's snapshot
+    # changed their parent's dependents: the fence leaves that parent.
+    family = _lock_family("SELECT id FROM finished", crossed_only=True)
+    locking = f",{family}" if release else ""
     gate = "\n      AND (SELECT count(*) FROM family) >= 0" if release else ""
     tail = (
         f""",{_release(keys)}
@@ -512,8 +518,7 @@ COMPLETE_RELEASING = _complete(release=True)
 # id order inside a transaction: the COMPLETE that follows sees every edge
 # committed before the lock was granted, and no dependent can register meanwhile.
 LOCK_SETTLING = f"""
-WITH family AS MATERIALIZED ({_lock_family("SELECT unnest(%(ids)s::uuid[])")}
-)
+WITH {_lock_family("SELECT unnest(%(ids)s::uuid[])", crossed_only=False)}
 SELECT id, locked_by, dependents FROM family
 WHERE id = ANY(%(ids)s::uuid[]) AND locked_by = ANY(%(tokens)s::text[])
 """  # noqa: S608 - spliced: _lock_family, no input
@@ -537,11 +542,11 @@ SELECT (SELECT count(*) FROM released WHERE waiting_for <= 0),
 # enqueue to commit); when above 0 the caller runs RELEASE next, in a statement
 # whose snapshot sees their edges.
 def _complete_atomic(*, lock: bool) -> str:
-    # COMPLETE_ATOMIC_LOCKING, for a job that had dependents at its claim: the job
-    # and the jobs RELEASE will count down are locked first, in id order
-    # (_lock_family), read whole by the DELETE's one-time filter.
-    family = _lock_family("SELECT %(id)s::uuid")
-    locking = f"""family AS MATERIALIZED ({family}\n),\n""" if lock else ""  # noqa: S608
+    # COMPLETE_ATOMIC_LOCKING, for a job that had dependents at its claim: its locks
+    # and those of the jobs RELEASE will count down go in id order (_lock_family),
+    # read whole by the DELETE's one-time filter.
+    family = _lock_family("SELECT %(id)s::uuid", crossed_only=True)
+    locking = f"{family},\n" if lock else ""
     gate = " AND (SELECT count(*) FROM family) >= 0" if lock else ""
     return f"""
 WITH {locking}deleted AS (
