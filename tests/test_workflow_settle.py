@@ -404,3 +404,40 @@ def test_a_settle_batch_locks_its_rows_in_id_order_as_after_does():
         settle.join(30)
     assert results["settled"] == {0, 1}
     assert not Job.objects.filter(id__in=[first, second]).exists()
+
+
+@pytest.mark.postgres
+def test_an_enqueue_after_that_loses_a_deadlock_is_tried_again_in_the_callers_transaction():
+    # A deadlock no lock order can rule out: the caller's transaction holds a row of
+    # its own (`mine`) when it enqueues after `parent`, which a rival holds while it
+    # waits for `mine`. The database picks the caller (it waited first); its
+    # savepoint's rollback drops its wait, and its second try outwaits the rival,
+    # which loses the next round and lets go of the parent.
+    parent = enqueue(jobs.noop, {"p": 1}).id
+    mine = enqueue(jobs.noop, {"p": 2}).id
+    rival_holds, outcome = threading.Event(), {}
+
+    def rival():
+        try:
+            with transaction.atomic():
+                list(Job.objects.select_for_update().filter(id=parent))
+                rival_holds.set()
+                wait_for(_waiting_on_a_lock, message="the caller to wait for the parent")
+                list(Job.objects.select_for_update().filter(id=mine))
+            outcome["rival"] = "committed"
+        except Exception as exc:  # noqa: BLE001 - the rival is the one meant to lose
+            outcome["rival"] = type(exc).__name__
+
+    thread = threading.Thread(target=_in_thread, args=(rival,))
+    thread.start()
+    try:
+        assert rival_holds.wait(30)
+        with transaction.atomic():
+            Job.objects.filter(id=mine).update(priority=1)
+            child = enqueue(jobs.noop, {"child": 1}, after=[parent])
+    finally:
+        thread.join(60)
+    assert outcome["rival"] == "OperationalError"  # deadlock detected, on its side now
+    assert Dependency.objects.filter(job_id=child.id).count() == 1
+    assert Job.objects.get(id=parent).dependents == 1
+    assert Job.objects.get(id=child.id).waiting_for == 1
