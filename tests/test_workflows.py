@@ -547,14 +547,7 @@ def test_a_step_under_a_dead_step_of_its_workflow_dies_too():
 
 
 def test_cancel_workflow_cancels_its_live_steps():
-    other = enqueue("tests.noop")
-    with workflow(name="to-cancel") as w:
-        a = w.enqueue("tests.noop")
-        b = w.enqueue("tests.noop", after=[a], on_parent_dead="dead")
-    running = JobFactory(leased=True)
-    WorkflowStep.objects.create(
-        job_id=running.id, workflow="to-cancel", name="tests.noop", created_at=timezone.now()
-    )
+    other, a, b, running = _workflow_to_cancel()
     result = cancel_workflow("to-cancel", by="ada")
     assert (result.cancelled, result.requested) == (2, 1)
     assert DeadLetter.objects.get(id=a.id).reason == DeadReason.CANCELLED

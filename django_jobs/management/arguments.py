@@ -69,29 +69,23 @@ def duration_or_none(text: str) -> timedelta | None:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def queue_name(text: str) -> str:
-    try:
-        return limits.queue_name(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{limits.shown(text)} is not a valid queue name"
-        ) from None
+def _name(check: Callable[[str], str], what: str) -> Callable[[str], str]:
+    """An argparse type that checks a name with limits' `check`, saying what it is not."""
+
+    def parse(text: str) -> str:
+        try:
+            return check(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{limits.shown(text)} is not a valid {what}"
+            ) from None
+
+    return parse
 
 
-def job_name(text: str) -> str:
-    try:
-        return limits.job_name(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{limits.shown(text)} is not a valid job name") from None
-
-
-def workflow_name(text: str) -> str:
-    try:
-        return limits.workflow_name(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{limits.shown(text)} is not a valid workflow name"
-        ) from None
+queue_name = _name(limits.queue_name, "queue name")
+job_name = _name(limits.job_name, "job name")
+workflow_name = _name(limits.workflow_name, "workflow name")
 
 
 def job_id(text: str) -> uuid.UUID:
