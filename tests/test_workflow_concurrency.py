@@ -242,14 +242,15 @@ def test_a_replay_of_letters_while_an_enqueue_waits_for_them_does_not_deadlock()
     assert Dependency.objects.filter(satisfied_at__isnull=True).count() == 0
 
 
-# The property test's size: rounds of ENQUEUERS threads against one settle.
+# The property test's size: rounds of ENQUEUERS threads against one settle and one replay.
 ROUNDS = 12
 ENQUEUERS = 4
+ROOTS, CHILDREN, LETTERS = 3, 2, 2
 
 
-def _named(rng: random.Random, job: Job):
-    """A parent as `after` may name it: by id or by dedupe key, at random."""
-    return job.key if rng.random() < 0.5 else job.id
+def _named(rng: random.Random, parent):
+    """A parent (a job or a letter) as `after` may name it: by id or by dedupe key, at random."""
+    return parent.key if rng.random() < 0.5 else parent.id
 
 
 def _settle_in_batches(rng: random.Random, barrier: threading.Barrier, claimed):
@@ -258,8 +259,18 @@ def _settle_in_batches(rng: random.Random, barrier: threading.Barrier, claimed):
     rng.shuffle(batch)
     cut = rng.randint(1, len(batch))
     for part in (batch[:cut], batch[cut:]):
-        if part:
+        if rng.random() < 0.5:
             assert Job.objects.complete(finished(part)) == set(range(len(part)))
+        else:
+            for job in part:  # as an atomic handler's settle
+                with transaction.atomic():
+                    assert Job.objects.complete_atomically(job, None)
+
+
+def _replay(barrier: threading.Barrier, letters):
+    barrier.wait(30)
+    report = DeadLetter.objects.filter(id__in=letters).replay()
+    assert set(report.replayed) == set(letters)
 
 
 def _enqueue_after(barrier: threading.Barrier, after):
@@ -267,26 +278,42 @@ def _enqueue_after(barrier: threading.Barrier, after):
     return enqueue("tests.noop", after=after, queue="leaves")
 
 
-def test_enqueues_and_settles_at_random_never_deadlock_and_release_each_edge_once():
+def test_enqueues_settles_and_replays_at_random_never_deadlock_and_release_each_edge_once():
     rng = random.Random(20261201)
     errors = []
     for round_ in range(ROUNDS):
-        # Roots with random ids (uuid4) and blocked children of theirs (uuid7, so
-        # mostly before their parent by id): named in any order by id or by key.
+        # Roots and letters with random ids (uuid4), blocked children of the roots
+        # (uuid7, so mostly before their parent by id), letters dead in random order:
+        # named in any order, by id or by key.
         roots = [
-            JobFactory(id=uuid.uuid4(), key=f"r{round_}-{i}", queue="parents") for i in range(3)
+            JobFactory(id=uuid.uuid4(), key=f"r{round_}-{i}", queue="parents") for i in range(ROOTS)
         ]
-        for i in range(2):
+        for i in range(CHILDREN):
             enqueue(
                 "tests.noop", key=f"c{round_}-{i}", after=[rng.choice(roots).id], queue="middle"
             )
         children = list(Job.objects.filter(queue="middle", key__startswith=f"c{round_}-"))
+        now = timezone.now()
+        letters = [
+            DeadLetterFactory(
+                id=uuid.uuid4(),
+                key=f"l{round_}-{i}",
+                name="tests.noop",
+                payload="{}",
+                queue="replayed",
+                dead_at=now - timedelta(seconds=rng.randint(1, 600)),
+            )
+            for i in range(LETTERS)
+        ]
         claimed = claim("parents")
-        barrier = threading.Barrier(ENQUEUERS + 1)
-        sides = [Side(_settle_in_batches, random.Random(rng.random()), barrier, claimed)]
+        barrier = threading.Barrier(ENQUEUERS + 2)
+        sides = [
+            Side(_settle_in_batches, random.Random(rng.random()), barrier, claimed),
+            Side(_replay, barrier, [letter.id for letter in letters]),
+        ]
         for _ in range(ENQUEUERS):
-            parents = rng.sample(roots + children, rng.randint(2, 4))
-            sides.append(Side(_enqueue_after, barrier, [_named(rng, job) for job in parents]))
+            parents = rng.sample(roots + children + letters, rng.randint(2, 4))
+            sides.append(Side(_enqueue_after, barrier, [_named(rng, p) for p in parents]))
         for side in sides:
             side.start()
         for side in sides:
@@ -303,8 +330,8 @@ def test_enqueues_and_settles_at_random_never_deadlock_and_release_each_edge_onc
     for _ in range(10):
         if not Job.objects.exists():
             break
-        settle("middle")
-        settle("leaves")
+        for queue in ("replayed", "middle", "leaves"):
+            settle(queue)
     assert list(Job.objects.values_list("id", "waiting_for")) == []
     assert Dependency.objects.filter(satisfied_at__isnull=True).count() == 0
-    assert CompletionMarker.objects.count() == ROUNDS * (3 + 2 + ENQUEUERS)
+    assert CompletionMarker.objects.count() == ROUNDS * (ROOTS + CHILDREN + LETTERS + ENQUEUERS)
