@@ -329,9 +329,10 @@ def _replay(barrier: threading.Barrier, letters):
     assert set(report.replayed) == set(letters)
 
 
-def _enqueue_after(barrier: threading.Barrier, after):
+def _enqueue_after(barrier: threading.Barrier, after, own_transaction: bool):
     barrier.wait(30)
-    return enqueue("tests.noop", after=after, queue="leaves")
+    write = enqueue if own_transaction else atomic_enqueue
+    return write("tests.noop", after=after, queue="leaves")
 
 
 # Not strict: the by-key deadlock needs a close race here.
@@ -372,7 +373,8 @@ def test_enqueues_settles_and_replays_at_random_never_deadlock_and_release_each_
         ]
         for _ in range(ENQUEUERS):
             parents = rng.sample(roots + children + letters, rng.randint(2, 4))
-            sides.append(Side(_enqueue_after, barrier, [_named(rng, p) for p in parents]))
+            after = [_named(rng, p) for p in parents]
+            sides.append(Side(_enqueue_after, barrier, after, rng.random() < 0.5))
         for side in sides:
             side.start()
         for side in sides:
