@@ -267,19 +267,20 @@ def test_a_replay_of_letters_while_an_enqueue_waits_for_them_does_not_deadlock()
 @pytest.mark.xfail(MARIADB, reason=BY_KEY_ON_MARIADB, strict=True)
 def test_an_enqueue_naming_a_parent_by_key_while_its_settle_holds_the_row():
     # InnoDB: an UPDATE by key locks the key's index entry, then the row. A settle
-    # that locked the row (with the child it releases, in id order) deletes it
-    # next, and the delete needs that index entry too.
+    # that locked the row (with the jobs of its batch and those it releases, in id
+    # order: P, its child C, then Y) deletes it next, and needs that entry too.
     parent = enqueue("tests.noop", key="p", queue="parents").id
     child = enqueue("tests.noop", after=[parent], queue="children").id
-    assert str(parent) < str(child)
-    [claimed] = claim("parents")
+    other = JobFactory(id=HIGH, queue="parents").id
+    assert str(parent) < str(child) < str(other)
+    claimed = claim("parents")
     with held(Job, child):
-        settling = start_until_waiting(Side(Job.objects.complete, finished([claimed])))
+        settling = start_until_waiting(Side(Job.objects.complete, finished(claimed)))
         enqueuing = start_until_waiting(
             Side(atomic_enqueue, "tests.noop", after=["p"], queue="grandchildren")
         )
     settled, grandchild = finish(settling, enqueuing)
-    assert settled == {0}
+    assert settled == {0, 1}
     assert released(child)
     # Enqueued before the settle, or after it (its parent done then): released either way.
     row = Job.objects.get(id=grandchild.id)
