@@ -1765,10 +1765,11 @@ def _find_parent(alias: str, parent: Parent, count: int = 1) -> _Found:
             job_id = None  # an id's text given as a string may be a dedupe key too
             continue
         assert key is not None  # noqa: S101 - a Parent has an id or a key
-        if jobs.filter(key=key).update(dependents=F("dependents") + count):
-            holder = jobs.filter(key=key).values_list("id", flat=True).first()
-            if holder is not None:
-                return _Found(_LIVE, key, holder)
+        holder = jobs.filter(key=key).values_list("id", flat=True).first()
+        if holder is not None and (
+            jobs.filter(id=holder, key=key).update(dependents=F("dependents") + count)
+        ):
+            return _Found(_LIVE, key, holder)
         marked_id = markers.filter(key=key).values_list("job_id", flat=True).first()
         if marked_id is not None:
             return _Found(_DONE, key, marked_id)

@@ -33,13 +33,6 @@ pytestmark = [
     pytest.mark.skipif(ENGINE == "sqlite", reason="not on SQLite: one writer at a time, no race"),
 ]
 
-# Still deadlocks on MariaDB (InnoDB locks a key's index entry before its row, and
-# the row locks alone are in id order): drop these marks once it does not.
-BY_KEY_ON_MARIADB = (
-    "not on MariaDB yet: an enqueue naming a live parent by key deadlocks with the "
-    "parent's settle, which holds the row and then deletes its key's index entry"
-)
-MARIADB = ENGINE == "mariadb"
 
 # Ids far above the uuid7 ids enqueue makes now (0x019...): a job enqueued in the
 # test sorts before these, as the scenarios need.
@@ -264,7 +257,6 @@ def test_a_replay_of_letters_while_an_enqueue_waits_for_them_does_not_deadlock()
     assert Dependency.objects.filter(satisfied_at__isnull=True).count() == 0
 
 
-@pytest.mark.xfail(MARIADB, reason=BY_KEY_ON_MARIADB, strict=True)
 def test_an_enqueue_naming_a_parent_by_key_while_its_settle_holds_the_row():
     # InnoDB: an UPDATE by key locks the key's index entry, then the row. A settle
     # that locked the row (with the jobs of its batch and those it releases, in id
@@ -336,8 +328,6 @@ def _enqueue_after(barrier: threading.Barrier, after, own_transaction: bool):
     return write("tests.noop", after=after, queue="leaves")
 
 
-# Not strict: the by-key deadlock needs a close race here.
-@pytest.mark.xfail(MARIADB, reason=BY_KEY_ON_MARIADB, strict=False)
 def test_enqueues_settles_and_replays_at_random_never_deadlock_and_release_each_edge_once():
     rng = random.Random(20261201)
     errors = []
