@@ -135,6 +135,16 @@ class JobState(models.TextChoices):
 BLOCKED_UNTIL = datetime(9000, 1, 1, tzinfo=UTC)
 
 
+def _released_run_at() -> Greatest:
+    """The run_at of a blocked job its last parent releases, on the database clock: its
+    release_delay from now, and not before its not_before (as sql._release sets it)."""
+    # Coalesce: MySQL's GREATEST and SQLite's MAX are NULL when an argument is.
+    return Greatest(
+        Now() + Coalesce(F("release_delay"), Value(timedelta(0))),
+        Coalesce(F("not_before"), Now()),
+    )
+
+
 def _waiting(now: Any) -> Q:
     return Q(locked_by__isnull=True, run_at__lte=now) | _lease_expired(now)
 
@@ -266,6 +276,10 @@ class NewJob:
     # dependents registered on it before it is written (the steps of one workflow).
     waiting_for: int = 0
     dependents: int = 0
+    # A blocked job's own timing, kept for its release (see _block): due that long
+    # after its last parent finishes, and not before that time.
+    release_delay: timedelta | None = None
+    not_before: datetime | None = None
 
 
 # What a job is, apart from its runs: its dead letter keeps these, a replay gives them back.
@@ -457,13 +471,13 @@ class JobQuerySet(models.QuerySet["Job"]):
                 result = EnqueueResult(job.id, False, job.name, job.queue, now)
             else:
                 if unfinished:
-                    job = replace(job, run_at=blocked_until(), delay=0.0)
+                    job = _block(job)
                 result = self.insert(job)
                 if result.duplicate:
                     transaction.set_rollback(True, using=alias)  # parents' counts too
                     return result
                 if unfinished:
-                    self.filter(id=job.id).update(waiting_for=unfinished)
+                    self.filter(id=job.id).update(waiting_for=unfinished, **_release_timing(job))
             Dependency.objects.using(alias).bulk_create(
                 [_edge(job.id, f, on_parent_dead, now) for f in found]
             )
@@ -529,7 +543,7 @@ class JobQuerySet(models.QuerySet["Job"]):
                 else:
                     job = replace(job, waiting_for=unfinished, dependents=named.get(index, 0))
                     if unfinished:
-                        job.run_at, job.delay = blocked_until(), 0.0
+                        job = _block(job)
                     if job.key is None:
                         plain.append(job)
                         results.append(EnqueueResult(job.id, False, job.name, job.queue, now))
@@ -582,7 +596,9 @@ class JobQuerySet(models.QuerySet["Job"]):
         """Insert a keyed step (dedupe as insert does), then its counts when it has any."""
         result = self.insert(job)
         if not result.duplicate and (job.waiting_for or job.dependents):
-            self.filter(id=job.id).update(waiting_for=job.waiting_for, dependents=job.dependents)
+            self.filter(id=job.id).update(
+                waiting_for=job.waiting_for, dependents=job.dependents, **_release_timing(job)
+            )
         return result
 
     def dead_letter_dependents(self, parents: Mapping[str, uuid.UUID]) -> list[DeadLetter]:
@@ -1154,7 +1170,7 @@ class JobQuerySet(models.QuerySet["Job"]):
             for n, ids in by_count.items():
                 self.filter(id__in=ids).update(waiting_for=F("waiting_for") - n)
             if due:
-                self.filter(id__in=due).update(run_at=Now())
+                self.filter(id__in=due).update(run_at=_released_run_at())
             notify(alias, queues)
         return len(due)
 
@@ -1519,6 +1535,8 @@ def _new_row(job: NewJob, now: datetime) -> Job:
         partition=job.partition,
         waiting_for=job.waiting_for,
         dependents=job.dependents,
+        release_delay=job.release_delay,
+        not_before=job.not_before,
     )
 
 
@@ -1561,7 +1579,8 @@ _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\
 def _copy_rows(jobs: list[NewJob], now: datetime, *, counts: bool = False) -> str:
     """Return jobs as COPY text rows: building the text in Python beats adapting each value.
 
-    With `counts`, each row ends with waiting_for and dependents (sql.COPY_STEPS).
+    With `counts`, each row ends with waiting_for, dependents, release_delay and
+    not_before (sql.COPY_STEPS).
     """
     stamp = now.isoformat()
     run_ats: dict[tuple[datetime | None, float], str] = {}  # the jobs of one call share it
@@ -1575,7 +1594,12 @@ def _copy_rows(jobs: list[NewJob], now: datetime, *, counts: bool = False) -> st
         if "\\" in payload or "\t" in payload or "\n" in payload or "\r" in payload:
             payload = payload.translate(_COPY_ESCAPES)
         partition = "\\N" if job.partition is None else job.partition.translate(_COPY_ESCAPES)
-        tail = f"\t{job.waiting_for}\t{job.dependents}\n" if counts else "\n"
+        tail = (
+            f"\t{job.waiting_for}\t{job.dependents}\t{_copy_interval(job.release_delay)}"
+            f"\t{_COPY_NULL if job.not_before is None else job.not_before.isoformat()}\n"
+            if counts
+            else "\n"
+        )
         lines.append(
             f"{job.id}\t{job.name}\t{job.queue}\t{payload}\t"
             f"{job.priority}\t{run_at}\t{stamp}\t0\t{job.max_attempts}\t[]\t{partition}{tail}"
@@ -1632,6 +1656,21 @@ class _Found:
 def blocked_until() -> datetime:
     """BLOCKED_UNTIL as this project stores datetimes (naive when USE_TZ is off)."""
     return BLOCKED_UNTIL if settings.USE_TZ else BLOCKED_UNTIL.replace(tzinfo=None)
+
+
+def _block(job: NewJob) -> NewJob:
+    """Return job as written blocked: never due until its release, which applies its own
+    delay (as release_delay) or run_at (as not_before) then (docs/workflows.md)."""
+    delay = timedelta(seconds=job.delay) if job.run_at is None and job.delay else None
+    return replace(
+        job, run_at=blocked_until(), delay=0.0, release_delay=delay, not_before=job.run_at
+    )
+
+
+def _release_timing(job: NewJob) -> dict[str, Any]:
+    """The release_delay and not_before of a blocked job that has them, as update() fields."""
+    timing = {"release_delay": job.release_delay, "not_before": job.not_before}
+    return {name: value for name, value in timing.items() if value is not None}
 
 
 def _id_order(
@@ -1867,6 +1906,10 @@ def _copy_edges(edges: list[tuple[uuid.UUID, _Found, str]], now: datetime) -> st
     )
 
 
+def _copy_interval(value: timedelta | None) -> str:
+    return _COPY_NULL if value is None else f"{value.total_seconds() * 1_000_000:.0f} microseconds"
+
+
 def _copy_workflow_steps(workflow: str, jobs: list[NewJob], now: datetime) -> str:
     """Return a workflow's steps as COPY text rows (sql.COPY_WORKFLOW_STEPS)."""
     stamp = now.isoformat()
@@ -2057,6 +2100,19 @@ class Job(models.Model):
         default=0,
         db_default=0,
         help_text=_("Jobs registered as waiting for this one (their settle releases them)."),
+    )
+    # A blocked job's own delay or run_at, applied when its last parent finishes
+    # (sql._release, JobQuerySet.release_dependents). NULL, as in rows written by
+    # raw SQL or by an earlier release during a deploy: due at once when released.
+    release_delay = models.DurationField(
+        null=True,
+        blank=True,
+        help_text=_("After its parents finish, the job waits this long before it is due."),
+    )
+    not_before = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text=_("After its parents finish, the job is not due before this time."),
     )
 
     objects = JobsDatabaseManager.from_queryset(JobQuerySet)()
@@ -2383,7 +2439,7 @@ class DeadLetter(models.Model):
                     return False
             if job.waiting_for or job.dependents:
                 jobs.filter(id=job.id).update(
-                    waiting_for=job.waiting_for, dependents=job.dependents
+                    waiting_for=job.waiting_for, dependents=job.dependents, **_release_timing(job)
                 )
         report.replayed[self.id] = job.id
         return True
@@ -2439,7 +2495,8 @@ class DeadLetter(models.Model):
             edges.bulk_create(copies)
             job.waiting_for = sum(1 for edge in copies if edge.satisfied_at is None)
             if job.waiting_for:
-                job.run_at, job.delay = blocked_until(), 0.0
+                # The replay's run_at or delay, if given, apply from its release.
+                job = _block(job)
         step = WorkflowStep.objects.using(alias).filter(job_id=self.id).first()
         if step is not None:
             step.job_id, step.key, step.created_at = job.id, job.key, timezone.now()

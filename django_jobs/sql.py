@@ -395,8 +395,9 @@ MARK_DELETED = """
 
 # Workflows (docs/workflows.md): satisfy the unsatisfied edges of the parent keys
 # %(keys)s (a `keys` CTE, or the keys given) and count their dependents down by
-# the edges satisfied now; a dependent whose count reaches 0 becomes due at once
-# and its queue's workers are woken at commit. The dependents are locked in id
+# the edges satisfied now; a dependent whose count reaches 0 is released: due now,
+# or its release_delay from now and not before its not_before (its own delay or
+# run_at), and its queue's workers are woken at commit. The dependents are locked in id
 # order first, so that two settles releasing the same jobs cannot deadlock. An
 # edge is satisfied once: a concurrent settle of the same key waits for the edge's
 # row lock and then finds it satisfied. The key lookup is an array (an InitPlan):
@@ -420,7 +421,10 @@ counted AS MATERIALIZED (
 released AS (
     UPDATE django_jobs_job AS d
     SET waiting_for = d.waiting_for - counted.n,
-        run_at = CASE WHEN d.waiting_for - counted.n <= 0 THEN statement_timestamp()
+        -- GREATEST ignores NULLs: a row without not_before is due after its delay.
+        run_at = CASE WHEN d.waiting_for - counted.n <= 0
+                      THEN GREATEST(statement_timestamp()
+                                    + COALESCE(d.release_delay, interval '0'), d.not_before)
                       ELSE d.run_at END
     FROM counted
     WHERE d.id = counted.job_id
@@ -635,11 +639,12 @@ FROM STDIN
 """
 
 # The steps of a workflow (models.JobQuerySet.insert_workflow): COPY_JOBS with the
-# counts of parents not finished and of dependents in the same workflow.
+# counts of parents not finished and of dependents in the same workflow, and a
+# blocked step's own timing for its release.
 COPY_STEPS = """
 COPY django_jobs_job
     (id, name, queue, payload, priority, run_at, enqueued_at, attempts, max_attempts, errors,
-     partition, waiting_for, dependents)
+     partition, waiting_for, dependents, release_delay, not_before)
 FROM STDIN
 """
 
