@@ -380,8 +380,8 @@ class Workflow:
         any existing job. A key given twice in one workflow makes one step: the
         second call returns the first's result, marked duplicate. A parent
         still unfinished when the step is written makes it blocked, and its
-        `delay` or `run_at` then no longer apply: it runs when its last parent
-        finishes.
+        `delay` or `run_at` then count from its release, when its last parent
+        finishes: due `delay` after it, or at `run_at` if later.
         """
         if self._closed:
             raise InvalidJob(f"workflow {self.name!r} is written already: enqueue inside its block")

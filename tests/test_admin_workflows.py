@@ -275,6 +275,18 @@ def test_a_blocked_jobs_page_lists_its_parents_and_links_its_workflow(admin_clie
     assert f"/admin/django_jobs/completionmarker/{diamond['charge']}/change/" in reserve
 
 
+def test_a_blocked_jobs_own_delay_or_run_at_shows_with_its_run_at(admin_client_):
+    delayed = blocked_job(waiting_for=1, release_delay=timedelta(hours=2))
+    at = timezone.now() + timedelta(days=1)
+    timed = blocked_job(waiting_for=1, not_before=at)
+    page = admin_client_.get(url("job_change", delayed.id)).text
+    assert "2h after its parents" in page
+    listed = admin_client_.get(url("job_changelist"), {"state": "blocked"}).text
+    assert "2h after its parents" in listed
+    assert f"after its parents, not before {timezone.localtime(at):%Y-%m-%d %H:%M:%S}" in listed
+    assert "after its parents, not before" in admin_client_.get(url("job_change", timed.id)).text
+
+
 def test_a_job_after_many_parents_lists_the_first_hundred(admin_client_):
     child = blocked_job(waiting_for=150)
     now = timezone.now()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 pytest.importorskip("django.tasks", reason="django.tasks needs Django >= 6.0")
@@ -9,6 +11,7 @@ pytest.importorskip("django.tasks", reason="django.tasks needs Django >= 6.0")
 from django.db import transaction
 from django.tasks import TaskResultStatus
 from django.tasks.exceptions import InvalidTask
+from django.utils import timezone
 
 from django_jobs import InvalidTaskArguments, workflow
 from django_jobs.backend import enqueue_step
@@ -53,3 +56,20 @@ def test_a_task_of_another_backend_or_bad_arguments_write_nothing():
             enqueue_step(w, tasks.add, [1, 2])
             enqueue_step(w, tasks.echo, [{1, 2}])
     assert not Job.objects.exists() and not WorkflowStep.objects.exists()
+
+
+def test_a_task_steps_run_after_holds_once_its_parent_released_it(run_worker):
+    # A blocked step keeps run_after for its release: a worker runs the parent, and the
+    # step is then scheduled at run_after, not run at once.
+    when = timezone.now() + timedelta(hours=1)
+    with transaction.atomic(), workflow(name="later") as w:
+        a = enqueue_step(w, tasks.add, [1, 2])
+        b = enqueue_step(w, tasks.record.using(run_after=when), kwargs={"label": "x"}, after=[a])
+    assert Job.objects.get(id=b.id).not_before == when
+    worker = run_worker()
+    assert worker.stats.succeeded == 1
+    assert tasks.add.get_result(str(a.id)).return_value == 3
+    step = Job.objects.with_state().get(id=b.id)
+    assert (step.waiting_for, step.state, step.run_at) == (0, JobState.SCHEDULED, when)
+    assert tasks.record.get_result(str(b.id)).status == TaskResultStatus.READY
+    assert not Audit.objects.exists()

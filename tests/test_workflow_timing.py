@@ -25,6 +25,7 @@ from django_jobs.models import (
     Job,
     JobState,
 )
+from django_jobs.testing import drain
 from tests.conftest import POSTGRES
 from tests.factories import DeadLetterFactory
 from tests.testapp import jobs
@@ -241,3 +242,12 @@ def test_a_replayed_step_with_run_at_keeps_it_for_its_release():
     [parent_job] = DeadLetter.objects.filter(key="dead-parent-2").replay().replayed.values()
     _settle(parent_job)
     assert (_row(new).state, _row(new).run_at) == (JobState.SCHEDULED, at)
+
+
+def test_drain_runs_a_delayed_step_after_its_parent_only_with_run_scheduled():
+    parent = enqueue(jobs.record, {"label": "parent"}).id
+    child = enqueue(jobs.record, {"label": "child"}, after=[parent], delay=HOUR).id
+    assert len(drain().attempts) == 1  # the parent; its child is then scheduled an hour ahead
+    assert _row(child).state == JobState.SCHEDULED
+    assert len(drain(run_scheduled=True).attempts) == 1
+    assert CompletionMarker.objects.filter(job_id=child).exists()

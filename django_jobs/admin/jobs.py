@@ -122,6 +122,18 @@ class CancelPermission:
         return request.user.has_perm("django_jobs.cancel_job")
 
 
+def _released(obj: Job) -> str:
+    """When a blocked job will be due: after its parents, and its own delay or run_at."""
+    text = str(_("after its parents"))
+    if obj.release_delay:
+        delay = limits.format_duration(obj.release_delay)
+        text = str(_("%(delay)s after its parents")) % {"delay": delay}
+    if obj.not_before is not None:
+        not_before = when(obj.not_before)
+        text = str(_("%(text)s, not before %(when)s")) % {"text": text, "when": not_before}
+    return text
+
+
 @admin.register(Job)
 class JobAdmin(
     DashboardView, IdOrTermSearch, CancelPermission, WorkflowFields, NameQueueColumns, ReadOnlyAdmin
@@ -209,7 +221,7 @@ class JobAdmin(
     @admin.display(description=_("run at"), ordering="run_at")
     def run_at_cell(self, obj: Job) -> SafeString | str:
         if obj.run_at >= blocked_until():  # the sentinel of a blocked job, not a date to read
-            return format_html('<span class="django-jobs-quiet">{}</span>', _("after its parents"))
+            return format_html('<span class="django-jobs-quiet">{}</span>', _released(obj))
         return list_when(obj.run_at)
 
     @admin.display(description=_("lease holder"))
