@@ -1127,11 +1127,12 @@ class JobQuerySet(models.QuerySet["Job"]):
         return True
 
     def release_dependents(self, keys: Sequence[str]) -> int:
-        """Satisfy the open edges on parent `keys`, count their jobs down, wake those at 0.
+        """Satisfy the open edges on parent `keys`, count their jobs down, release those at 0.
 
         Runs inside the transaction that writes the keys' markers (complete() and
         complete_atomically() call it). An edge is satisfied once, so a key
-        released twice counts nothing twice. Returns how many jobs became due.
+        released twice counts nothing twice. A released job is due now, or later
+        by its own delay or run_at (_released_run_at). Returns how many it released.
         """
         alias = self.db
         if not keys:
