@@ -1132,7 +1132,8 @@ class JobQuerySet(models.QuerySet["Job"]):
         Runs inside the transaction that writes the keys' markers (complete() and
         complete_atomically() call it). An edge is satisfied once, so a key
         released twice counts nothing twice. A released job is due now, or later
-        by its own delay or run_at (_released_run_at). Returns how many it released.
+        by its own delay or run_at (_released_run_at). Returns how many are due now
+        (their queues' workers are woken at commit).
         """
         alias = self.db
         if not keys:
@@ -1157,23 +1158,26 @@ class JobQuerySet(models.QuerySet["Job"]):
             by_count: dict[int, list[uuid.UUID]] = {}
             due: list[uuid.UUID] = []
             queues = set()
-            for job_id, waiting_for, queue in (
+            now, due_now = timezone.now(), 0
+            for job_id, waiting_for, queue, delay, not_before in (
                 self.select_for_update()
                 .filter(id__in=list(counts))
                 .order_by("id")
-                .values_list("id", "waiting_for", "queue")
+                .values_list("id", "waiting_for", "queue", "release_delay", "not_before")
             ):
                 by_count.setdefault(counts[job_id], []).append(job_id)
                 if waiting_for - counts[job_id] <= 0:
                     due.append(job_id)
-                    queues.add(queue)
+                    if not delay and (not_before is None or not_before <= now):
+                        due_now += 1  # not later, by its own timing
+                        queues.add(queue)
             # One UPDATE per count, run_at apart: MySQL's SET sees the columns it set before.
             for n, ids in by_count.items():
                 self.filter(id__in=ids).update(waiting_for=F("waiting_for") - n)
             if due:
                 self.filter(id__in=due).update(run_at=_released_run_at())
             notify(alias, queues)
-        return len(due)
+        return due_now
 
     def retry(self, job: ClaimedJob, *, delay: float, error: dict[str, Any]) -> bool:
         """Give up the lease and make the job due again after `delay` seconds."""

@@ -428,10 +428,10 @@ released AS (
                       ELSE d.run_at END
     FROM counted
     WHERE d.id = counted.job_id
-    RETURNING d.queue, d.waiting_for
+    RETURNING d.queue, d.waiting_for <= 0 AND d.run_at <= statement_timestamp() AS due
 ),
 woken AS (
-    SELECT DISTINCT queue FROM released WHERE waiting_for <= 0
+    SELECT DISTINCT queue FROM released WHERE due
 )"""  # noqa: S608 - spliced: constants of this module, no input
 
 
@@ -533,7 +533,7 @@ WHERE id = ANY(%(ids)s::uuid[]) AND locked_by = ANY(%(tokens)s::text[])
 # that had dependents. Returns how many jobs it made due.
 RELEASE = f"""
 WITH {_release("SELECT unnest(%(keys)s::text[])")}
-SELECT (SELECT count(*) FROM released WHERE waiting_for <= 0),
+SELECT (SELECT count(*) FROM released WHERE due),
        (SELECT count(CASE WHEN %(notify)s THEN pg_notify(%(channel)s, queue) END) FROM woken)
 """  # noqa: S608 - spliced: _release, no input
 

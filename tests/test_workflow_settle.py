@@ -280,6 +280,25 @@ def _notified(listener, queue: str) -> int:
     return sum(1 for n in listener.notifies(timeout=1.0) if n.payload == queue)
 
 
+def test_a_child_released_with_a_delay_of_its_own_wakes_nobody():
+    # It is due later: a woken worker would find nothing, and a --burst worker
+    # would claim again for nothing.
+    parent = enqueue(jobs.noop, {}).id
+    child = enqueue(jobs.noop, {}, after=[parent], queue="wf-later", delay=3600).id
+    [claimed] = _claim()
+    listener = _listen() if POSTGRES else None
+    try:
+        settled = Job.objects.complete(_finished([claimed]))
+        assert settled == {0} and not settled.woke
+        if listener is not None:
+            assert _notified(listener, "wf-later") == 0
+    finally:
+        if listener is not None:
+            listener.close()
+    row = Job.objects.get(id=child)
+    assert row.waiting_for == 0 and not _due(child)
+
+
 def test_an_atomic_handlers_settle_releases(run_worker):
     parent = enqueue(jobs.record_atomic, {"label": "wf-parent"}).id
     child = _after(parent, handler=jobs.record, payload={"label": "wf-child"})
@@ -408,24 +427,22 @@ def test_a_settle_batch_locks_its_rows_in_id_order_as_after_does():
 
 @pytest.mark.postgres
 def test_an_enqueue_after_that_loses_a_deadlock_is_tried_again_in_the_callers_transaction():
-    # A deadlock no lock order can rule out: the caller's transaction holds a row of
-    # its own (`mine`) when it enqueues after `parent`, which a rival holds while it
-    # waits for `mine`. The database picks the caller (it waited first); its
-    # savepoint's rollback drops its wait, and its second try outwaits the rival,
-    # which loses the next round and lets go of the parent.
-    parent = enqueue(jobs.noop, {"p": 1}).id
-    mine = enqueue(jobs.noop, {"p": 2}).id
+    # A rival that locks rows out of id order (code of the application's own): it
+    # holds B, the enqueue locks A and waits for B, then the rival asks for A. The
+    # enqueue waited first, so the database picks it; its savepoint's rollback
+    # drops its lock on A, the rival commits, and the second try takes A and B.
+    first, second = sorted(enqueue(jobs.noop, {"p": i}).id for i in range(2))
     rival_holds, outcome = threading.Event(), {}
 
     def rival():
         try:
             with transaction.atomic():
-                list(Job.objects.select_for_update().filter(id=parent))
+                list(Job.objects.select_for_update().filter(id=second))
                 rival_holds.set()
-                wait_for(_waiting_on_a_lock, message="the caller to wait for the parent")
-                list(Job.objects.select_for_update().filter(id=mine))
+                wait_for(_waiting_on_a_lock, message="the enqueue to wait for B")
+                list(Job.objects.select_for_update().filter(id=first))
             outcome["rival"] = "committed"
-        except Exception as exc:  # noqa: BLE001 - the rival is the one meant to lose
+        except Exception as exc:  # noqa: BLE001 - recorded for the assertion below
             outcome["rival"] = type(exc).__name__
 
     thread = threading.Thread(target=_in_thread, args=(rival,))
@@ -433,11 +450,12 @@ def test_an_enqueue_after_that_loses_a_deadlock_is_tried_again_in_the_callers_tr
     try:
         assert rival_holds.wait(30)
         with transaction.atomic():
-            Job.objects.filter(id=mine).update(priority=1)
-            child = enqueue(jobs.noop, {"child": 1}, after=[parent])
+            child = enqueue(jobs.noop, {"child": 1}, after=[second, first])
     finally:
         thread.join(60)
-    assert outcome["rival"] == "OperationalError"  # deadlock detected, on its side now
-    assert Dependency.objects.filter(job_id=child.id).count() == 1
-    assert Job.objects.get(id=parent).dependents == 1
-    assert Job.objects.get(id=child.id).waiting_for == 1
+    assert outcome["rival"] == "committed"  # the enqueue was the deadlock's victim
+    assert Dependency.objects.filter(job_id=child.id).count() == 2
+    assert set(Job.objects.filter(id__in=[first, second]).values_list("dependents", flat=True)) == {
+        1
+    }
+    assert Job.objects.get(id=child.id).waiting_for == 2
