@@ -1682,7 +1682,7 @@ def _id_order(
     finished: Sequence[tuple[uuid.UUID, str, str | None, int]],
 ) -> list[tuple[int, tuple[uuid.UUID, str, str | None, int]]]:
     """A settle batch with its positions, in id order: its DELETE then locks rows in the
-    order an enqueue locks its parents (_lock_order), so the two cannot deadlock."""
+    order an enqueue locks its parents (_find_parents), so the two cannot deadlock."""
     return sorted(enumerate(finished), key=lambda item: item[1][0])
 
 
