@@ -1739,8 +1739,9 @@ def _find_parents(alias: str, counts: Mapping[Parent, int]) -> dict[Parent, _Fou
 
 
 # How many times an enqueue after parents is tried when the database picks it as a
-# deadlock's victim (a lock order no path can rule out: a settle's release meeting
-# an enqueue that names a parent and its child). Each try waits deadlock_timeout.
+# deadlock's victim: what no lock order rules out (rows the application locks out
+# of id order, a dependent committed while a settle waited for its parent). Each
+# lost try has waited deadlock_timeout.
 DEADLOCK_TRIES = 5
 _PG_DEADLOCK = "40P01"
 _MYSQL_DEADLOCK = 1213
