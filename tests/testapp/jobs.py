@@ -223,7 +223,7 @@ if not settings.JOBS_TEST_OLD_RELEASE:
 
 # Hostile handlers (issue 10): what they raise, return or print comes from the payload;
 # workflow steps (issue 15) record when they started and what they saw.
-from tests.testapp import hostile, workflow_jobs  # noqa: E402, F401
+from tests.testapp import blackbox_jobs, hostile, workflow_jobs  # noqa: E402, F401
 
 # Flow control (issue 14): limited handlers only in the worker processes that ask.
 if os.environ.get("JOBS_TEST_FLOW") == "1":

@@ -1,0 +1,763 @@
+"""Workflows (issue 15) checked from the outside: the public API, commands, admin, workers.
+
+Written from README.md and docs/ alone, as an independent checker would: every
+expectation below quotes what docs/workflows.md (or tasks.md, admin.md,
+operations.md) promises. Handlers: tests/testapp/blackbox_jobs.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+import uuid
+from datetime import timedelta
+from io import StringIO
+from urllib.parse import quote
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import transaction
+from django.utils import timezone
+from django.utils.html import escape
+
+from django_jobs import (
+    EnqueueResult,
+    InvalidJob,
+    OnParentDead,
+    cancel_workflow,
+    enqueue,
+    enqueue_many,
+    enqueue_on_commit,
+    workflow,
+)
+from django_jobs.models import (
+    CompletionMarker,
+    DeadLetter,
+    Dependency,
+    Job,
+    WorkflowStep,
+)
+from django_jobs.testing import drain
+from tests.conftest import wait_for
+from tests.testapp.models import Audit
+
+STEP = "tests.bb.step"
+FRAGILE = "tests.bb.fragile"
+
+
+def ran(label):
+    """How many times the step labelled `label` started."""
+    return Audit.objects.filter(label__startswith=f"bb|{label}|").count()
+
+
+def is_blocked(result):
+    return Job.objects.blocked().filter(id=result.id).exists()
+
+
+def marker_of(result):
+    return CompletionMarker.objects.get(job_id=result.id)
+
+
+def nothing_written():
+    return not (
+        Job.objects.exists() or Dependency.objects.exists() or WorkflowStep.objects.exists()
+    )
+
+
+# ---- after=: what it takes, what it refuses ----------------------------------
+
+
+@pytest.mark.django_db
+def test_after_refuses_a_parent_that_does_not_exist_and_writes_nothing():
+    for missing in (uuid.uuid4(), str(uuid.uuid4()), "no-such-key"):
+        with pytest.raises(InvalidJob):
+            enqueue(STEP, {"label": "orphan"}, after=[missing])
+        assert nothing_written()
+    # One good parent among them does not make the bad one acceptable.
+    parent = enqueue(STEP, {"label": "p"})
+    with pytest.raises(InvalidJob):
+        enqueue(STEP, {"label": "c"}, after=[parent, uuid.uuid4()])
+    assert list(Job.objects.values_list("id", flat=True)) == [parent.id]
+    assert not Dependency.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("value", ["WAIT", "die", "", None, 1])
+def test_on_parent_dead_refuses_anything_but_wait_and_dead(value):
+    parent = enqueue(STEP, {"label": "p"})
+    with pytest.raises(InvalidJob):
+        enqueue(STEP, {"label": "c"}, after=[parent], on_parent_dead=value)
+    assert Job.objects.count() == 1 and not Dependency.objects.exists()
+
+
+@pytest.mark.django_db
+def test_on_parent_dead_takes_the_enum_and_its_text():
+    parent = enqueue(STEP, {"label": "p"})
+    a = enqueue(STEP, {"label": "a"}, after=[parent], on_parent_dead=OnParentDead.DEAD)
+    b = enqueue(STEP, {"label": "b"}, after=[parent], on_parent_dead="dead")
+    c = enqueue(STEP, {"label": "c"}, after=[parent], on_parent_dead=OnParentDead.WAIT)
+    assert all(is_blocked(r) for r in (a, b, c))
+
+
+@pytest.mark.django_db
+def test_after_empty_is_no_dependency():
+    result = enqueue(STEP, {"label": "free"}, after=[])
+    assert not is_blocked(result)
+    assert Job.objects.waiting().filter(id=result.id).exists()
+    drain()
+    assert ran("free") == 1
+    assert marker_of(result).result == {"label": "free", "saw": {}}
+
+
+@pytest.mark.django_db
+def test_one_parent_named_many_ways_is_waited_for_once():
+    """The same parent as an EnqueueResult, a UUID, its text and its key: one parent."""
+    parent = enqueue(STEP, {"label": "p"}, key="the-parent")
+    child = enqueue(
+        STEP,
+        {"label": "c", "parents": ["the-parent"]},
+        after=[parent, parent.id, str(parent.id), "the-parent", parent],
+    )
+    assert is_blocked(child)
+    drain()
+    assert ran("p") == 1
+    assert ran("c") == 1
+    assert Audit.objects.filter(label="bb|c|0").exists()  # it started after the marker
+    assert marker_of(child).result["saw"] == {"the-parent": {"label": "p", "saw": {}}}
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db
+def test_parent_results_are_keyed_by_dedupe_key_or_id_text():
+    enqueue(STEP, {"label": "keyed"}, key="k-1")
+    plain = enqueue(STEP, {"label": "plain"})
+    child = enqueue(STEP, {"label": "child"}, after=["k-1", str(plain.id)])
+    drain()
+    saw = marker_of(child).result["saw"]
+    assert saw == {
+        "k-1": {"label": "keyed", "saw": {}},
+        str(plain.id): {"label": "plain", "saw": {}},
+    }
+
+
+@pytest.mark.django_db
+def test_a_finished_parent_counts_as_done_at_once():
+    parent = enqueue(STEP, {"label": "early"}, key="early")
+    drain()
+    assert CompletionMarker.objects.filter(key="early").exists()
+    by_key = enqueue(STEP, {"label": "by-key"}, after=["early"])
+    by_result = enqueue(STEP, {"label": "by-result"}, after=[parent])
+    assert not is_blocked(by_key) and not is_blocked(by_result)
+    assert Job.objects.waiting().filter(id__in=[by_key.id, by_result.id]).count() == 2
+    drain()
+    assert marker_of(by_key).result["saw"] == {"early": {"label": "early", "saw": {}}}
+
+
+@pytest.mark.django_db
+def test_a_parent_that_is_itself_blocked_releases_down_the_chain():
+    a = enqueue(STEP, {"label": "a"})
+    b = enqueue(STEP, {"label": "b", "parents": [str(a.id)]}, after=[a])
+    c = enqueue(STEP, {"label": "c", "parents": [str(b.id)]}, after=[b])
+    assert is_blocked(b) and is_blocked(c)
+    drain()
+    assert [ran(x) for x in "abc"] == [1, 1, 1]
+    assert Audit.objects.filter(label__in=["bb|b|0", "bb|c|0"]).count() == 2
+    assert list(marker_of(c).result["saw"]) == [str(b.id)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_thousand_parents_fan_in():
+    parents = enqueue_many(STEP, [{"label": f"p{i}"} for i in range(2000)])
+    # Every form at once: results, UUIDs and id texts (their keys).
+    named = [[p, p.id, str(p.id)][i % 3] for i, p in enumerate(parents)]
+    child = enqueue(STEP, {"label": "join"}, after=named)
+    assert Job.objects.get(id=child.id).waiting_for == 2000
+    # A worker, not drain(): in one never-committed test transaction PostgreSQL
+    # keeps every version of the fan-in row its 2,000 releases write.
+    call_command("runjobs", "--burst")
+    assert ran("join") == 1
+    saw = marker_of(child).result["saw"]
+    assert len(saw) == 2000
+    assert set(saw) == {str(p.id) for p in parents}
+
+
+@pytest.mark.django_db
+def test_enqueue_on_commit_takes_after_too():
+    parent = enqueue_on_commit(STEP, {"label": "p"})
+    child = enqueue_on_commit(STEP, {"label": "c"}, after=[parent])
+    assert isinstance(child, EnqueueResult) and is_blocked(child)
+    drain()
+    assert ran("c") == 1
+
+
+# ---- rollback: the enqueuing transaction takes everything with it -----------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rollback_leaves_no_step_no_edge_and_no_count_on_the_parent():
+    parent = enqueue(STEP, {"label": "p"})
+    before = Job.objects.values("dependents", "waiting_for").get(id=parent.id)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        enqueue_on_commit(STEP, {"label": "c1"}, after=[parent])
+        enqueue(STEP, {"label": "c2"}, after=[parent], on_parent_dead="dead")
+        with workflow(name="rolled-back") as w:
+            x = w.enqueue(STEP, {"label": "x"}, after=[parent])
+            w.enqueue(STEP, {"label": "y"}, after=[x])
+        assert Job.objects.count() == 5  # written in the transaction...
+        raise RuntimeError("the view failed")
+    # ...and gone with it.
+    assert list(Job.objects.values_list("id", flat=True)) == [parent.id]
+    assert not Dependency.objects.exists() and not WorkflowStep.objects.exists()
+    assert Job.objects.values("dependents", "waiting_for").get(id=parent.id) == before
+    # The parent settles like a job nobody waits for.
+    call_command("runjobs", "--burst")
+    assert ran("p") == 1 and not Job.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_workflow_outside_a_transaction_writes_every_step_at_exit():
+    with workflow(name="autocommit") as w:
+        a = w.enqueue(STEP, {"label": "a"})
+        w.enqueue(STEP, {"label": "b"}, after=[a])
+        assert not Job.objects.exists()  # nothing before the block exits
+    assert Job.objects.count() == 2
+    assert WorkflowStep.objects.filter(workflow="autocommit").count() == 2
+    call_command("runjobs", "--burst")
+    assert ran("a") == ran("b") == 1
+
+
+# ---- workflow(): misuse ------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_an_exception_inside_the_block_writes_nothing():
+    parent = enqueue(STEP, {"label": "outside"})
+    with pytest.raises(KeyError), workflow(name="boom") as w:
+        a = w.enqueue(STEP, {"label": "a"}, after=[parent])
+        w.enqueue(STEP, {"label": "b"}, after=[a], key="b-key")
+        raise KeyError("boom")
+    assert list(Job.objects.values_list("id", flat=True)) == [parent.id]
+    assert not Dependency.objects.exists() and not WorkflowStep.objects.exists()
+    assert Job.objects.get(id=parent.id).dependents == 0
+    # The key was never taken: it can be used now.
+    assert not enqueue(STEP, {"label": "b"}, key="b-key").duplicate
+
+
+@pytest.mark.django_db
+def test_an_outside_parent_found_nowhere_fails_the_block_at_exit():
+    with pytest.raises(InvalidJob), workflow(name="lost-parent") as w:
+        a = w.enqueue(STEP, {"label": "a"})
+        w.enqueue(STEP, {"label": "b"}, after=[a, "nobody-has-this-key"])
+    assert nothing_written()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", ["", "x" * 256, "tab\there", "nul\x00", "new\nline"])
+def test_workflow_names_must_be_printable_and_short(name):
+    with pytest.raises(InvalidJob), workflow(name=name) as w:
+        w.enqueue(STEP, {"label": "a"})
+    assert nothing_written()
+
+
+@pytest.mark.django_db
+def test_a_workflow_name_of_255_characters_is_fine():
+    name = "é" * 255
+    with workflow(name=name) as w:
+        w.enqueue(STEP, {"label": "a"})
+    assert WorkflowStep.objects.get().workflow == name
+
+
+@pytest.mark.django_db
+def test_an_invalid_step_refuses_the_whole_block():
+    with pytest.raises(InvalidJob), workflow(name="bad-step") as w:
+        w.enqueue(STEP, {"label": "a"})
+        w.enqueue("tests.bb.no_such_handler", {})
+    assert nothing_written()
+    with pytest.raises(InvalidJob), workflow(name="bad-ond") as w:
+        a = w.enqueue(STEP, {"label": "a"})
+        w.enqueue(STEP, {"label": "b"}, after=[a], on_parent_dead="sometimes")
+    assert nothing_written()
+
+
+@pytest.mark.django_db
+def test_the_same_key_twice_is_one_step():
+    with workflow(name="dupes") as w:
+        first = w.enqueue(STEP, {"label": "once"}, key="once")
+        second = w.enqueue(STEP, {"label": "once"}, key="once")
+        w.enqueue(STEP, {"label": "after"}, after=[first, second, "once"])
+    assert second.duplicate and second.id == first.id
+    # One step per key: the second call made none (docs/workflows.md, "one result per step").
+    assert [r.id for r in w.results][0] == first.id and len(w.results) == 2
+    assert Job.objects.count() == 2
+    drain()
+    assert ran("once") == 1 and ran("after") == 1
+
+
+@pytest.mark.django_db
+def test_a_keyed_step_whose_key_is_done_waits_for_nothing_and_is_not_written():
+    enqueue(STEP, {"label": "done-before"}, key="shared")
+    drain()
+    holder = CompletionMarker.objects.get(key="shared")
+    with workflow(name="reuse") as w:
+        again = w.enqueue(STEP, {"label": "done-before"}, key="shared")
+        after = w.enqueue(STEP, {"label": "next"}, after=[again])
+    result = w.results[0]
+    assert result.duplicate and result.id == holder.job_id
+    assert not is_blocked(after)
+    drain()
+    assert ran("done-before") == 1
+    assert marker_of(after).result["saw"] == {"shared": {"label": "done-before", "saw": {}}}
+
+
+@pytest.mark.django_db
+def test_a_nested_workflow_cannot_wait_for_an_unwritten_step_of_the_outer_one():
+    """The outer step is not written yet: "a parent found nowhere" fails, nothing is written."""
+    with pytest.raises(InvalidJob), workflow(name="outer") as outer:
+        a = outer.enqueue(STEP, {"label": "a"})
+        with workflow(name="inner") as inner:
+            inner.enqueue(STEP, {"label": "b"}, after=[a])
+    assert nothing_written()
+
+
+@pytest.mark.django_db
+def test_nested_workflows_write_each_under_its_own_name():
+    with workflow(name="outer") as outer:
+        a = outer.enqueue(STEP, {"label": "a"})
+        with workflow(name="inner") as inner:
+            b = inner.enqueue(STEP, {"label": "b"})
+        outer.enqueue(STEP, {"label": "c"}, after=[a, b])
+    assert set(WorkflowStep.objects.values_list("workflow", flat=True)) == {"outer", "inner"}
+    assert WorkflowStep.objects.filter(workflow="outer").count() == 2
+    drain()
+    assert [ran(x) for x in "abc"] == [1, 1, 1]
+
+
+# ---- timing of a blocked step --------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_blocked_steps_delay_counts_from_its_release():
+    parent = enqueue(STEP, {"label": "p"})
+    with workflow(name="timed") as w:
+        later = w.enqueue(STEP, {"label": "later"}, after=[parent], delay=3600)
+        past = w.enqueue(
+            STEP, {"label": "past"}, after=[parent], run_at=timezone.now() - timedelta(days=1)
+        )
+        future_at = timezone.now() + timedelta(days=2)
+        future = w.enqueue(STEP, {"label": "future"}, after=[parent], run_at=future_at)
+    assert all(is_blocked(r) for r in (later, past, future))
+    drain()  # runs the parent and whatever it releases that is due
+    assert ran("past") == 1
+    assert ran("later") == 0 and ran("future") == 0
+    scheduled = Job.objects.scheduled()
+    assert set(scheduled.values_list("id", flat=True)) == {later.id, future.id}
+    released = timezone.now()
+    later_at = Job.objects.get(id=later.id).run_at
+    assert released + timedelta(minutes=55) < later_at < released + timedelta(minutes=65)
+    assert Job.objects.get(id=future.id).run_at == future_at
+
+
+# ---- dead parents ----------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_wait_stays_blocked_until_the_parents_letter_is_replayed_and_succeeds():
+    parent = enqueue(FRAGILE, {"label": "charge"}, key="charge-1")
+    child = enqueue(STEP, {"label": "ship", "parents": ["charge-1"]}, after=["charge-1"])
+    drain()
+    assert DeadLetter.objects.get(id=parent.id).reason == "fatal"
+    assert is_blocked(child) and ran("ship") == 0
+    # A second replay of a still-failing parent keeps it blocked.
+    DeadLetter.objects.pending().replay(by="test")
+    drain()
+    assert is_blocked(child)
+    Audit.objects.create(label="bbheal|charge")
+    report = DeadLetter.objects.pending().replay(by="test")
+    assert len(report.replayed) == 1
+    drain()
+    assert Audit.objects.filter(label="bb|ship|0").count() == 1
+    assert marker_of(child).result["saw"] == {"charge-1": {"label": "charge", "healed": True}}
+
+
+@pytest.mark.django_db
+def test_wait_on_an_unkeyed_parent_is_released_by_its_replay():
+    parent = enqueue(FRAGILE, {"label": "nokey"})
+    child = enqueue(STEP, {"label": "after-nokey"}, after=[parent])
+    drain()
+    Audit.objects.create(label="bbheal|nokey")
+    DeadLetter.objects.pending().replay(by="test")
+    drain()
+    assert ran("after-nokey") == 1
+    # Its idempotency key is the dead job's id as text.
+    assert list(marker_of(child).result["saw"]) == [str(parent.id)]
+
+
+@pytest.mark.django_db
+def test_dead_cascades_and_a_replay_before_the_parent_succeeds_waits_again():
+    with workflow(name="cascade") as w:
+        a = w.enqueue(FRAGILE, {"label": "a"}, key="cascade-a")
+        b = w.enqueue(STEP, {"label": "b"}, after=[a], on_parent_dead="dead")
+        c = w.enqueue(STEP, {"label": "c"}, after=[b], on_parent_dead="dead")
+        d = w.enqueue(STEP, {"label": "d"}, after=[b])  # "wait"
+    drain()
+    letters = dict(DeadLetter.objects.values_list("id", "reason"))
+    assert letters == {a.id: "fatal", b.id: "parent_dead", c.id: "parent_dead"}
+    assert is_blocked(d)
+    # Replay b first: its parent is still dead, so it waits again.
+    DeadLetter.objects.filter(id=b.id).replay(by="test")
+    drain()
+    assert ran("b") == 0
+    replay_b = DeadLetter.objects.get(id=b.id).replay_job_id
+    assert Job.objects.blocked().filter(id=replay_b).exists()
+    # Now heal and replay a: b's replay runs, then d (it waited for b's key).
+    Audit.objects.create(label="bbheal|a")
+    DeadLetter.objects.filter(id=a.id).replay(by="test")
+    drain()
+    assert ran("a") == 1 and ran("b") == 1 and ran("d") == 1
+    assert ran("c") == 0  # its letter is still pending
+    DeadLetter.objects.filter(id=c.id).replay(by="test")
+    drain()
+    assert ran("c") == 1
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_child_of_an_already_dead_parent():
+    enqueue(FRAGILE, {"label": "gone"}, key="gone")
+    drain()
+    dead = enqueue(STEP, {"label": "dead-child"}, after=["gone"], on_parent_dead="dead")
+    waiting = enqueue(STEP, {"label": "wait-child"}, after=["gone"])
+    letter = DeadLetter.objects.get(id=dead.id)
+    assert letter.reason == "parent_dead"
+    assert not Job.objects.filter(id=dead.id).exists()
+    assert is_blocked(waiting)
+    # Replaying the child before the parent makes it wait for that parent.
+    DeadLetter.objects.filter(id=dead.id).replay(by="test")
+    replay = DeadLetter.objects.get(id=dead.id).replay_job_id
+    assert Job.objects.blocked().filter(id=replay).exists()
+    Audit.objects.create(label="bbheal|gone")
+    DeadLetter.objects.filter(key="gone").replay(by="test")
+    drain()
+    assert ran("dead-child") == 1 and ran("wait-child") == 1
+
+
+# ---- cancel -------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_cancel_workflow_dead_letters_its_waiting_and_blocked_steps_only():
+    outside = enqueue(STEP, {"label": "outside"})
+    with workflow(name="order-42") as w:
+        a = w.enqueue(STEP, {"label": "a"})
+        b = w.enqueue(STEP, {"label": "b"}, after=[a, outside])
+        w.enqueue(STEP, {"label": "c"}, after=[b])
+    result = cancel_workflow("order-42", by="tester")
+    assert (result.cancelled, result.requested) == (3, 0)
+    assert set(DeadLetter.objects.values_list("reason", flat=True)) == {"cancelled"}
+    assert list(Job.objects.values_list("id", flat=True)) == [outside.id]
+    again = cancel_workflow("order-42")
+    assert (again.cancelled, again.requested) == (0, 0)
+
+
+@pytest.mark.django_db
+def test_cancel_workflow_leaves_finished_steps_alone():
+    with workflow(name="half-done") as w:
+        a = w.enqueue(STEP, {"label": "a"})
+        w.enqueue(FRAGILE, {"label": "b"}, after=[a])
+        w.enqueue(STEP, {"label": "c"})
+    drain(until_empty=False)  # a and c run; b becomes due
+    drain()  # b dies
+    assert cancel_workflow("half-done").cancelled == 0
+    assert DeadLetter.objects.get().reason == "fatal"
+
+
+@pytest.mark.django_db
+def test_jobs_cancel_workflow_command():
+    with workflow(name="order-1") as w:
+        a = w.enqueue(STEP, {"label": "a"})
+        w.enqueue(STEP, {"label": "b"}, after=[a])
+    out = StringIO()
+    call_command("jobs", "cancel", "--workflow", "order-1", stdout=out)
+    text = out.getvalue()
+    assert "order-1" in text and "cancelled 2" in text
+    assert set(DeadLetter.objects.values_list("reason", flat=True)) == {"cancelled"}
+    assert not Job.objects.exists()
+    # Nothing live left: zeros, and a word on stderr.
+    out, err = StringIO(), StringIO()
+    call_command("jobs", "cancel", "--workflow", "order-1", stdout=out, stderr=err)
+    assert "cancelled 0" in out.getvalue() and err.getvalue().strip()
+    with pytest.raises(CommandError, match="no workflow named") as refused:
+        call_command("jobs", "cancel", "--workflow", "order-999")
+    assert refused.value.returncode == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("args", [[], ["--workflow", "order-1", str(uuid.uuid4())]])
+def test_jobs_cancel_needs_ids_or_a_workflow_not_both(args):
+    with workflow(name="order-1") as w:
+        w.enqueue(STEP, {"label": "a"})
+    with pytest.raises(CommandError) as refused:
+        call_command("jobs", "cancel", *args)
+    assert refused.value.returncode == 2
+    assert Job.objects.count() == 1
+
+
+# ---- status --------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_jobs_status_counts_blocked_jobs_apart():
+    parent = enqueue(STEP, {"label": "p"})
+    for i in range(3):
+        enqueue(STEP, {"label": f"c{i}"}, after=[parent], delay=60)
+    enqueue(STEP, {"label": "later"}, delay=600)
+    out = StringIO()
+    call_command("jobs", "status", "--json", stdout=out)
+    data = json.loads(out.getvalue())
+    text = json.dumps(data)
+    assert '"blocked": 3' in text, text
+    assert '"scheduled": 1' in text, text
+    assert '"waiting": 1' in text, text
+    table = StringIO()
+    call_command("jobs", "status", stdout=table)
+    header = table.getvalue().splitlines()[0]
+    assert "blocked" in header
+
+
+# ---- the admin -----------------------------------------------------------------------
+
+
+def _workflow_page(client, name):
+    """Find the workflow's page from the Workflows list, as an operator would."""
+    listing = client.get("/admin/django_jobs/workflowstep/")
+    assert listing.status_code == 200
+    html = text_of(listing)
+    assert escape(name) in html
+    links = re.findall(r'href="([^"]*workflow/\?[^"]*)"', html)
+    assert links, "the Workflows list links no workflow page"
+    link = next(href for href in links if quote(name) in href)
+    page = client.get(link.replace("&amp;", "&"))
+    assert page.status_code == 200
+    return text_of(page)
+
+
+def text_of(response):
+    """The page, without the <wbr> hints that break long words."""
+    return response.content.decode().replace("<wbr>", "")
+
+
+@pytest.mark.django_db
+def test_admin_workflow_page_draws_an_svg_graph_without_external_urls(admin_client_):
+    with workflow(name="order-<42>") as w:
+        a = w.enqueue(STEP, {"label": "charge"}, key="charge-42")
+        b = w.enqueue(FRAGILE, {"label": "reserve"}, after=[a])
+        c = w.enqueue(STEP, {"label": "confirm"}, after=[a])
+        w.enqueue(STEP, {"label": "ship"}, after=[b, c])
+    drain()  # charge and confirm done, reserve dead, ship blocked
+    html = _workflow_page(admin_client_, "order-<42>")
+    assert "<svg" in html
+    assert "order-&lt;42&gt;" in html and "order-<42>" not in html  # escaped
+    svg = html[html.index("<svg") : html.index("</svg>")]
+    assert not re.search(r'(?:href|src)="(?:https?:)?//', svg), "an external URL in the graph"
+    assert "<script" not in svg
+    for url in re.findall(r'(?:href|src)="([^"]+)"', html):
+        assert not url.startswith(("http://", "https://", "//")), url
+    # Links to the finished step's marker, the dead one's letter and the blocked one's job.
+    assert str(marker_of(a).job_id) in html
+    assert str(b.id) in html and "/deadletter/" in html
+    assert "/completionmarker/" in html and "/job/" in html
+
+
+@pytest.mark.django_db
+def test_admin_blocked_job_page_lists_its_parents(admin_client_):
+    parent = enqueue(STEP, {"label": "p"}, key="parent-key")
+    child = enqueue(STEP, {"label": "c"}, after=["parent-key"])
+    page = admin_client_.get(f"/admin/django_jobs/job/{child.id}/change/")
+    assert page.status_code == 200
+    html = text_of(page)
+    assert "parent-key" in html and str(parent.id) in html
+    listing = admin_client_.get("/admin/django_jobs/job/")
+    assert listing.status_code == 200
+    assert "after its parents" in text_of(listing)
+
+
+@pytest.mark.django_db
+def test_admin_cancels_a_workflow_only_with_the_permission(login):
+    with workflow(name="to-cancel") as w:
+        a = w.enqueue(STEP, {"label": "a"})
+        w.enqueue(STEP, {"label": "b"}, after=[a])
+    viewer = login("view_workflowstep", "view_job")
+    html = _workflow_page(viewer, "to-cancel")
+    assert "Cancel this workflow" not in html
+    forged = viewer.post("/admin/django_jobs/workflowstep/workflow/cancel/", {"name": "to-cancel"})
+    assert forged.status_code in (302, 403)
+    assert Job.objects.count() == 2
+    operator = login("view_workflowstep", "view_job", "cancel_job")
+    html = _workflow_page(operator, "to-cancel")
+    assert "Cancel this workflow" in html
+    form = re.search(r'<form[^>]*action="([^"]*cancel[^"]*)"', html)
+    assert form, "no cancel form on the workflow page"
+    fields = dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)"', html))
+    fields.pop("csrfmiddlewaretoken", None)
+    operator.post(form.group(1), fields, follow=True)
+    assert not Job.objects.exists()
+    assert DeadLetter.objects.filter(reason="cancelled").count() == 2
+
+
+@pytest.mark.django_db
+def test_admin_big_workflow_is_not_drawn_but_paged(admin_client_):
+    with workflow(name="wide") as w:
+        root = w.enqueue(STEP, {"label": "root"})
+        for i in range(320):
+            w.enqueue(STEP, {"label": f"leaf{i}"}, after=[root])
+    html = _workflow_page(admin_client_, "wide")
+    assert "not drawn" in html
+    # The first layer holds the root, the second the 320 leaves; the steps come 100 to a page.
+    layers = re.search(r'id="django-jobs-workflow-layers".*?</table>', html, re.S).group(0)
+    assert re.findall(r"<td[^>]*>(\d+)</td>", layers) == ["1", "1", "2", "320"], layers
+    assert html.count('class="django-jobs-step"') == 100
+
+
+# ---- retention -----------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_prunejobs_dry_run_counts_what_the_real_run_deletes():
+    with workflow(name="old") as w:
+        a = w.enqueue(STEP, {"label": "a"})
+        b = w.enqueue(STEP, {"label": "b"}, after=[a])
+        w.enqueue(FRAGILE, {"label": "c"}, after=[b])
+    blocker = enqueue(FRAGILE, {"label": "blocker"}, key="blocker")
+    kept_waiting = enqueue(STEP, {"label": "waits"}, after=["blocker"])
+    drain()
+    long_ago = timezone.now() - timedelta(days=400)
+    CompletionMarker.objects.update(completed_at=long_ago)
+    DeadLetter.objects.update(dead_at=long_ago)
+    dry = StringIO()
+    call_command("prunejobs", "--dry-run", "--markers", "30d", "--dead-letters", "30d", stdout=dry)
+    assert CompletionMarker.objects.count() == 2 and DeadLetter.objects.count() == 2
+    real = StringIO()
+    call_command("prunejobs", "--markers", "30d", "--dead-letters", "30d", stdout=real)
+
+    def figures(text):
+        return re.findall(
+            r"(\d+) (completion marker|dead letter|workflow dependency edge|"
+            r"workflow step row)",
+            text,
+        )
+
+    assert figures(dry.getvalue()) == figures(real.getvalue()), (dry.getvalue(), real.getvalue())
+    assert "would delete" in dry.getvalue() and "deleted" in real.getvalue()
+    # The letter a blocked job waits for is kept, and so is that job's edge.
+    assert DeadLetter.objects.filter(id=blocker.id).exists()
+    assert is_blocked(kept_waiting)
+    assert Dependency.objects.filter(job_id=kept_waiting.id).exists()
+    assert not CompletionMarker.objects.exists()
+    assert not WorkflowStep.objects.filter(workflow="old").exists()
+
+
+# ---- Django's Tasks API ----------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_tasks_join_a_workflow_through_enqueue_step():
+    pytest.importorskip("django.tasks", reason="this Django has django.tasks")
+    from django.tasks import TaskResultStatus
+
+    from django_jobs.tasks.backend import enqueue_step
+    from tests.testapp.tasks import add, record
+
+    with workflow(name="tasks-flow") as w:
+        summed = enqueue_step(w, add, [2, 3])
+        noted = enqueue_step(w, record, kwargs={"label": "after-add"}, after=[summed])
+    assert record.get_result(str(noted.id)).status == TaskResultStatus.READY
+    assert is_blocked(noted)
+    drain()
+    assert add.get_result(str(summed.id)).return_value == 5
+    assert record.get_result(str(noted.id)).status == TaskResultStatus.SUCCESSFUL
+    assert Audit.objects.filter(label="after-add").count() == 1
+
+
+# ---- real worker processes -------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.mariadb
+@pytest.mark.django_db(transaction=True)
+def test_diamond_on_three_workers(worker_process):
+    """No step starts before its parents' markers exist; ship sees both parents' results."""
+    orders = 20
+    for n in range(orders):
+        with transaction.atomic(), workflow(name=f"order-{n}") as w:
+            charge = w.enqueue(STEP, {"label": f"charge{n}"}, key=f"charge-{n}")
+            reserve = w.enqueue(
+                STEP, {"label": f"reserve{n}", "parents": [f"charge-{n}"]}, after=[charge]
+            )
+            confirm = w.enqueue(
+                STEP,
+                {"label": f"confirm{n}", "parents": [f"charge-{n}"]},
+                after=[charge],
+                key=f"confirm-{n}",
+            )
+            w.enqueue(
+                STEP,
+                {"label": f"ship{n}", "parents": [str(reserve.id), f"confirm-{n}"]},
+                after=[reserve, confirm],
+                key=f"ship-{n}",
+            )
+    workers = [worker_process("--concurrency", "4") for _ in range(3)]
+    wait_for(
+        lambda: CompletionMarker.objects.count() == 4 * orders,
+        timeout=60,
+        message="every step's marker",
+    )
+    for proc in workers:
+        proc.signal(signal.SIGTERM)
+    for proc in workers:
+        assert proc.wait() == 0, proc.output()
+    starts = list(Audit.objects.values_list("label", flat=True))
+    assert len(starts) == 4 * orders, starts  # each step ran once
+    assert all(label.endswith("|0") for label in starts), starts
+    for n in range(orders):
+        ship = CompletionMarker.objects.get(key=f"ship-{n}").result
+        reserve_id = CompletionMarker.objects.get(result__label=f"reserve{n}").job_id
+        assert set(ship["saw"]) == {str(reserve_id), f"confirm-{n}"}
+        assert ship["saw"][f"confirm-{n}"]["label"] == f"confirm{n}"
+    assert not Job.objects.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.mariadb
+@pytest.mark.django_db(transaction=True)
+def test_fan_out_fan_in_under_a_kill_storm(worker_process):
+    chunks = 1000
+    with transaction.atomic(), workflow(name="storm") as w:
+        parts = [w.enqueue("tests.bb.chunk", {"i": i}) for i in range(chunks)]
+        join = w.enqueue("tests.bb.total", {}, after=parts)
+    assert WorkflowStep.objects.filter(workflow="storm").count() == chunks + 1
+    args = ("--concurrency", "4", "--lease", "2", "--heartbeat", "0.5", "--batch", "20")
+    workers = [worker_process(*args) for _ in range(3)]
+    kills = 0
+    deadline = time.monotonic() + 45
+    while not CompletionMarker.objects.filter(job_id=join.id).exists():
+        assert time.monotonic() < deadline, "the fan-in never finished"
+        time.sleep(0.4)
+        if kills < 6:
+            victim = workers[kills % 3]
+            victim.signal(signal.SIGKILL)
+            victim.wait()
+            workers[kills % 3] = worker_process(*args)
+            kills += 1
+    for proc in workers:
+        proc.signal(signal.SIGTERM)
+    for proc in workers:
+        proc.wait()
+    # Atomic chunks: one effect each, however many attempts were killed.
+    labels = list(Audit.objects.values_list("label", flat=True))
+    assert sorted(labels) == sorted([f"bbchunk|{i}" for i in range(chunks)] + [f"bbtotal|{chunks}"])
+    assert marker_of(join).result == sum(range(chunks))
+    assert not Job.objects.exists() and not DeadLetter.objects.exists()
+    assert kills >= 1
