@@ -40,3 +40,12 @@ def fragile(payload, ctx):
         raise FatalError(f"{payload['label']} cannot succeed yet")
     Audit.objects.create(label=f"bb|{payload['label']}|0", job_id=ctx.id, attempt=ctx.attempt)
     return {"label": payload["label"], "healed": True}
+
+
+@job(name="tests.bb.stubborn", max_attempts=1)
+def stubborn(payload, ctx):
+    """Run until cancelled (or 30 s), then stop by raising."""
+    Audit.objects.create(label="bbrunning", job_id=ctx.id, attempt=ctx.attempt)
+    if ctx.cancelled.wait(30):
+        raise RuntimeError("stopped on request")
+    return "not cancelled"
