@@ -39,6 +39,7 @@ from django_jobs.models import (
     DeadLetter,
     Dependency,
     Job,
+    WorkerBeat,
     WorkflowStep,
 )
 from django_jobs.testing import drain
@@ -60,6 +61,13 @@ def is_blocked(result):
 
 def marker_of(result):
     return CompletionMarker.objects.get(job_id=result.id)
+
+
+def start_workers(worker_process, count, *args):
+    """Start runjobs processes and wait for their heartbeats (their signal handlers are set)."""
+    workers = [worker_process(*args) for _ in range(count)]
+    wait_for(lambda: WorkerBeat.objects.count() >= count, message="the workers' heartbeats")
+    return workers
 
 
 def nothing_written():
@@ -282,6 +290,19 @@ def test_a_written_workflow_takes_no_more_steps():
     with pytest.raises(InvalidJob):
         w.enqueue(STEP, {"label": "late"}, after=[a])
     assert Job.objects.count() == 1 and WorkflowStep.objects.count() == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_a_big_fan_out_and_fan_in_is_a_handful_of_statements(django_assert_max_num_queries):
+    """docs/workflows.md: steps without a key, edges and WorkflowStep rows: one COPY each."""
+    with django_assert_max_num_queries(10), workflow(name="bulk") as w:
+        root = w.enqueue(STEP, {"label": "root"})
+        leaves = [w.enqueue(STEP, {"label": f"l{i}"}, after=[root]) for i in range(2000)]
+        w.enqueue(STEP, {"label": "join"}, after=leaves)
+    assert Job.objects.count() == 2002
+    assert Dependency.objects.count() == 4000
+    assert WorkflowStep.objects.filter(workflow="bulk").count() == 2002
 
 
 # ---- rollback: the enqueuing transaction takes everything with it -----------
@@ -802,12 +823,17 @@ def test_tasks_join_a_workflow_through_enqueue_step():
     from django_jobs.tasks.backend import enqueue_step
     from tests.testapp.tasks import add, record
 
+    later = timezone.now() + timedelta(hours=2)
     with workflow(name="tasks-flow") as w:
         summed = enqueue_step(w, add, [2, 3])
         noted = enqueue_step(w, record, kwargs={"label": "after-add"}, after=[summed])
+        # run_after holds once its parents have finished: due at the later of the two.
+        held = enqueue_step(w, record.using(run_after=later), ["held"], after=[summed])
     assert record.get_result(str(noted.id)).status == TaskResultStatus.READY
-    assert is_blocked(noted)
+    assert is_blocked(noted) and is_blocked(held)
     drain()
+    assert Job.objects.scheduled().get().id == held.id
+    assert Job.objects.get(id=held.id).run_at == later
     assert add.get_result(str(summed.id)).return_value == 5
     assert record.get_result(str(noted.id)).status == TaskResultStatus.SUCCESSFUL
     assert Audit.objects.filter(label="after-add").count() == 1
@@ -840,7 +866,7 @@ def test_diamond_on_three_workers(worker_process):
                 after=[reserve, confirm],
                 key=f"ship-{n}",
             )
-    workers = [worker_process("--concurrency", "4") for _ in range(3)]
+    workers = start_workers(worker_process, 3, "--concurrency", "4")
     wait_for(
         lambda: CompletionMarker.objects.count() == 4 * orders,
         timeout=60,
@@ -904,7 +930,7 @@ def test_dependents_enqueued_while_workers_settle_their_parents(worker_process):
     Each outcome is checked against the docs: a succeeded parent's child runs; a dead
     parent's "dead" child is dead-lettered as parent_dead, its "wait" child stays blocked.
     """
-    workers = [worker_process("--concurrency", "4") for _ in range(2)]
+    workers = start_workers(worker_process, 2, "--concurrency", "4")
     kinds = [STEP, "tests.bb.chunk", FRAGILE]
     pairs = []
     for i in range(240):
@@ -943,7 +969,7 @@ def test_cancel_workflow_asks_the_worker_of_a_running_step(worker_process):
     with workflow(name="running-one") as w:
         first = w.enqueue("tests.bb.stubborn", {})
         w.enqueue(STEP, {"label": "next"}, after=[first])
-    worker = worker_process("--concurrency", "2", "--heartbeat", "0.3")
+    (worker,) = start_workers(worker_process, 1, "--concurrency", "2", "--heartbeat", "0.3")
     wait_for(lambda: Audit.objects.filter(label="bbrunning").exists(), message="the step to run")
     out = StringIO()
     call_command("jobs", "cancel", "--workflow", "running-one", stdout=out)
@@ -953,3 +979,36 @@ def test_cancel_workflow_asks_the_worker_of_a_running_step(worker_process):
     assert worker.wait() == 0, worker.output()
     assert set(DeadLetter.objects.values_list("reason", flat=True)) == {"cancelled"}
     assert not Job.objects.exists() and ran("next") == 0
+
+
+@pytest.mark.slow
+@pytest.mark.mariadb
+@pytest.mark.django_db(transaction=True)
+def test_cancel_workflow_while_workers_run_it(worker_process):
+    """Cancelled mid-run: every step ends done or dead-lettered, none is left blocked."""
+    layers, width = 6, 20
+    with transaction.atomic(), workflow(name="mid-run") as w:
+        previous = []
+        for layer in range(layers):
+            current = [
+                w.enqueue(STEP, {"label": f"s{layer}-{i}", "ms": 20}, after=previous[i : i + 2])
+                for i in range(width)
+            ]
+            previous = current
+    workers = start_workers(worker_process, 2, "--concurrency", "4", "--heartbeat", "0.3")
+    wait_for(lambda: CompletionMarker.objects.count() >= width, message="the first layer")
+    result = cancel_workflow("mid-run", by="tester")
+    assert result.cancelled > 0
+    wait_for(lambda: not Job.objects.exists(), message="no live step")
+    for proc in workers:
+        proc.signal(signal.SIGTERM)
+    for proc in workers:
+        assert proc.wait() == 0, proc.output()
+    steps = set(WorkflowStep.objects.filter(workflow="mid-run").values_list("job_id", flat=True))
+    done = set(CompletionMarker.objects.values_list("job_id", flat=True))
+    dead = dict(DeadLetter.objects.values_list("id", "reason"))
+    assert len(steps) == layers * width
+    assert steps == done | set(dead) and not done & set(dead)
+    assert set(dead.values()) == {"cancelled"}
+    # A step that ran after the cancel would have found a parent cancelled: none did.
+    assert not Audit.objects.exclude(label__endswith="|0").exists()

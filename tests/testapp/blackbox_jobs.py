@@ -5,6 +5,8 @@ parents it was told of (payload "parents": their idempotency keys) that had no
 completion marker yet when it started; it returns what ctx.parent_results held.
 """
 
+import time
+
 from django_jobs import FatalError, job
 from django_jobs.models import CompletionMarker
 from tests.testapp.models import Audit
@@ -17,6 +19,7 @@ def step(payload, ctx):
     Audit.objects.create(
         label=f"bb|{payload['label']}|{len(parents) - found}", job_id=ctx.id, attempt=ctx.attempt
     )
+    time.sleep(payload.get("ms", 0) / 1000)
     return {"label": payload["label"], "saw": dict(ctx.parent_results)}
 
 
