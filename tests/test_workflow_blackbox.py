@@ -632,6 +632,22 @@ def test_a_cancelled_step_stays_cancelled_when_its_outside_parent_finishes():
     assert ran("in") == 1
 
 
+@pytest.mark.django_db
+def test_cancelling_a_parent_is_a_dead_parent():
+    """docs/workflows.md: dead-lettering a job, cancel included, follows on_parent_dead."""
+    parent = enqueue(STEP, {"label": "p"}, delay=600)
+    dead = enqueue(STEP, {"label": "d"}, after=[parent], on_parent_dead="dead")
+    waiting = enqueue(STEP, {"label": "w"}, after=[parent])
+    out = StringIO()
+    call_command("jobs", "cancel", str(parent.id), stdout=out)
+    assert "cancelled 1" in out.getvalue()
+    assert DeadLetter.objects.get(id=dead.id).reason == "parent_dead"
+    assert is_blocked(waiting)
+    DeadLetter.objects.filter(id=parent.id).replay(by="test")
+    drain()
+    assert ran("p") == 1 and ran("w") == 1 and ran("d") == 0
+
+
 # ---- status --------------------------------------------------------------------------
 
 
