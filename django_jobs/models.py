@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any, cast
 
 from django.conf import settings
@@ -418,9 +419,14 @@ class JobQuerySet(models.QuerySet["Job"]):
             if done is not None:
                 return ("completed", *done, None)
             now = timezone.now()
+            # Jobs waiting for the key already (after= a dead letter of it): see INSERT_KEYED.
+            waiting = Dependency.objects.using(alias).filter(
+                parent_key=job.key, satisfied_at__isnull=True
+            )
+            row = _new_row(replace(job, dependents=waiting.count()), now)
             try:
                 with transaction.atomic(using=alias):
-                    _new_row(job, now).save(using=alias, force_insert=True)
+                    row.save(using=alias, force_insert=True)
                     # The insert may have waited for a live job of the key to settle
                     # (its marker written after the look above): look again.
                     again = markers.filter(key=job.key).values_list("job_id", "fingerprint")
@@ -597,7 +603,9 @@ class JobQuerySet(models.QuerySet["Job"]):
         result = self.insert(job)
         if not result.duplicate and (job.waiting_for or job.dependents):
             self.filter(id=job.id).update(
-                waiting_for=job.waiting_for, dependents=job.dependents, **_release_timing(job)
+                waiting_for=job.waiting_for,
+                dependents=F("dependents") + job.dependents,  # on those the insert counted
+                **_release_timing(job),
             )
         return result
 
@@ -1389,30 +1397,40 @@ class JobQuerySet(models.QuerySet["Job"]):
         alias = self.db
         report = CancelReport()
         for chunk in _chunks(list(self.values_list("id", flat=True)), 500):
-            with transaction.atomic(using=alias):
-                # skip_locked: a job a worker is claiming right now counts as running.
-                rows = list(
-                    Job.objects.using(alias)
-                    .filter(id__in=chunk, locked_by__isnull=True)
-                    .select_for_update(skip_locked=True)
-                )
-                present = set(
-                    Job.objects.using(alias).filter(id__in=chunk).values_list("id", flat=True)
-                )
-                if rows:
-                    Job.objects.using(alias).filter(
-                        id__in=[j.id for j in rows], locked_by__isnull=True
-                    ).delete()
-                    now = timezone.now()
-                    DeadLetter.objects.using(alias).bulk_create(
-                        [_cancelled_letter(job, by, now) for job in rows]
-                    )
-                    self.dead_letter_dependents(_with_dependents(rows))
+            rows, present = _retrying_deadlocks(alias, partial(self._cancel_chunk, chunk, by))
             taken = {j.id for j in rows}
             report.cancelled += [j.id for j in rows]
             report.running += [i for i in chunk if i in present and i not in taken]
             report.gone += [i for i in chunk if i not in present]
         return report
+
+    def _cancel_chunk(self, chunk: list[uuid.UUID], by: str) -> tuple[list[Job], set[uuid.UUID]]:
+        """Cancel what of chunk is unleased, in one transaction; return it and what exists."""
+        alias = self.db
+        with transaction.atomic(using=alias):
+            unleased = Job.objects.using(alias).filter(id__in=chunk, locked_by__isnull=True)
+            # A blocked job is never being claimed: a lock on it is a settle releasing
+            # it, to be waited for (after which it is blocked still, or due, and
+            # cancelled either way), not skipped as running. In id order, as the
+            # settle's release locks.
+            rows = list(unleased.filter(waiting_for__gt=0).order_by("id").select_for_update())
+            # skip_locked: a job a worker is claiming right now counts as running.
+            rows += list(
+                unleased.exclude(id__in=[j.id for j in rows]).select_for_update(skip_locked=True)
+            )
+            present = set(
+                Job.objects.using(alias).filter(id__in=chunk).values_list("id", flat=True)
+            )
+            if rows:
+                Job.objects.using(alias).filter(
+                    id__in=[j.id for j in rows], locked_by__isnull=True
+                ).delete()
+                now = timezone.now()
+                DeadLetter.objects.using(alias).bulk_create(
+                    [_cancelled_letter(job, by, now) for job in rows]
+                )
+                self.dead_letter_dependents(_with_dependents(rows))
+        return rows, present
 
     # ---- operations: snooze and cancellation (see control.py) ---------------
 
@@ -1429,9 +1447,10 @@ class JobQuerySet(models.QuerySet["Job"]):
 
     def request_cancel(self) -> int:
         """Flag leased jobs for cancellation; their workers see it at their next heartbeat."""
-        return self.filter(locked_by__isnull=False, cancel_requested_at__isnull=True).update(
-            cancel_requested_at=Now()
-        )
+        flagged = self.filter(locked_by__isnull=False, cancel_requested_at__isnull=True)
+        # Settles delete and release these rows meanwhile: InnoDB may pick this as a
+        # deadlock's victim, and one statement is safe to run again.
+        return _retrying_deadlocks(self.db, partial(flagged.update, cancel_requested_at=Now()))
 
 
 def _notify_params() -> dict[str, Any]:

@@ -598,6 +598,8 @@ RETURNING CASE WHEN %(notify)s AND run_at <= statement_timestamp()
 # so two concurrent enqueues of one key make one row. Returns what happened:
 # ("inserted", id, NULL, _, enqueued_at, recheck) or ("completed", marker's job id,
 # fingerprint, NULL, NULL, false); no row means a live job holds the key (look it up).
+# Jobs may wait for the key already (after= a dead letter of it): the new job counts
+# them as its dependents, so that its settle releases them (docs/workflows.md).
 INSERT_KEYED = """
 WITH completed AS (
     SELECT job_id, fingerprint FROM django_jobs_marker WHERE key = %(key)s
@@ -605,11 +607,13 @@ WITH completed AS (
 inserted AS (
     INSERT INTO django_jobs_job
         (id, name, queue, payload, priority, run_at, enqueued_at, attempts, max_attempts,
-         key, fingerprint, errors, partition)
+         key, fingerprint, errors, partition, dependents)
     SELECT %(id)s, %(name)s, %(queue)s, %(payload)s, %(priority)s,
            COALESCE(%(run_at)s, statement_timestamp() + %(delay)s * interval '1 second'),
            statement_timestamp(), 0, %(max_attempts)s, %(key)s, %(fingerprint)s, '[]',
-           %(partition)s
+           %(partition)s,
+           (SELECT count(*) FROM django_jobs_dependency
+            WHERE parent_key = %(key)s AND satisfied_at IS NULL)
     WHERE NOT EXISTS (SELECT 1 FROM completed)
     ON CONFLICT (key) WHERE key IS NOT NULL DO NOTHING
     RETURNING id, queue, run_at <= statement_timestamp() AS due, enqueued_at
