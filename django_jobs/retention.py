@@ -6,10 +6,16 @@ measured on the database clock against ``completed_at`` and ``dead_at``.
 
 A marker is the proof that its key's work is done: while a live job holds the
 same key (or is the very job the marker records), deleting it would let that job
-run the work again. Such markers are never pruned, whatever their age. Likewise
-a dead letter that blocked workflow steps wait for (its replay is what releases
-them) is kept until it is replayed. The workflow rows of a job (its edges and its
-WorkflowStep row) go with the last record of it, its marker or its letter.
+run the work again. Such markers are never pruned, whatever their age. Nor is a
+marker that a live job or a pending dead letter has an edge to (satisfied or
+not): that job's ctx.parent_results reads it, and a replay of that letter takes
+a missing parent for done. Likewise a pending dead letter that an unsatisfied
+edge names is kept until it is replayed (its replay is what releases the job
+waiting for it, live or itself a pending letter): without it, a replay of the
+waiting letter finds no trace of its parent and runs as if the parent had
+succeeded. The workflow rows of a job (its edges and its WorkflowStep row) go
+with the last record of it, its marker or its letter; once a waiting letter is
+pruned, the letter it waited for becomes prunable in turn.
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db.models import Exists, OuterRef, Q
-from django.db.models.functions import Now
+from django.db.models import CharField, Exists, Func, OuterRef, Q
+from django.db.models.functions import Coalesce, Now
+from django.db.models.lookups import IsNull
 
 from django_jobs import conf, limits
 
@@ -55,33 +62,63 @@ class PruneResult:
         return self
 
 
+class _IdAsKey(Func):
+    """A UUID column as the text an edge names a keyless parent by (str(uuid))."""
+
+    output_field = CharField()
+    template = "CAST(%(expressions)s AS text)"  # PostgreSQL: the hyphenated form
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        # Stored as 32 hex digits: put the hyphens back.
+        parts = "||'-'||".join(
+            f"substr(%(expressions)s, {start}, {length})"
+            for start, length in ((1, 8), (9, 4), (13, 4), (17, 4), (21, 12))
+        )
+        return self.as_sql(compiler, connection, template=parts, **extra)
+
+    def as_mysql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        # char(32) hex, or MariaDB's native uuid (hyphenated): strip, then hyphenate.
+        template = "REPLACE(CAST(%(expressions)s AS char), '-', '')"
+        for at in (9, 14, 19, 24):
+            template = f"INSERT({template}, {at}, 0, '-')"
+        return self.as_sql(compiler, connection, template=template, **extra)
+
+
 def prunable_markers(alias: str, keep: timedelta) -> QuerySet[CompletionMarker]:
-    """Markers older than `keep` whose key no live job holds."""
-    from django_jobs.models import CompletionMarker, Job
+    """Markers older than `keep` whose key no live job holds and no waiting job's edge names."""
+    from django_jobs.models import CompletionMarker, DeadLetter, Dependency, Job
 
     live = Job.objects.using(alias).filter(Q(key=OuterRef("key")) | Q(id=OuterRef("job_id")))
+    # The edges of a live job or a pending letter (their replay copies them):
+    # ctx.parent_results reads the marker, and a replay that finds no trace of
+    # a parent takes it for done. Found by parent_key, along its index.
+    waiting = Exists(Job.objects.using(alias).filter(id=OuterRef("job_id"))) | Exists(
+        DeadLetter.objects.using(alias).filter(id=OuterRef("job_id"), replayed_at__isnull=True)
+    )
+    named = Dependency.objects.using(alias).filter(waiting, parent_key=OuterRef("key"))
     return (
         CompletionMarker.objects.using(alias)
         .filter(completed_at__lt=Now() - keep)
         .exclude(Exists(live))
+        .exclude(Exists(named))
     )
 
 
 def prunable_dead_letters(alias: str, keep: timedelta) -> QuerySet[DeadLetter]:
-    """Dead letters older than `keep`, but those live jobs wait for (pending, with open edges)."""
-    from django_jobs.models import DeadLetter, Dependency, Job
+    """Dead letters older than `keep`, but pending ones an unsatisfied edge names."""
+    from django_jobs.models import DeadLetter, Dependency
 
+    # Whoever waits, a live job or a pending letter: a replay of the letter that
+    # waits finds no trace of a pruned parent and takes it for done. The edge
+    # names the letter's key, or its id as text (along the parent_key index).
+    # The letter's own condition sits inside the subquery: a plain NOT EXISTS
+    # lets PostgreSQL plan an anti-join.
     waited = Dependency.objects.using(alias).filter(
-        satisfied_at__isnull=True, job_id__in=Job.objects.using(alias).values("id")
+        IsNull(OuterRef("replayed_at"), True),
+        satisfied_at__isnull=True,
+        parent_key=Coalesce(OuterRef("key"), _IdAsKey(OuterRef("id")), output_field=CharField()),
     )
-    return (
-        DeadLetter.objects.using(alias)
-        .filter(dead_at__lt=Now() - keep)
-        .exclude(
-            Q(replayed_at__isnull=True)
-            & (Q(id__in=waited.values("parent_id")) | Q(key__in=waited.values("parent_key")))
-        )
-    )
+    return DeadLetter.objects.using(alias).filter(dead_at__lt=Now() - keep).exclude(Exists(waited))
 
 
 def _forget_workflow_rows(alias: str, ids: list[Any]) -> tuple[int, int]:

@@ -22,6 +22,7 @@ from django_jobs.testing import drain
 from tests.conftest import wait_for
 from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory
 from tests.testapp import jobs
+from tests.testapp.models import Audit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -131,9 +132,10 @@ def test_prunejobs_dry_run_counts_the_workflow_rows_the_real_run_deletes(capsys,
     staying = _finished_workflows()
     tables = (CompletionMarker, DeadLetter, Dependency, WorkflowStep)
     before = [model.objects.count() for model in tables]
-    # Markers: done's 4 and half's first; letters: gone, y and both's.
+    # Markers: done's 4 and half's first; letters: y and both's (gone stays: x's
+    # pending letter, which z waits for, names it).
     figures = (
-        "5 completion marker(s), 3 dead letter(s), 5 workflow dependency edge(s) "
+        "5 completion marker(s), 2 dead letter(s), 5 workflow dependency edge(s) "
         "and 6 workflow step row(s)"
     )
 
@@ -144,7 +146,7 @@ def test_prunejobs_dry_run_counts_the_workflow_rows_the_real_run_deletes(capsys,
     call_command("prunejobs", "--batch", batch)
     assert capsys.readouterr().out.startswith(f"deleted {figures} in ")
     after = [model.objects.count() for model in tables]
-    assert [b - a for b, a in zip(before, after, strict=True)] == [5, 3, 5, 6]
+    assert [b - a for b, a in zip(before, after, strict=True)] == [5, 2, 5, 6]
     assert set(WorkflowStep.objects.values_list("job_id", flat=True)) == staying
     assert set(Dependency.objects.values_list("job_id", flat=True)) == staying
 
@@ -265,3 +267,59 @@ def test_jobs_table_and_its_indexes_do_not_grow_as_jobs_go_through(run_worker):
     start, end = sizes[0], sizes[-1]
     assert end[0] <= start[0]  # the heap: empty
     assert end[2] <= start[2], sizes  # the index pages in use
+
+
+# ---- workflows: what a waiting job still needs is kept ----------------------------------------
+
+
+def test_a_dead_parents_letter_stays_while_a_dead_letter_waits_for_it():
+    old = timezone.now() - 400 * DAY
+    keyed = enqueue("tests.fatal", key="pk")
+    keyless = enqueue("tests.fatal")
+    drain()
+    # Enqueued after their parents died, both children go straight to the letters.
+    child = enqueue("tests.record", {"label": "child"}, after=["pk"], on_parent_dead="dead")
+    other = enqueue("tests.record", {"label": "other"}, after=[keyless.id], on_parent_dead="dead")
+    assert set(DeadLetter.objects.filter(reason="parent_dead").values_list("id", flat=True)) == {
+        child.id,
+        other.id,
+    }
+    DeadLetter.objects.filter(id__in=[keyed.id, keyless.id]).update(dead_at=old)
+
+    assert retention.count_prunable(keep_markers=None).dead_letters == 0
+    assert retention.prune(keep_markers=None).dead_letters == 0
+
+    # The replayed child finds its parent's letter and waits for it instead of running.
+    report = DeadLetter.objects.filter(id=child.id).replay()
+    drain()
+    assert not Audit.objects.filter(label="child").exists()
+    assert Job.objects.get(id=report.replayed[child.id]).waiting_for == 1
+    # Once the waiting letter is pruned (its edge with it), its parent's letter follows.
+    DeadLetter.objects.filter(id=other.id).update(dead_at=old)
+    assert retention.prune(keep_markers=None).dead_letters == 1
+    assert DeadLetter.objects.filter(id=keyless.id).exists()
+    assert retention.count_prunable(keep_markers=None).dead_letters == 1
+    assert retention.prune(keep_markers=None).dead_letters == 1
+    assert set(DeadLetter.objects.values_list("id", flat=True)) == {keyed.id, child.id}
+
+
+@pytest.mark.parametrize("dead", ["wait", "dead"])
+def test_a_parents_marker_stays_while_its_child_waits(dead):
+    enqueue("tests.noop", key="p1")
+    DeadLetterFactory(key="p2")  # the other parent is dead: the child waits, or dies too
+    drain()
+    child = enqueue("tests.bb.step", {"label": "c"}, after=["p1", "p2"], on_parent_dead=dead)
+    CompletionMarker.objects.update(completed_at=timezone.now() - 400 * DAY)
+
+    assert retention.count_prunable(keep_dead_letters=None).markers == 0
+    assert retention.prune(keep_dead_letters=None).markers == 0
+
+    DeadLetter.objects.filter(key="p2").replay()
+    drain()
+    DeadLetter.objects.filter(id=child.id).replay()  # nothing to replay for a waiting child
+    drain()
+    [done] = CompletionMarker.objects.filter(name="tests.bb.step")
+    assert set(done.result["saw"]) == {"p1", "p2"}
+    # With the child done, nothing waits for the markers any more.
+    CompletionMarker.objects.update(completed_at=timezone.now() - 400 * DAY)
+    assert retention.count_prunable(keep_dead_letters=None).markers == 3

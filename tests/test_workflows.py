@@ -361,17 +361,29 @@ def test_a_dead_letter_blocked_jobs_wait_for_is_kept_until_replayed():
     waited = DeadLetterFactory(key="waited", dead_at=old)
     waited_by_id = DeadLetterFactory(dead_at=old)
     DeadLetterFactory(dead_at=old)  # alone: nobody waits for it
-    DeadLetterFactory(key="released", dead_at=old)  # its only dependent was cancelled
+    released = DeadLetterFactory(key="released", dead_at=old)  # its dependent was cancelled
     enqueue("tests.noop", after=["waited", waited_by_id.id])
     later = enqueue("tests.noop", after=["released"])
-    Job.objects.filter(id=later.id).cancel()  # nobody waits for it any more
+    # Cancelled, its dependent is a pending letter that still waits (a replay of it
+    # waits again): the letter it names stays too.
+    Job.objects.filter(id=later.id).cancel()
 
-    assert retention.count_prunable().dead_letters == 2  # alone and done_with
+    assert retention.count_prunable().dead_letters == 1  # alone
     retention.prune()
     assert set(DeadLetter.objects.values_list("id", flat=True)) == {
         waited.id,
         waited_by_id.id,
+        released.id,
         later.id,  # young
+    }
+    DeadLetter.objects.filter(id=later.id).replay()  # the replay waits for "released" now
+    DeadLetter.objects.update(dead_at=old)
+    assert retention.count_prunable().dead_letters == 1  # later's replayed letter
+    retention.prune()
+    assert set(DeadLetter.objects.values_list("id", flat=True)) == {
+        waited.id,
+        waited_by_id.id,
+        released.id,
     }
 
 
