@@ -26,7 +26,16 @@ from django_jobs import conf, flow, limits, registry, signals
 from django_jobs import payloads as codec  # enqueue_many takes a parameter named payloads
 from django_jobs.exceptions import IdempotencyConflict, InvalidJob, InvalidPayload
 from django_jobs.models import EnqueueResult as EnqueueResult  # public: django_jobs.EnqueueResult
-from django_jobs.models import Job, JobQuerySet, NewJob, OnParentDead, Parent, Step, uuid7
+from django_jobs.models import (
+    Job,
+    JobQuerySet,
+    NewJob,
+    OnParentDead,
+    Parent,
+    Step,
+    check_parents_exist,
+    uuid7,
+)
 from django_jobs.registry import Handler
 from django_jobs.schema import migrate_command
 
@@ -81,8 +90,9 @@ def enqueue_on_commit(
     once when no transaction is open). `commit_of` ties the job to the commit
     of another database alias instead: the row is then written after that
     commit, which is NOT atomic (a crash in between loses the job). `after`
-    and `on_parent_dead` as for ``enqueue`` (with `commit_of`, the parents are
-    looked up when the row is written).
+    and `on_parent_dead` as for ``enqueue``; with `commit_of`, a parent found
+    nowhere is refused from this call, and the parents are looked up again
+    when the row is written (one gone by then raises from the commit).
     """
     job = _prepare(handler, payload, key, delay, run_at, priority, queue, max_attempts)
     alias = conf.database()
@@ -91,6 +101,9 @@ def enqueue_on_commit(
         return _write(job, alias, parents, mode)
     if commit_of not in connections:
         raise InvalidJob(f"commit_of names no database alias in DATABASES: {commit_of!r}")
+    if parents:
+        # Now, while the caller's transaction on commit_of can still roll back.
+        check_parents_exist(alias, parents)
     transaction.on_commit(partial(_write, job, alias, parents, mode), using=commit_of)
     return EnqueueResult(job.id, None, job.name, job.queue)
 

@@ -1853,6 +1853,47 @@ def _find_parent(alias: str, parent: Parent, count: int = 1) -> _Found:
     raise InvalidJob(f"after: no such job {parent} (not live, finished or dead-lettered)")
 
 
+# Parents per existence check (three IN lists of this many: under SQLite's and
+# PostgreSQL's limits on parameters per statement).
+EXISTS_BATCH = 5000
+
+
+def check_parents_exist(alias: str, parents: Sequence[Parent]) -> None:
+    """Raise InvalidJob for the first parent found nowhere, reading only: no lock, no count.
+
+    A parent exists when a live job, a completion marker or a dead letter holds
+    its id, or its key (an id's text given as a string: either); a letter
+    counts replayed or not (the write follows it to its replay). The ids are
+    read in one statement, then the keys of the parents still unfound in one.
+    For enqueue_on_commit(commit_of=...), which writes the job later: a missing
+    parent is refused from the call, while the caller's transaction can still
+    roll back. _find_parent, at the write, stays the lookup that decides.
+    """
+    found_ids = _held(alias, "id", [p.id for p in parents if p.id is not None])
+    unfound = [p.key for p in parents if p.key is not None and p.id not in found_ids]
+    found_keys = _held(alias, "key", unfound)
+    for parent in parents:
+        if parent.id not in found_ids and parent.key not in found_keys:
+            # The message of _find_parent's.
+            raise InvalidJob(f"after: no such job {parent} (not live, finished or dead-lettered)")
+
+
+def _held(alias: str, column: str, values: list[Any]) -> set[Any]:
+    """Which of values ("id"s or "key"s) a live job, a marker or a dead letter holds."""
+    marker = "job_id" if column == "id" else column
+    found: set[Any] = set()
+    for chunk in _chunks(list(dict.fromkeys(values)), EXISTS_BATCH):
+        jobs, markers, letters = (
+            model._default_manager.using(alias)
+            .filter(**{f"{name}__in": chunk})
+            .order_by()  # no Meta.ordering: a UNION takes none, inside or around it
+            .values_list(name, flat=True)
+            for model, name in ((Job, column), (CompletionMarker, marker), (DeadLetter, column))
+        )
+        found.update(jobs.union(markers, letters, all=True).order_by())
+    return found
+
+
 def _not_after_itself(job: NewJob, found: Iterable[_Found]) -> None:
     """Refuse a job that would wait for its own key (a dead letter of it): it never runs."""
     if job.key is not None and any(f.key == job.key and f.state == _DEAD for f in found):

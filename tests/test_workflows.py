@@ -43,6 +43,7 @@ from django_jobs.models import (
 from django_jobs.testing import drain
 from tests.conftest import ENGINE, POSTGRES
 from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory
+from tests.testapp.models import Audit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -210,6 +211,75 @@ def test_after_with_commit_of_finds_its_parents_when_the_row_is_written():
         assert not Job.objects.filter(id=result.id).exists()
     assert Job.objects.get(id=result.id).waiting_for == 1
     assert edges_of(result) == {(str(parent.id), parent.id, "wait", False)}
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+@pytest.mark.parametrize(
+    "missing", [uuid.uuid4(), "no-such-key", str(uuid.uuid4())], ids=["id", "key", "id-text"]
+)
+def test_after_with_commit_of_refuses_a_missing_parent_from_the_call(missing):
+    # Refused inside the block, so that the other database's data rolls back with it.
+    live = enqueue("tests.noop")
+    after = [live, missing]
+    with pytest.raises(InvalidJob, match="no such job"), transaction.atomic(using="other"):
+        Audit.objects.using("other").create(label="the view's data")
+        enqueue_on_commit("tests.noop", after=after, commit_of="other")
+        pytest.fail("enqueue_on_commit returned: the refusal would come after the commit")
+    assert not Audit.objects.using("other").exists()
+    assert list(Job.objects.values_list("id", flat=True)) == [live.id]
+    assert Job.objects.get(id=live.id).dependents == 0
+    assert not Dependency.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_after_with_commit_of_checks_each_kind_of_parent_in_one_query_per_form():
+    live = enqueue("tests.noop", key="live-key")
+    plain = enqueue("tests.noop")
+    done = MarkerFactory(key="done-key")
+    dead = DeadLetterFactory(key="dead-key")
+    dead_plain = DeadLetterFactory(key=None)
+    by_id_text = MarkerFactory(key="ignored")
+    key_like_an_id = str(uuid.uuid4())  # an id's text that is some job's key
+    enqueue("tests.noop", key=key_like_an_id)
+    after = [
+        live.id, plain, done.job_id, dead.id, dead_plain.id,  # by id
+        "live-key", "done-key", "dead-key",  # by key
+        str(by_id_text.job_id), key_like_an_id,  # an id's text: by id, else by key
+    ]  # fmt: skip
+    with transaction.atomic(using="other"):
+        with CaptureQueriesContext(connection) as queries:
+            result = enqueue_on_commit("tests.noop", after=after, commit_of="other")
+        assert not Job.objects.filter(id=result.id).exists()
+    # Reads only: the ids in one statement, then the keys not found by id in one.
+    statements = [q["sql"] for q in queries.captured_queries]
+    assert len(statements) == 2, statements
+    assert all(sql.lstrip("(").startswith("SELECT") for sql in statements), statements
+    assert not any("UPDATE" in sql for sql in statements), statements  # no lock, no count
+    assert Job.objects.get(id=result.id).waiting_for == 5  # 3 live jobs and 2 letters
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_after_with_commit_of_a_parent_gone_before_the_commit_raises_at_the_commit():
+    # The check at the call reads; the write after the commit decides (docs/enqueue.md).
+    parent = MarkerFactory(key="pruned-soon")
+    with pytest.raises(InvalidJob, match="no such job"):
+        with transaction.atomic(using="other"):
+            Audit.objects.using("other").create(label="the view's data")
+            result = enqueue_on_commit("tests.noop", after=["pruned-soon"], commit_of="other")
+            CompletionMarker.objects.filter(job_id=parent.job_id).delete()
+    assert Audit.objects.using("other").count() == 1  # committed: not atomic with the job
+    assert not Job.objects.filter(id=result.id).exists()
+
+
+@pytest.mark.parametrize("commit_of", [None, "default"])
+def test_enqueue_on_commit_refuses_a_missing_parent_inside_the_jobs_transaction(commit_of):
+    # Without commit_of (or naming the jobs database) the row is written at the call.
+    with pytest.raises(InvalidJob, match="no such job"), transaction.atomic():
+        Audit.objects.create(label="the view's data")
+        enqueue_on_commit("tests.noop", after=[uuid.uuid4()], commit_of=commit_of)
+        pytest.fail("enqueue_on_commit returned a job after a missing parent")
+    assert not Audit.objects.exists()
+    assert not Job.objects.exists()
 
 
 def test_a_keyed_duplicate_with_after_registers_nothing():
