@@ -70,6 +70,14 @@ def start_workers(worker_process, count, *args):
     return workers
 
 
+def stop_workers(workers):
+    """SIGTERM each worker, then wait: each must drain and exit cleanly."""
+    for proc in workers:
+        proc.signal(signal.SIGTERM)
+    for proc in workers:
+        assert proc.wait() == 0, proc.output()
+
+
 def nothing_written():
     return not (
         Job.objects.exists() or Dependency.objects.exists() or WorkflowStep.objects.exists()
@@ -920,10 +928,7 @@ def test_diamond_on_three_workers(worker_process):
         timeout=60,
         message="every step's marker",
     )
-    for proc in workers:
-        proc.signal(signal.SIGTERM)
-    for proc in workers:
-        assert proc.wait() == 0, proc.output()
+    stop_workers(workers)
     starts = list(Audit.objects.values_list("label", flat=True))
     assert len(starts) == 4 * orders, starts  # each step ran once
     assert all(label.endswith("|0") for label in starts), starts
@@ -994,10 +999,7 @@ def test_dependents_enqueued_while_workers_settle_their_parents(worker_process):
         timeout=60,
         message="every job not blocked to finish",
     )
-    for proc in workers:
-        proc.signal(signal.SIGTERM)
-    for proc in workers:
-        assert proc.wait() == 0, proc.output()
+    stop_workers(workers)
     wrong = []
     for kind, mode, child in pairs:
         if kind != FRAGILE:
