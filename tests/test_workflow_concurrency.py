@@ -280,6 +280,27 @@ def test_an_enqueue_naming_a_parent_by_key_while_its_settle_holds_the_row():
     assert Dependency.objects.filter(satisfied_at__isnull=True).count() == 0
 
 
+def test_a_settle_does_not_wait_for_a_row_outside_its_batch():
+    # InnoDB plans a DELETE of most of a small table's ids as a full scan, which
+    # waits for every row it passes: a settle holding its batch would wait for the
+    # unrelated row held here, then deadlock with its holder naming the batch next.
+    unrelated = JobFactory(id=LOW, queue="elsewhere").id
+    batch = [
+        JobFactory(id=uuid.UUID(f"e000000{i}-0000-7000-8000-000000000001"), queue="parents").id
+        for i in range(8)
+    ]
+    claimed = claim("parents")
+    assert sorted(job.id for job in claimed) == batch
+    with held(Job, unrelated):
+        settling = Side(Job.objects.complete, finished(claimed))
+        settling.start()
+        settling.join(20)
+        assert not settling.is_alive(), "the settle waits for a row it does not settle"
+        assert settling.finish() == set(range(len(batch)))
+    assert set(CompletionMarker.objects.values_list("job_id", flat=True)) == set(batch)
+    assert list(Job.objects.values_list("id", flat=True)) == [unrelated]
+
+
 # The property test's size: rounds of ENQUEUERS threads against one settle and one replay.
 ROUNDS = 12
 ENQUEUERS = 4
