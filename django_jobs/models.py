@@ -1881,7 +1881,11 @@ def _find_parent(alias: str, parent: Parent, count: int = 1) -> _Found:
         if not dead:
             break
         # Every letter of the key was replayed, maybe just now: its job is live or done.
-    raise InvalidJob(f"after: no such job {parent} (not live, finished or dead-lettered)")
+    raise _no_such_parent(parent)
+
+
+def _no_such_parent(parent: Parent) -> InvalidJob:
+    return InvalidJob(f"after: no such job {parent} (not live, finished or dead-lettered)")
 
 
 # Parents per existence check (three IN lists of this many: under SQLite's and
@@ -1905,8 +1909,7 @@ def check_parents_exist(alias: str, parents: Sequence[Parent]) -> None:
     found_keys = _held(alias, "key", unfound)
     for parent in parents:
         if parent.id not in found_ids and parent.key not in found_keys:
-            # The message of _find_parent's.
-            raise InvalidJob(f"after: no such job {parent} (not live, finished or dead-lettered)")
+            raise _no_such_parent(parent)
 
 
 def _held(alias: str, column: str, values: list[Any]) -> set[Any]:
