@@ -1710,7 +1710,7 @@ def _id_order(
     return sorted(enumerate(finished), key=lambda item: item[1][0])
 
 
-def _delete_locked(queryset: models.QuerySet) -> int:
+def _delete_locked(queryset: models.QuerySet[Any]) -> int:
     """Delete queryset's rows, which this transaction holds locked; return how many.
 
     MySQL and MariaDB plan a DELETE of many of a small table's ids as a full scan,
@@ -1733,7 +1733,7 @@ def _delete_locked(queryset: models.QuerySet) -> int:
     hinted = f"DELETE {table} FROM {table} FORCE INDEX (PRIMARY) " + statement[len(plain) :]
     with connections[alias].cursor() as cursor:
         cursor.execute(hinted, params)
-        return cursor.rowcount
+        return int(cursor.rowcount)
 
 
 def _family(alias: str, ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
