@@ -30,7 +30,7 @@ from typing import Any, cast
 from django.conf import settings
 from django.core.checks import CheckMessage
 from django.db import IntegrityError, OperationalError, connections, models, transaction
-from django.db.models import Case, ExpressionWrapper, F, Q, Value, When
+from django.db.models import Case, Exists, ExpressionWrapper, F, OuterRef, Q, Subquery, Value, When
 from django.db.models.functions import Coalesce, Greatest, Now
 from django.db.models.sql import DeleteQuery
 from django.utils import timezone
@@ -2105,12 +2105,61 @@ class ReplayReport:
 REPLAY_BATCH = 200
 
 
+class _IdAsKey(models.Func):
+    """A UUID column as the text an edge names a keyless parent by (str(uuid))."""
+
+    output_field = models.CharField()
+    template = "CAST(%(expressions)s AS text)"  # PostgreSQL: the hyphenated form
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        # Stored as 32 hex digits: put the hyphens back.
+        parts = "||'-'||".join(
+            f"substr(%(expressions)s, {start}, {length})"
+            for start, length in ((1, 8), (9, 4), (13, 4), (17, 4), (21, 12))
+        )
+        return self.as_sql(compiler, connection, template=parts, **extra)
+
+    def as_mysql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        # char(32) hex, or MariaDB's native uuid (hyphenated): strip, then hyphenate.
+        template = "REPLACE(CAST(%(expressions)s AS char), '-', '')"
+        for at in (9, 14, 19, 24):
+            template = f"INSERT({template}, {at}, 0, '-')"
+        return self.as_sql(compiler, connection, template=template, **extra)
+
+
+def letter_edge_key(ref: Callable[[str], Any] = F) -> Coalesce:
+    """The key its dependents' edges name a letter by, in SQL: its key, or its id as text.
+
+    `ref` is F for the letter's own row, OuterRef from a subquery.
+    """
+    return Coalesce(ref("key"), _IdAsKey(ref("id")), output_field=models.CharField())
+
+
 class DeadLetterQuerySet(models.QuerySet["DeadLetter"]):
-    """Named state changes of dead letters."""
+    """Named reads and state changes of dead letters."""
 
     def pending(self) -> DeadLetterQuerySet:
         """Letters not replayed yet."""
         return self.filter(replayed_at__isnull=True)
+
+    def waited_for(self) -> DeadLetterQuerySet:
+        """The pending letters live jobs wait for, each annotated with how many (`waiting`).
+
+        Every unsatisfied edge of a live job counts, whatever its on_parent_dead
+        (a replayed "dead" step waits again): only the letter's replay, once it
+        completes, releases them. One query; each count along the parent_key index.
+        """
+        alias = self.db
+        live = Job.objects.using(alias).filter(id=OuterRef("job_id"))
+        edges = (
+            Dependency.objects.using(alias)
+            .filter(Exists(live), satisfied_at__isnull=True, parent_key=letter_edge_key(OuterRef))
+            .order_by()
+            .annotate(count=models.Func(F("id"), function="COUNT"))
+            .values("count")
+        )
+        waiting = Subquery(edges, output_field=models.IntegerField())
+        return self.pending().annotate(waiting=waiting).filter(waiting__gt=0)
 
     def replay(
         self,

@@ -25,8 +25,8 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db.models import CharField, Exists, Func, OuterRef, Q
-from django.db.models.functions import Coalesce, Now
+from django.db.models import Exists, OuterRef, Q
+from django.db.models.functions import Now
 from django.db.models.lookups import IsNull
 
 from django_jobs import conf, limits
@@ -62,28 +62,6 @@ class PruneResult:
         return self
 
 
-class _IdAsKey(Func):
-    """A UUID column as the text an edge names a keyless parent by (str(uuid))."""
-
-    output_field = CharField()
-    template = "CAST(%(expressions)s AS text)"  # PostgreSQL: the hyphenated form
-
-    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
-        # Stored as 32 hex digits: put the hyphens back.
-        parts = "||'-'||".join(
-            f"substr(%(expressions)s, {start}, {length})"
-            for start, length in ((1, 8), (9, 4), (13, 4), (17, 4), (21, 12))
-        )
-        return self.as_sql(compiler, connection, template=parts, **extra)
-
-    def as_mysql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
-        # char(32) hex, or MariaDB's native uuid (hyphenated): strip, then hyphenate.
-        template = "REPLACE(CAST(%(expressions)s AS char), '-', '')"
-        for at in (9, 14, 19, 24):
-            template = f"INSERT({template}, {at}, 0, '-')"
-        return self.as_sql(compiler, connection, template=template, **extra)
-
-
 def prunable_markers(alias: str, keep: timedelta) -> QuerySet[CompletionMarker]:
     """Markers older than `keep` whose key no live job holds and no waiting job's edge names."""
     from django_jobs.models import CompletionMarker, DeadLetter, Dependency, Job
@@ -106,7 +84,7 @@ def prunable_markers(alias: str, keep: timedelta) -> QuerySet[CompletionMarker]:
 
 def prunable_dead_letters(alias: str, keep: timedelta) -> QuerySet[DeadLetter]:
     """Dead letters older than `keep`, but pending ones an unsatisfied edge names."""
-    from django_jobs.models import DeadLetter, Dependency
+    from django_jobs.models import DeadLetter, Dependency, letter_edge_key
 
     # Whoever waits, a live job or a pending letter: a replay of the letter that
     # waits finds no trace of a pruned parent and takes it for done. The edge
@@ -116,7 +94,7 @@ def prunable_dead_letters(alias: str, keep: timedelta) -> QuerySet[DeadLetter]:
     waited = Dependency.objects.using(alias).filter(
         IsNull(OuterRef("replayed_at"), True),
         satisfied_at__isnull=True,
-        parent_key=Coalesce(OuterRef("key"), _IdAsKey(OuterRef("id")), output_field=CharField()),
+        parent_key=letter_edge_key(OuterRef),
     )
     return DeadLetter.objects.using(alias).filter(dead_at__lt=Now() - keep).exclude(Exists(waited))
 
