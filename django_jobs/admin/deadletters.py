@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
@@ -22,6 +22,7 @@ from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
 from rangefilter.filters import DateRangeFilter
 
 from django_jobs import registry
@@ -202,6 +203,62 @@ class DeadLetterAdmin(IdOrTermSearch, WorkflowFields, ReadOnlyAdmin):
                 return _("A live job holds its key: replay it once that job has finished.")
         return None
 
+    # -- delete
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
+        # A pending letter that live jobs wait for is their parent's only record: deleted,
+        # nothing could ever release them. Django shows "protected" and deletes nothing.
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        return deleted, counts, perms_needed, [*protected, *self._waited_for_lines(objs)]
+
+    def _waited_for_lines(self, objs: Any) -> list[SafeString]:
+        """Say, for at most WAITED_FOR_LINES of these letters, how many jobs wait for each."""
+        if isinstance(objs, QuerySet):  # the delete action's selection, maybe "select all"
+            letters = cast(DeadLetterQuerySet, objs)
+        else:  # the delete view's [obj]
+            alias = objs[0]._state.db if objs else None
+            letters = DeadLetter.objects.using(alias or DeadLetter.objects.db).filter(
+                pk__in=[letter.pk for letter in objs]
+            )
+        # The stubs know no annotation: each use of `waiting` ignores [misc].
+        waited = letters.waited_for().order_by("-waiting", "-dead_at", "-id")  # type: ignore[misc]
+        rows = list(waited.values_list("id", "name", "waiting")[: WAITED_FOR_LINES + 1])  # type: ignore[misc]
+        site = self.admin_site.name
+        lines = [
+            format_html(
+                '{}: <a href="{}">{} {}</a>: {}',
+                _("Dead letter"),
+                reverse(f"{site}:django_jobs_deadletter_change", args=[letter_id]),
+                cell(name, 120),
+                letter_id,
+                ngettext(
+                    "%(count)d job waits for it (its page lists it). Replay it, or cancel "
+                    "that job first (the jobs admin's cancel action, or manage.py jobs "
+                    "cancel JOB_ID).",
+                    "%(count)d jobs wait for it (its page lists them). Replay it, or cancel "
+                    "those jobs first (the jobs admin's cancel action, or manage.py jobs "
+                    "cancel JOB_ID).",
+                    waiting,
+                )
+                % {"count": waiting},
+            )
+            for letter_id, name, waiting in rows[:WAITED_FOR_LINES]
+        ]
+        if len(rows) > WAITED_FOR_LINES:  # only then count them all
+            more = waited.count() - WAITED_FOR_LINES
+            lines.append(
+                format_html(
+                    "{}",
+                    ngettext(
+                        "… and %(count)d more dead letter that jobs wait for.",
+                        "… and %(count)d more dead letters that jobs wait for.",
+                        more,
+                    )
+                    % {"count": more},
+                )
+            )
+        return lines
+
     # -- search
 
     def search_id(self, job_id: uuid.UUID, term: str) -> Q:
@@ -370,6 +427,9 @@ class DeadLetterAdmin(IdOrTermSearch, WorkflowFields, ReadOnlyAdmin):
                     )
         return super().change_view(request, object_id, form_url, extra_context=extra)
 
+
+# The letters a refused delete names, the first ones by how many jobs wait for each.
+WAITED_FOR_LINES = 20
 
 _RUN_AT = re.compile(r"[0-9T:.+\- Z]{10,40}")
 
