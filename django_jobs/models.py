@@ -2142,24 +2142,39 @@ class DeadLetterQuerySet(models.QuerySet["DeadLetter"]):
         """Letters not replayed yet."""
         return self.filter(replayed_at__isnull=True)
 
-    def waited_for(self) -> DeadLetterQuerySet:
-        """The pending letters live jobs wait for, each annotated with how many (`waiting`).
+    def waited_for(self, besides: models.QuerySet[DeadLetter] | None = None) -> DeadLetterQuerySet:
+        """The pending letters something waits for, with how many live jobs (`waiting`)
+        and pending letters (`waiting_letters`) do.
 
-        Every unsatisfied edge of a live job counts, whatever its on_parent_dead
-        (a replayed "dead" step waits again): only the letter's replay, once it
-        completes, releases them. One query; each count along the parent_key index.
+        Every unsatisfied edge counts, whatever its on_parent_dead (a replayed
+        "dead" step waits again): only the letter's replay, once it completes,
+        releases them. A waiting job's own letter (cancelled, or dead with its
+        parent) counts too: replayed, it waits again, and with no trace of this
+        parent left it would run as if it had finished. Letters of `besides` (those
+        deleted together) do not count. One query, its counts along the
+        parent_key index.
         """
         alias = self.db
         live = Job.objects.using(alias).filter(id=OuterRef("job_id"))
-        edges = (
-            Dependency.objects.using(alias)
-            .filter(Exists(live), satisfied_at__isnull=True, parent_key=letter_edge_key(OuterRef))
-            .order_by()
-            .annotate(count=models.Func(F("id"), function="COUNT"))
-            .values("count")
+        letters = DeadLetter.objects.using(alias).pending().filter(id=OuterRef("job_id"))
+        if besides is not None:
+            letters = letters.exclude(id__in=besides.values("id"))
+
+        def waiters(of: models.QuerySet[Any]) -> Subquery:
+            edges = (
+                Dependency.objects.using(alias)
+                .filter(Exists(of), satisfied_at__isnull=True, parent_key=letter_edge_key(OuterRef))
+                .order_by()
+                .annotate(count=models.Func(F("id"), function="COUNT"))
+                .values("count")
+            )
+            return Subquery(edges, output_field=models.IntegerField())
+
+        return (
+            self.pending()
+            .annotate(waiting=waiters(live), waiting_letters=waiters(letters))
+            .filter(Q(waiting__gt=0) | Q(waiting_letters__gt=0))
         )
-        waiting = Subquery(edges, output_field=models.IntegerField())
-        return self.pending().annotate(waiting=waiting).filter(waiting__gt=0)
 
     def replay(
         self,

@@ -75,14 +75,31 @@ def test_a_letter_nobody_waits_for_deletes(admin_client_):
     assert not DeadLetter.objects.exists()
 
 
-def test_a_letter_deletes_once_its_dependent_is_cancelled(admin_client_):
+def test_a_letter_a_cancelled_dependent_waits_for_deletes_only_with_that_letter(admin_client_):
     parent, waiting = dead_parent_and_child()
     Job.objects.filter(id=waiting.id).cancel(by="ops")
 
-    # Its dependent is a letter now (cancelled): no live job waits for the parent.
+    # Its dependent is a letter now (cancelled), which would wait again if replayed.
+    [line] = refused(admin_client_.post(url("deadletter_delete", parent.id), {"post": "yes"}))
+    assert "1 dead letter of a job that waited for it would wait again if replayed" in line
+    assert "job waits" not in line
+    assert DeadLetter.objects.filter(id=parent.id).exists()
+    # Deleted together, neither is left to wait or be waited for.
+    response = delete_selected(admin_client_, [parent.id, waiting.id], post="yes")
+    assert response.status_code == 302
+    assert not DeadLetter.objects.filter(id__in=[parent.id, waiting.id]).exists()
+
+
+def test_a_letter_deletes_once_its_dependents_letter_is_gone(admin_client_):
+    parent, waiting = dead_parent_and_child(on_parent_dead="dead")
+    # The dependent died with its parent (parent_dead): its letter waits for the parent.
+    assert DeadLetter.objects.get(id=waiting.id).reason == "parent_dead"
+    assert refused(admin_client_.get(url("deadletter_delete", parent.id)))
+    response = admin_client_.post(url("deadletter_delete", waiting.id), {"post": "yes"})
+    assert response.status_code == 302
     response = admin_client_.post(url("deadletter_delete", parent.id), {"post": "yes"})
     assert response.status_code == 302
-    assert not DeadLetter.objects.filter(id=parent.id).exists()
+    assert not DeadLetter.objects.exists()
 
 
 def test_a_letter_deletes_once_its_replay_completed(admin_client_):

@@ -12,7 +12,7 @@ from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, F, Q, QuerySet
 from django.db.models.functions import Substr
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -206,13 +206,13 @@ class DeadLetterAdmin(IdOrTermSearch, WorkflowFields, ReadOnlyAdmin):
     # -- delete
 
     def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
-        # A pending letter that live jobs wait for is their parent's only record: deleted,
+        # A pending letter that jobs wait for is their parent's only record: deleted,
         # nothing could ever release them. Django shows "protected" and deletes nothing.
         deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
         return deleted, counts, perms_needed, [*protected, *self._waited_for_lines(objs)]
 
     def _waited_for_lines(self, objs: Any) -> list[SafeString]:
-        """Say, for at most WAITED_FOR_LINES of these letters, how many jobs wait for each."""
+        """Say, for at most WAITED_FOR_LINES of these letters, what waits for each."""
         if isinstance(objs, QuerySet):  # the delete action's selection, maybe "select all"
             letters = cast(DeadLetterQuerySet, objs)
         else:  # the delete view's [obj]
@@ -220,9 +220,16 @@ class DeadLetterAdmin(IdOrTermSearch, WorkflowFields, ReadOnlyAdmin):
             letters = DeadLetter.objects.using(alias or DeadLetter.objects.db).filter(
                 pk__in=[letter.pk for letter in objs]
             )
-        # The stubs know no annotation: each use of `waiting` ignores [misc].
-        waited = letters.waited_for().order_by("-waiting", "-dead_at", "-id")  # type: ignore[misc]
-        rows = list(waited.values_list("id", "name", "waiting")[: WAITED_FOR_LINES + 1])  # type: ignore[misc]
+        # The letters deleted together do not count: those of waiting jobs go with their parent.
+        # The stubs know no annotation: values_list of one ignores [misc].
+        waited = letters.waited_for(besides=letters).order_by(
+            (F("waiting") + F("waiting_letters")).desc(), "-dead_at", "-id"
+        )
+        rows = list(
+            waited.values_list("id", "name", "waiting", "waiting_letters")[  # type: ignore[misc]
+                : WAITED_FOR_LINES + 1
+            ]
+        )
         site = self.admin_site.name
         lines = [
             format_html(
@@ -231,18 +238,9 @@ class DeadLetterAdmin(IdOrTermSearch, WorkflowFields, ReadOnlyAdmin):
                 reverse(f"{site}:django_jobs_deadletter_change", args=[letter_id]),
                 cell(name, 120),
                 letter_id,
-                ngettext(
-                    "%(count)d job waits for it (its page lists it). Replay it, or cancel "
-                    "that job first (the jobs admin's cancel action, or manage.py jobs "
-                    "cancel JOB_ID).",
-                    "%(count)d jobs wait for it (its page lists them). Replay it, or cancel "
-                    "those jobs first (the jobs admin's cancel action, or manage.py jobs "
-                    "cancel JOB_ID).",
-                    waiting,
-                )
-                % {"count": waiting},
+                " ".join(_what_waits(jobs, dead)),
             )
-            for letter_id, name, waiting in rows[:WAITED_FOR_LINES]
+            for letter_id, name, jobs, dead in rows[:WAITED_FOR_LINES]
         ]
         if len(rows) > WAITED_FOR_LINES:  # only then count them all
             more = waited.count() - WAITED_FOR_LINES
@@ -426,6 +424,36 @@ class DeadLetterAdmin(IdOrTermSearch, WorkflowFields, ReadOnlyAdmin):
                         f"{self.admin_site.name}:django_jobs_deadletter_replay", args=[letter.pk]
                     )
         return super().change_view(request, object_id, form_url, extra_context=extra)
+
+
+def _what_waits(jobs: int, letters: int) -> list[str]:
+    """The sentences of a refused delete's line: the jobs, then the letters, that wait."""
+    said = []
+    if jobs:
+        said.append(
+            ngettext(
+                "%(count)d job waits for it (its page lists it). Replay it, or cancel "
+                "that job first (the jobs admin's cancel action, or manage.py jobs "
+                "cancel JOB_ID).",
+                "%(count)d jobs wait for it (its page lists them). Replay it, or cancel "
+                "those jobs first (the jobs admin's cancel action, or manage.py jobs "
+                "cancel JOB_ID).",
+                jobs,
+            )
+            % {"count": jobs}
+        )
+    if letters:
+        said.append(
+            ngettext(
+                "%(count)d dead letter of a job that waited for it would wait again if "
+                "replayed: delete that letter with this one, or replay this one first.",
+                "%(count)d dead letters of jobs that waited for it would wait again if "
+                "replayed: delete those letters with this one, or replay this one first.",
+                letters,
+            )
+            % {"count": letters}
+        )
+    return said
 
 
 # The letters a refused delete names, the first ones by how many jobs wait for each.
