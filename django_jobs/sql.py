@@ -41,10 +41,13 @@ def run(alias: str, statement: str, params: Any = None) -> list[tuple[Any, ...]]
     import psycopg  # only PostgreSQL needs it
 
     connection = connections[alias]
-    connection.validate_no_broken_transaction()
     started = time.monotonic() if connection.queries_logged else 0.0
     with connection.wrap_database_errors:
+        # Connect first, as Django's cursors do: connect() clears the needs_rollback
+        # a connection closed inside an atomic block keeps after it (run_from_argv
+        # closes every connection when a command ends).
         connection.ensure_connection()
+        connection.validate_no_broken_transaction()
         # One cursor per connection, kept: making one copies the adapters map each time.
         cursor = getattr(connection, "_django_jobs_cursor", None)
         if cursor is None or cursor.connection is not connection.connection or cursor.closed:
@@ -199,9 +202,10 @@ def run_locked(
     both back. The connection must be in autocommit.
     """
     connection = connections[alias]
-    connection.validate_no_broken_transaction()
     with connection.wrap_database_errors:
+        # Connect first: see run.
         connection.ensure_connection()
+        connection.validate_no_broken_transaction()
         raw = connection.connection
         prepare = conf.get("PREPARED_STATEMENTS") or None
         first, lock, cursor = raw.cursor(), raw.cursor(), raw.cursor()

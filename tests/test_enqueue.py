@@ -9,6 +9,7 @@ from decimal import Decimal
 
 import pytest
 from django.db import connection, connections, transaction
+from django.db.transaction import TransactionManagementError
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -21,6 +22,7 @@ from django_jobs import (
     enqueue,
     enqueue_on_commit,
     job,
+    sql,
 )
 from django_jobs.models import CompletionMarker, DeadLetter, Job
 from django_jobs.registry import unregister
@@ -283,6 +285,26 @@ class TestTransactions:
             assert Job.objects.count() == 1  # visible inside the transaction
             raise RuntimeError("roll back")
         assert Job.objects.count() == 0
+
+    def test_a_connection_closed_inside_an_atomic_block_does_not_break_the_next_enqueue(self):
+        # manage.py's command-line path (run_from_argv) closes every connection when a
+        # command ends, even inside a transaction; so may close_old_connections(). Django
+        # reconnects at the next query and forgets the broken block: the package's own
+        # statements (sql.run on PostgreSQL) must too, not fail on its stale state.
+        with transaction.atomic():
+            connection.close()
+        result = enqueue(jobs.noop)
+        [claimed] = Job.objects.claim(queues=["default"], limit=1, token="w#1", lease=30)
+        assert claimed.id == result.id
+        if POSTGRES:
+            with transaction.atomic():
+                connection.close()
+            assert sql.run_locked("default", "k", "SELECT 1", None) == ([], [(1,)])
+        # A block that is still broken is still refused.
+        with transaction.atomic():
+            transaction.set_rollback(True)
+            with pytest.raises(TransactionManagementError):
+                enqueue(jobs.noop)
 
     def test_job_is_invisible_to_other_connections_until_commit(self):
         other = connections.create_connection("default")
