@@ -64,10 +64,11 @@ def enqueue(
     `after`: job ids (UUID or its text), EnqueueResults or dedupe keys of jobs
     this one waits for; it runs once all have finished (docs/workflows.md).
     `on_parent_dead` ("wait" or "dead") says what it does when one of them is
-    dead-lettered.
+    dead-lettered; "dead" without parents is refused (InvalidJob).
     """
     job = _prepare(handler, payload, key, delay, run_at, priority, queue, max_attempts)
-    return _write(job, conf.database(), _parents(after), _mode(on_parent_dead))
+    parents = _parents(after)
+    return _write(job, conf.database(), parents, _mode(on_parent_dead, parents))
 
 
 def enqueue_on_commit(
@@ -96,7 +97,8 @@ def enqueue_on_commit(
     """
     job = _prepare(handler, payload, key, delay, run_at, priority, queue, max_attempts)
     alias = conf.database()
-    parents, mode = _parents(after), _mode(on_parent_dead)
+    parents = _parents(after)
+    mode = _mode(on_parent_dead, parents)
     if commit_of is None or commit_of == alias:
         return _write(job, alias, parents, mode)
     if commit_of not in connections:
@@ -344,11 +346,19 @@ def _parents(after: Iterable[Any] | None) -> list[Parent]:
     return parents
 
 
-def _mode(on_parent_dead: object) -> str:
+def _mode(on_parent_dead: object, parents: Sequence[object]) -> str:
+    """Validate on_parent_dead for a job with these parents (those of `after`)."""
     if on_parent_dead == "wait":  # the default, checked first: every enqueue passes here
         return "wait"
     if on_parent_dead not in OnParentDead.values:
         raise InvalidJob(f'on_parent_dead must be "wait" or "dead", not {on_parent_dead!r}')
+    if not parents:
+        # Most likely a forgotten or emptied after=: refused rather than a job that
+        # silently never dies with anything.
+        raise InvalidJob(
+            f'on_parent_dead="{on_parent_dead}" needs after=[...]: '
+            "a job with no parents has none to die with"
+        )
     return str(on_parent_dead)
 
 
@@ -399,13 +409,13 @@ class Workflow:
         if self._closed:
             raise InvalidJob(f"workflow {self.name!r} is written already: enqueue inside its block")
         job = _prepare(handler, payload, key, delay, run_at, priority, queue, max_attempts)
-        mode = _mode(on_parent_dead)
         parents: list[int | Parent] = []
         for parent in _parents(after):
             index = None if parent.id is None else self._ids.get(parent.id)
             if index is None and parent.key is not None:
                 index = self._keys.get(parent.key)
             parents.append(parent if index is None else index)
+        mode = _mode(on_parent_dead, parents)
         if job.key is not None and (first := self._keys.get(job.key)) is not None:
             held = self._steps[first].job
             if held.fingerprint != job.fingerprint:

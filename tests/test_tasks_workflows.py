@@ -55,6 +55,9 @@ def test_a_task_of_another_backend_or_bad_arguments_write_nothing():
         with workflow(name="not-json") as w:
             enqueue_step(w, tasks.add, [1, 2])
             enqueue_step(w, tasks.echo, [{1, 2}])
+    with pytest.raises(InvalidTask, match='on_parent_dead="dead" needs after='):
+        with workflow(name="no-parents") as w:
+            enqueue_step(w, tasks.add, [1, 2], on_parent_dead="dead")
     assert not Job.objects.exists() and not WorkflowStep.objects.exists()
 
 

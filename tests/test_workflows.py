@@ -190,6 +190,33 @@ def test_on_parent_dead_is_wait_or_dead(mode):
     assert Job.objects.count() == 1
 
 
+@pytest.mark.parametrize(
+    ("after", "mode"),
+    [(None, "dead"), ([], "dead"), ((), OnParentDead.DEAD)],
+    ids=["no-after", "empty-list", "empty-tuple-enum"],
+)
+def test_on_parent_dead_dead_needs_parents(after, mode):
+    # Without a parent "dead" can never apply: refused at the call, before any write.
+    given = {} if after is None else {"after": after}
+    refused = r'on_parent_dead="dead" needs after=\[\.\.\.\]'
+    with pytest.raises(InvalidJob, match=refused):
+        enqueue("tests.noop", on_parent_dead=mode, **given)
+    with pytest.raises(InvalidJob, match=refused):
+        enqueue_on_commit("tests.noop", on_parent_dead=mode, **given)
+    with pytest.raises(InvalidJob, match=refused):  # nothing left for the other commit
+        enqueue_on_commit("tests.noop", on_parent_dead=mode, commit_of="other", **given)
+    with pytest.raises(InvalidJob, match=refused), workflow(name="no-parents") as w:
+        w.enqueue("tests.noop")  # a valid step before it is not written either
+        w.enqueue("tests.noop", on_parent_dead=mode, **given)
+    assert not Job.objects.exists() and not WorkflowStep.objects.exists()
+    # "wait", the default, needs none; "dead" after a step of the same workflow is fine.
+    enqueue("tests.noop", on_parent_dead="wait", **given)
+    with workflow(name="parents") as w:
+        first = w.enqueue("tests.noop")
+        w.enqueue("tests.noop", after=[first], on_parent_dead=mode)
+    assert Job.objects.count() == 3
+
+
 def test_rolling_back_the_enqueue_leaves_no_job_and_no_edge():
     parent = enqueue("tests.noop")
     with pytest.raises(RuntimeError), transaction.atomic():
