@@ -487,7 +487,8 @@ class Worker(Settler, ExecutorThreads):
         if getattr(transition, "retaken", False):
             self.stats.reexecuted += 1
             logger.warning(
-                "job %s: attempt %d's lease expired (worker %s); taking it over as attempt %d",
+                "job %s[%s]: attempt %d's lease expired (worker %s); taking it over as attempt %d",
+                job.name,
                 job.id,
                 job.attempts - 1,
                 job.errors[-1].get("worker", "?"),

@@ -145,7 +145,10 @@ class Settler:
             assert run.ctx is not None  # only a running job is interrupted
             run.ctx.cancel()
             logger.warning(
-                "job %s: cancellation requested; ctx.cancelled is set", job.id, extra=log_extra(job)
+                "job %s[%s]: cancellation requested; ctx.cancelled is set",
+                job.name,
+                job.id,
+                extra=log_extra(job),
             )
 
     def _entry(
@@ -354,16 +357,22 @@ class Settler:
             extra["outcome"], extra["duration"] = outcome, duration
             if duration is None:
                 logger.info(
-                    "job %s[%s] attempt %d %s", job.name, job.id, job.attempts, outcome, extra=extra
-                )
-            else:
-                logger.info(
-                    "job %s[%s] attempt %d %s in %.6fs",
+                    "job %s[%s] attempt %d: %s",
                     job.name,
                     job.id,
                     job.attempts,
                     outcome,
+                    extra=extra,
+                )
+            else:
+                # "ran ...: retried", not "retried in ...": a run time, never a delay.
+                logger.info(
+                    "job %s[%s] attempt %d ran %.6fs: %s",
+                    job.name,
+                    job.id,
+                    job.attempts,
                     duration,
+                    outcome,
                     extra=extra,
                 )
         if signals.job_finished.receivers:
