@@ -136,6 +136,13 @@ def test_search_by_job_id_key_name_and_error(admin_client_):
     assert search("card declined") == {a.id}
 
 
+def test_the_error_column_wraps_after_the_dots_of_the_exception_path(admin_client_):
+    DeadLetterFactory(error="django_jobs.exceptions.FatalError: order 5: item discontinued")
+    page = admin_client_.get(url("deadletter_changelist")).text
+    # Not mid-word ("FatalE|rror") in a narrow column: after each dot of the path.
+    assert "django_<wbr>jobs.<wbr>exceptions.<wbr>FatalError:<wbr> order 5:<wbr>" in page
+
+
 def test_detail_page_is_read_only_with_masked_pretty_payload_and_every_error(admin_client_):
     letter = DeadLetterFactory(
         payload=json.dumps(

@@ -127,7 +127,8 @@ class DeadLetterAdmin(IdOrTermSearch, WorkflowFields, ReadOnlyAdmin):
 
     @admin.display(description=_("error"))
     def error_line(self, obj: DeadLetter) -> SafeString | str:
-        return cell(obj.error_head, 90)  # type: ignore[attr-defined]  # get_queryset's annotation
+        # Breakable after dots: "django_jobs.exceptions.FatalError" wraps whole, not "FatalE|rror".
+        return cell(obj.error_head, 90, name=True)  # type: ignore[attr-defined]  # get_queryset's
 
     @admin.display(description=_("replayed"), ordering="replayed_at")
     def replayed(self, obj: DeadLetter) -> SafeString | str:

@@ -61,7 +61,8 @@ def bounded_pre(value: Any, limit: int = DETAIL_LIMIT, css: str = "") -> SafeStr
 def cell(value: Any, limit: int = CELL_LIMIT, *, name: bool = False) -> SafeString | str:
     """Return a list cell: the first line, cut to limit characters, the line as its title.
 
-    A name (dotted path, queue, worker id) may wrap after its dots, dashes and colons.
+    A name (dotted path, queue, worker id), or an error led by its exception's dotted
+    path, may wrap after its dots, dashes and colons.
     """
     if value is None or value == "":
         return EMPTY
