@@ -1868,8 +1868,13 @@ def _find_parent(alias: str, parent: Parent, count: int = 1) -> _Found:
         marked_id = markers.filter(key=key).values_list("job_id", flat=True).first()
         if marked_id is not None:
             return _Found(_DONE, key, marked_id)
+        # The key's letters by id, then locked by id: a letter's key is in no index,
+        # and InnoDB's locking read by key scans the table, waiting for every row
+        # another transaction holds (out of id order: a deadlock with an enqueue or
+        # a replay that holds a letter further on and waits for one this one holds).
+        letter_ids = list(letters.filter(key=key).order_by().values_list("id", flat=True))
         dead = list(  # locked in id order, as every path that locks several rows
-            letters.filter(key=key)
+            letters.filter(id__in=letter_ids, key=key)
             .order_by("id")
             .select_for_update()
             .values_list("id", "replay_job_id", "dead_at")

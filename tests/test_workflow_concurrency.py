@@ -39,6 +39,7 @@ pytestmark = [
 LOW = uuid.UUID("10000000-0000-7000-8000-000000000001")
 MIDDLE = uuid.UUID("e0000000-0000-7000-8000-000000000001")
 HIGH = uuid.UUID("f0000000-0000-7000-8000-000000000001")
+TOP = uuid.UUID("f8000000-0000-7000-8000-000000000001")
 
 
 class Side(threading.Thread):
@@ -299,6 +300,29 @@ def test_a_settle_does_not_wait_for_a_row_outside_its_batch():
         assert settling.finish() == set(range(len(batch)))
     assert set(CompletionMarker.objects.values_list("job_id", flat=True)) == set(batch)
     assert list(Job.objects.values_list("id", flat=True)) == [unrelated]
+
+
+def test_two_enqueues_naming_a_letter_by_key_do_not_scan_the_letters_they_do_not_name():
+    # A letter's key is in no index: InnoDB's locking read by key scanned every
+    # letter in id order, waiting for those others held. Each enqueue locks its
+    # letter by id (L, then H) and then the letter of key "top" (T, last by id):
+    # the first scanned on to M (the holder's), the second to L (the first's),
+    # and once M was free the first reached H (the second's).
+    letters = [
+        DeadLetterFactory(id=LOW, queue="dead"),
+        DeadLetterFactory(id=MIDDLE, queue="dead"),
+        DeadLetterFactory(id=HIGH, queue="dead"),
+        DeadLetterFactory(id=TOP, key="top", queue="dead"),
+    ]
+    low, middle, high, top = (letter.id for letter in letters)
+    with held(DeadLetter, middle):
+        first = start_until_waiting(Side(atomic_enqueue, "tests.noop", after=[low, "top"]))
+        second = start_until_waiting(Side(atomic_enqueue, "tests.noop", after=[high, "top"]))
+    children = [result.id for result in finish(first, second)]
+    assert [Job.objects.get(id=child).waiting_for for child in children] == [2, 2]
+    assert sorted(Dependency.objects.values_list("parent_id", flat=True)) == sorted(
+        [low, top, high, top]
+    )
 
 
 # The property test's size: rounds of ENQUEUERS threads against one settle and one replay.
