@@ -2078,6 +2078,14 @@ class ReplayReport:
     completed: list[uuid.UUID] = field(default_factory=list)  # the key's work is done
     unknown: list[uuid.UUID] = field(default_factory=list)  # no handler by that name
 
+    def add(self, other: ReplayReport) -> None:
+        """Add the outcomes of other (a later batch) to this report."""
+        self.replayed.update(other.replayed)
+        self.already += other.already
+        self.key_taken += other.key_taken
+        self.completed += other.completed
+        self.unknown += other.unknown
+
     @property
     def total(self) -> int:
         return (
@@ -2210,14 +2218,25 @@ class DeadLetterQuerySet(models.QuerySet["DeadLetter"]):
         done = 0
         # Each new job due now wakes listening workers at commit (see JobQuerySet.insert).
         for chunk in _chunks(ids, REPLAY_BATCH):
-            with transaction.atomic(using=alias):
-                # In id order, as every path that locks several rows (_find_parents).
-                letters = DeadLetter.objects.using(alias).filter(id__in=chunk).order_by("id")
-                for letter in letters:
-                    letter._replay(alias, by, run_at, seconds, report)
+            # A replay locks each letter, then its parents: out of id order, so InnoDB
+            # may pick it as a deadlock's victim; its chunk is then tried again whole.
+            replay_chunk = partial(self._replay_chunk, alias, chunk, by, run_at, seconds)
+            report.add(_retrying_deadlocks(alias, replay_chunk))
             done += len(chunk)
             if progress is not None:
                 progress(done, len(ids))
+        return report
+
+    def _replay_chunk(
+        self, alias: str, chunk: list[uuid.UUID], by: str, run_at: datetime | None, delay: float
+    ) -> ReplayReport:
+        """Replay the letters of chunk in one transaction; return what it did."""
+        report = ReplayReport()
+        with transaction.atomic(using=alias):
+            # In id order, as every path that locks several rows (_find_parents).
+            letters = DeadLetter.objects.using(alias).filter(id__in=chunk).order_by("id")
+            for letter in letters:
+                letter._replay(alias, by, run_at, delay, report)
         return report
 
 

@@ -325,6 +325,28 @@ def test_two_enqueues_naming_a_letter_by_key_do_not_scan_the_letters_they_do_not
     )
 
 
+def test_a_replay_that_loses_a_deadlock_to_an_enqueue_is_tried_again():
+    # A replay locks its letter L, then L's parent P (lower by id); an enqueue
+    # naming P, two more jobs and L locks them in id order. InnoDB rolls back the
+    # lighter side, the replay: its batch, its own transaction, runs again.
+    parents = [
+        JobFactory(id=uuid.UUID(f"{i}0000000-0000-7000-8000-000000000001"), queue="parents").id
+        for i in (1, 2, 3)
+    ]
+    letter = DeadLetterFactory(id=HIGH, name="tests.noop", payload="{}", queue="replayed").id
+    Dependency.objects.create(
+        job_id=letter, parent_key=str(parents[0]), parent_id=parents[0], created_at=timezone.now()
+    )
+    with held(Job, parents[0]):
+        enqueuing = start_until_waiting(Side(enqueue, "tests.noop", after=[*parents, letter]))
+        replaying = start_until_waiting(Side(DeadLetter.objects.filter(id=letter).replay))
+    child, report = finish(enqueuing, replaying)
+    assert list(report.replayed) == [letter]
+    assert Job.objects.get(id=child.id).waiting_for == 4
+    replay = Job.objects.get(id=report.replayed[letter])
+    assert (replay.waiting_for, replay.dependents) == (1, 1)
+
+
 # The property test's size: rounds of ENQUEUERS threads against one settle and one replay.
 ROUNDS = 12
 ENQUEUERS = 4
