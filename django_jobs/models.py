@@ -2533,6 +2533,9 @@ class DeadLetter(models.Model):
         indexes = [
             models.Index(fields=["dead_at"], name="django_jobs_dead_dead_at"),
             models.Index(fields=["enqueued_at"], name="django_jobs_dead_enqueued_at"),
+            # A parent named by key found dead (after=, _find_parent), and the admin's search
+            # by key. Not partial: MariaDB has no partial indexes.
+            models.Index(fields=["key"], name="django_jobs_dead_key"),
             # The admin links a replayed job (or its marker) back to its letter.
             models.Index(
                 fields=["replay_job_id"],
