@@ -689,8 +689,8 @@ class JobQuerySet(models.QuerySet["Job"]):
         """Cancel the live steps of a workflow as cancel() does (running ones are left alone).
 
         A step that died and was replayed counts by its replay's job, as the
-        workflow page shows it (a replay also writes a step row of its own; this
-        covers one whose row is missing).
+        workflow page shows it (a replay moves the step's row to its job; this
+        covers a row left at the letter's id).
         """
         steps = WorkflowStep.objects.using(self.db).filter(workflow=workflow).values("job_id")
         replays = DeadLetter.objects.using(self.db).filter(
@@ -2688,10 +2688,11 @@ class DeadLetter(models.Model):
             if job.waiting_for:
                 # The replay's run_at or delay, if given, apply from its release.
                 job = _block(job)
-        step = WorkflowStep.objects.using(alias).filter(job_id=self.id).first()
-        if step is not None:
-            step.job_id, step.key, step.created_at = job.id, job.key, timezone.now()
-            step.save(using=alias, force_insert=True)
+        # One row per step: it moves to the job that runs the step now, so the
+        # workflow page shows the step once and retention keeps it while that job
+        # has a record (pruning this letter no longer takes the step with it). Its
+        # created_at stays: the step keeps its place among its workflow's.
+        WorkflowStep.objects.using(alias).filter(job_id=self.id).update(job_id=job.id, key=job.key)
         return job
 
 

@@ -240,7 +240,9 @@ def test_a_big_workflow_gets_layer_counts_and_a_paginated_table(admin_client_):
     assert len(response.context["steps"]) == 100
     last = workflow_page(admin_client_, "chain", p=4)
     assert len(last.context["steps"]) == GRAPH_LIMIT + 1 - 300
-    assert [s["layer"] for s in last.context["steps"]] == [1]
+    # By layer: both roots open the first page, the chain's end closes the last.
+    assert [s["layer"] for s in response.context["steps"][:3]] == [1, 1, 2]
+    assert [s["layer"] for s in last.context["steps"]] == [GRAPH_LIMIT]
 
 
 def test_unknown_and_nul_names(admin_client_):
@@ -271,7 +273,12 @@ def test_a_blocked_jobs_page_lists_its_parents_and_links_its_workflow(admin_clie
     assert f"/admin/django_jobs/deadletter/{diamond['confirm']}/change/" in parents
     # A step whose parent finished shows it as satisfied, linked to the marker.
     reserve = admin_client_.get(url("job_change", diamond["reserve"])).text
-    assert "✓ satisfied" in reserve and "<code>charge-<wbr>42</code>" in reserve
+    # The parent is a step of the same workflow: named by its step name, then its key.
+    assert "✓ satisfied" in reserve
+    assert (
+        '<li><code>shop.<wbr>jobs.<wbr>charge</code> <span class="django-jobs-quiet">'
+        "(key <code>charge-<wbr>42</code>)</span>: "
+    ) in reserve
     assert f"/admin/django_jobs/completionmarker/{diamond['charge']}/change/" in reserve
 
 
@@ -493,3 +500,126 @@ def test_a_workflow_run_by_the_worker_reads_right(admin_client_):
     dead_parent = admin_client_.get(url("deadletter_change", c.id)).text
     assert "1 still waiting for it, 0 released" in dead_parent
     assert f"/admin/django_jobs/deadletter/{d.id}/change/" in dead_parent
+
+
+def _diamond_with_a_dying_step(fails):
+    """a -> b, c -> d, where b dies `fails` times (each replayed and drained again)."""
+    from django_jobs import workflow
+    from django_jobs.testing import drain
+
+    with workflow(name="order-4") as w:
+        a = w.enqueue("tests.noop")
+        b = w.enqueue("tests.fatal_runs", {"label": "b", "fails": fails}, after=[a])
+        c = w.enqueue("tests.noop", after=[a])
+        d = w.enqueue("tests.noop", after=[b, c])
+    drain()
+    dead = b.id
+    for _ in range(fails):
+        report = DeadLetter.objects.filter(id=dead).replay()
+        dead = report.replayed[dead]
+        drain()
+    return a.id, b.id, c.id, d.id, dead
+
+
+@pytest.mark.parametrize("fails", [1, 2])
+def test_a_replayed_step_is_one_step_followed_to_its_replay(admin_client_, fails):
+    a, b, c, d, last = _diamond_with_a_dying_step(fails)
+    # One row per step: the row of b moved to the job that ran it last.
+    assert WorkflowStep.objects.filter(workflow="order-4").count() == 4
+    moved = WorkflowStep.objects.get(name="tests.fatal_runs")
+    assert moved.job_id == last != b
+    page = workflow_page(admin_client_, "order-4")
+    rows = page.context["steps"]
+    assert [row["state"] for row in rows] == ["done"] * 4
+    legend = {state: count for state, _label, _color, count in page.context["legend"]}
+    assert legend["done"] == 4 and page.context["total"] == 4
+    svg = re.search(r'<svg [^>]*class="django-jobs-graph".*?</svg>', page.text, re.S).group()
+    assert svg.count('class="django-jobs-node"') == 4
+    assert svg.count('class="django-jobs-edge"') == 4  # d's edge to b's first run is b's
+    layers = {row["job_id"]: row["layer"] for row in rows}
+    assert layers == {a: 1, last: 2, c: 2, d: 3}
+    listed = admin_client_.get(url("workflowstep_changelist")).context["rows"][0]
+    assert (listed["steps"], listed["done"]) == (4, 4)
+    # Each run's letter still leads to the workflow.
+    letter = admin_client_.get(url("deadletter_change", b)).text
+    assert "?name=order-4" in letter
+
+
+def test_the_steps_table_is_in_layer_order_then_by_name(admin_client_):
+    """Steps written together share created_at, and their ids need not follow the graph."""
+    at = timezone.now()
+    # Ids in the reverse of the graph's order: the last layer has the smallest id.
+    a, b, c, d = (uuid.UUID(int=(0x0190 << 112) + n) for n in (4, 3, 2, 1))
+    named = ((d, "shop.ship"), (c, "shop.reserve"), (b, "shop.confirm"))
+    for job_id, name in named:
+        JobFactory(id=job_id, name=name)
+    MarkerFactory(job_id=a, name="shop.charge")
+    for job_id, name in (*named, (a, "shop.charge")):
+        step("same-ms", job_id, name, at=at)
+    for child, parent in ((b, a), (c, a), (d, b), (d, c)):
+        edge(child, parent, satisfied=True)
+    rows = workflow_page(admin_client_, "same-ms").context["steps"]
+    assert [(row["layer"], row["job_id"]) for row in rows] == [(1, a), (2, b), (2, c), (3, d)]
+
+
+def test_the_steps_table_is_in_layer_order_past_the_graph_limit(admin_client_):
+    at = timezone.now()
+    ids = sorted(uuid7() for _ in range(GRAPH_LIMIT + 1))
+    WorkflowStep.objects.bulk_create(
+        [WorkflowStep(job_id=i, workflow="wide", name="tests.noop", created_at=at) for i in ids]
+    )
+    # The step with the smallest id waits for all the others: it comes last.
+    Dependency.objects.bulk_create(
+        [Dependency(job_id=ids[0], parent_key=str(p), parent_id=p, created_at=at) for p in ids[1:]]
+    )
+    last = workflow_page(admin_client_, "wide", p=4).context["steps"]
+    assert [(row["layer"], row["job_id"]) for row in last] == [(2, ids[0])]
+    first = workflow_page(admin_client_, "wide").context["steps"]
+    assert [row["job_id"] for row in first] == ids[1:101]
+
+
+def _parents_cell(page, job_id):
+    return str(next(row["parents"] for row in page.context["steps"] if row["job_id"] == job_id))
+
+
+def test_parents_are_named_by_their_step_names(admin_client_, diamond):
+    outside = MarkerFactory(name="shop.jobs.audit", key="audit-42")
+    edge(diamond["reserve"], outside.job_id, key="audit-42", satisfied=True)
+    page = workflow_page(admin_client_, "order-42")
+    # Blocked: the parents by name, with their states.
+    ship = _parents_cell(page, diamond["ship"])
+    assert "<code>shop.<wbr>jobs.<wbr>reserve</code>" in ship
+    assert "<code>shop.<wbr>jobs.<wbr>confirm</code>" in ship
+    assert f"<code>{diamond['reserve']}</code>" not in ship
+    assert f"/admin/django_jobs/job/{diamond['reserve']}/change/" in ship
+    # Not blocked: by name too, not a count; a parent outside the workflow by its key.
+    reserve = _parents_cell(page, diamond["reserve"])
+    assert "<code>shop.<wbr>jobs.<wbr>charge</code>" in reserve
+    assert "<code>audit-<wbr>42</code>" in reserve
+    charge = _parents_cell(page, diamond["charge"])
+    assert charge == "—"
+    # The job page's "waits for" names them the same way.
+    waits = admin_client_.get(url("job_change", diamond["ship"])).text
+    assert "<code>shop.<wbr>jobs.<wbr>confirm</code>" in waits
+
+
+def test_a_replayed_parent_is_named_by_its_step(admin_client_):
+    a, b, c, d, last = _diamond_with_a_dying_step(2)
+    page = workflow_page(admin_client_, "order-4")
+    parents = _parents_cell(page, d)
+    assert "<code>tests.<wbr>fatal_<wbr>runs</code>" in parents and str(b) not in parents
+    assert "<code>tests.<wbr>noop</code>" in parents
+
+
+def test_parents_names_take_a_bounded_number_of_queries(
+    admin_client_, django_assert_max_num_queries
+):
+    root = JobFactory(name="shop.root")
+    step("fan", root.id, "shop.root")
+    for i in range(40):
+        child = blocked_job(name=f"shop.child{i}", waiting_for=1)
+        step("fan", child.id, f"shop.child{i}")
+        edge(child.id, root.id)
+    with django_assert_max_num_queries(16):
+        page = workflow_page(admin_client_, "fan")
+    assert _parents_cell(page, child.id).count("<code>shop.<wbr>root</code>") == 1

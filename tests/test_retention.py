@@ -323,3 +323,19 @@ def test_a_parents_marker_stays_while_its_child_waits(dead):
     # With the child done, nothing waits for the markers any more.
     CompletionMarker.objects.update(completed_at=timezone.now() - 400 * DAY)
     assert retention.count_prunable(keep_dead_letters=None).markers == 3
+
+
+def test_a_replayed_steps_row_stays_with_its_replay_when_its_letter_goes():
+    """A replay moves the step's row to its job: pruning the old letter leaves the step."""
+    with workflow(name="again") as w:
+        died = w.enqueue("tests.fatal_runs", {"label": "again", "fails": 1})
+    drain()
+    replay = DeadLetter.objects.filter(id=died.id).replay().replayed[died.id]
+    drain()
+    assert CompletionMarker.objects.filter(job_id=replay).exists()
+    DeadLetter.objects.update(dead_at=timezone.now() - 40 * DAY)
+    counted = retention.count_prunable()
+    result = retention.prune()
+    assert (result.dead_letters, result.workflow_steps) == (1, 0)
+    assert (counted.dead_letters, counted.workflow_steps) == (1, 0)
+    assert list(WorkflowStep.objects.values_list("job_id", flat=True)) == [replay]

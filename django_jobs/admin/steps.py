@@ -162,16 +162,54 @@ def state_annotation(field: str = "job_id") -> Coalesce:
     )
 
 
+def replayed_as(ids: Iterable[uuid.UUID], alias: str) -> dict[uuid.UUID, uuid.UUID]:
+    """The last replay of each id that is a replayed letter (chains followed); one query a hop.
+
+    A replay moves its step's row to the new job, while the edges of the step's
+    dependents keep naming the id they were written with: this maps one to the other.
+    """
+    found: dict[uuid.UUID, uuid.UUID] = {}
+    todo = {job_id: job_id for job_id in ids}
+    for _hop in range(REPLAY_HOPS):
+        if not todo:
+            break
+        replays: dict[uuid.UUID, uuid.UUID] = {}
+        for chunk in _chunks(list(set(todo.values()))):
+            letters = DeadLetter.objects.using(alias).filter(
+                id__in=chunk, replay_job_id__isnull=False
+            )
+            replays.update(letters.values_list("id", "replay_job_id"))
+        todo = {original: replays[now] for original, now in todo.items() if now in replays}
+        found.update(todo)
+    return found
+
+
 def step_of(job_id: uuid.UUID, alias: str) -> tuple[str, uuid.UUID] | None:
-    """The workflow and step id of a job, going back through the letters it was replayed from."""
-    for _hop in range(REPLAY_HOPS + 1):
-        step = WorkflowStep.objects.using(alias).filter(job_id=job_id).values_list("workflow")
-        found = step.first()
-        if found is not None:
-            return found[0], job_id
+    """Return the workflow and step id of a job (its row, its replay's or its letter's).
+
+    A replay moves the step's row to its job, so a replayed letter finds it
+    forward; a row written before replays moved rows stays at the id of the
+    letter the job was replayed from, found backward.
+    """
+
+    def workflow_of(step_id: uuid.UUID) -> str | None:
+        found = WorkflowStep.objects.using(alias).filter(job_id=step_id).values_list("workflow")
+        row = found.first()
+        return None if row is None else row[0]
+
+    workflow = workflow_of(job_id)
+    if workflow is not None:
+        return workflow, job_id
+    later = replayed_as([job_id], alias).get(job_id)
+    if later is not None and (workflow := workflow_of(later)) is not None:
+        return workflow, later
+    for _hop in range(REPLAY_HOPS):
         letter = DeadLetter.objects.using(alias).filter(replay_job_id=job_id).values_list("id")
         earlier = letter.first()
         if earlier is None:
             return None
         job_id = earlier[0]
+        workflow = workflow_of(job_id)
+        if workflow is not None:
+            return workflow, job_id
     return None

@@ -85,6 +85,33 @@ def state_counts(step_rows: QuerySet[Any], alias: str) -> dict[str, Counter[str]
     return counts
 
 
+def later_steps(
+    parent_ids: Iterable[uuid.UUID], step_ids: Iterable[uuid.UUID], alias: str
+) -> dict[uuid.UUID, uuid.UUID]:
+    """Map the parents that are no step row to the step a replay moved their row to.
+
+    An edge keeps the id its parent had when it was written; a replay of that
+    parent moves the parent's step row to the new job. One query a replay hop,
+    none when every parent is a step row.
+    """
+    known = set(step_ids)
+    unknown = {parent for parent in parent_ids if parent not in known}
+    if not unknown:
+        return {}
+    return {old: new for old, new in steps.replayed_as(unknown, alias).items() if new in known}
+
+
+def step_order(
+    layer: dict[Any, int], job_id: uuid.UUID, created_at: Any, name: str
+) -> tuple[Any, ...]:
+    """Sort key of a workflow's steps: by layer, then as written, then by name and id.
+
+    The steps of one workflow(...) block share created_at (and ids made in one
+    millisecond are not ordered), so their names order them within a layer.
+    """
+    return (layer.get(job_id, 1), created_at, name, job_id)
+
+
 def parents_of(job_ids: Iterable[uuid.UUID], alias: str) -> dict[uuid.UUID, list[Dependency]]:
     """The Dependency rows of each job, oldest first."""
     found: dict[uuid.UUID, list[Dependency]] = defaultdict(list)
@@ -103,11 +130,13 @@ def parents_list(
     limit: int = PARENTS_SHOWN,
     where: dict[uuid.UUID, steps.Where] | None = None,
     total: int | None = None,
+    names: dict[uuid.UUID, str] | None = None,
 ) -> SafeString | str:
-    """A list of parents: key, state now (linked), satisfied or not.
+    """A list of parents: step name (or key), state now (linked), satisfied or not.
 
     `where` may hold the parents already resolved (a table's rows, in one go);
-    `total` is how many edges there are when `edges` holds only the first ones.
+    `total` is how many edges there are when `edges` holds only the first ones;
+    `names` the step names of the parents that are steps of the same workflow.
     """
     total = len(edges) if total is None else total
     if not edges:
@@ -132,17 +161,46 @@ def parents_list(
             )
             if at.state == steps.DEAD:  # what puts it right: the parent's replay, and success
                 done = format_html("{} ({})", done, _("replay the parent to release it"))
-        items.append((cell(edge.parent_key, 60, name=True), state, done))
-    more = ""
-    if total > len(shown):
-        more = format_html(
-            '<li class="django-jobs-quiet">{}</li>',
-            _("and %(n)s more") % {"n": total - len(shown)},
-        )
+        items.append((parent_label(edge, names), state, done))
+    more = _more(total, len(shown))
     return format_html(
         '<ul class="django-jobs-parents">{}{}</ul>',
-        format_html_join("", "<li><code>{}</code>: {}, {}</li>", items),
+        format_html_join("", "<li>{}: {}, {}</li>", items),
         more,
+    )
+
+
+def parent_label(edge: Dependency, names: dict[uuid.UUID, str] | None) -> SafeString:
+    """Name a parent: its step name (and key) when a step of the workflow, else its key."""
+    name = (names or {}).get(edge.parent_id)
+    key = format_html("<code>{}</code>", cell(edge.parent_key, 60, name=True))
+    if name is None:
+        return key
+    shown = format_html("<code>{}</code>", cell(name, 60, name=True))
+    if edge.parent_key == str(edge.parent_id):  # no key of its own: its id says nothing more
+        return shown
+    return format_html('{} <span class="django-jobs-quiet">({} {})</span>', shown, _("key"), key)
+
+
+def parents_names(
+    edges: Sequence[Dependency], names: dict[uuid.UUID, str], limit: int = PARENTS_SHOWN
+) -> SafeString | str:
+    """The parents of a step that does not wait (any more), by name: no state, no query."""
+    if not edges:
+        return EMPTY
+    shown = [(parent_label(edge, names),) for edge in edges[:limit]]
+    return format_html(
+        '<ul class="django-jobs-parents">{}{}</ul>',
+        format_html_join("", "<li>{}</li>", shown),
+        _more(len(edges), len(shown)),
+    )
+
+
+def _more(total: int, shown: int) -> SafeString | str:
+    if total <= shown:
+        return ""
+    return format_html(
+        '<li class="django-jobs-quiet">{}</li>', _("and %(n)s more") % {"n": total - shown}
     )
 
 
@@ -277,7 +335,6 @@ class WorkflowStepAdmin(AnyModelAdmin):
             raise Http404(_("No workflow has this name."))
         site = self.admin_site.name
         counts = state_counts(step_rows, alias)[name]
-        order = ("created_at", "job_id")
         context = {
             **self._context(request, _("Workflow")),
             "crumb": cell(name, 120),
@@ -294,11 +351,18 @@ class WorkflowStepAdmin(AnyModelAdmin):
             "graph_limit": GRAPH_LIMIT,
         }
         if total <= GRAPH_LIMIT:
-            rows = list(step_rows.order_by(*order))
+            rows = list(step_rows.order_by())
             ids = [row.job_id for row in rows]
             parents = parents_of(ids, alias)
-            edges = [(e.parent_id, e.job_id) for row in rows for e in parents[row.job_id]]
+            later = later_steps([e.parent_id for es in parents.values() for e in es], ids, alias)
+            edges = [
+                (later.get(e.parent_id, e.parent_id), e.job_id)
+                for row in rows
+                for e in parents[row.job_id]
+            ]
             layer = graph.layers(ids, edges)
+            rows.sort(key=lambda row: step_order(layer, row.job_id, row.created_at, row.name))
+            names = {row.job_id: row.name for row in rows}
             where = steps.resolve(ids, alias)
             nodes = [
                 graph.Node(
@@ -312,25 +376,31 @@ class WorkflowStepAdmin(AnyModelAdmin):
                 for row in rows
             ]
             context["svg"] = graph.draw(nodes, edges, title=f"{_('Workflow')} {showable(name)}")
-            context["steps"] = self._step_rows(rows, where, parents, layer, alias)
+            context["steps"] = self._step_rows(rows, where, parents, layer, names, later, alias)
         else:
-            ids = list(step_rows.values_list("job_id", flat=True))
+            every = list(step_rows.order_by().values_list("job_id", "created_at", "name"))
+            ids = [job_id for job_id, _at, _name in every]
+            names = {job_id: step_name for job_id, _at, step_name in every}
             # Only the two columns of the edges, in one semi-join: rows, not models.
             edges = list(
                 Dependency.objects.using(alias)
                 .filter(job_id__in=step_rows.values("job_id"))
                 .values_list("parent_id", "job_id")
             )
+            later = later_steps([parent for parent, _child in edges], ids, alias)
+            edges = [(later.get(parent, parent), child) for parent, child in edges]
             layer = graph.layers(ids, edges)
             context["layers"], context["more_layers"] = layer_ranges(Counter(layer.values()))
-            page = Paginator(step_rows.order_by(*order), STEPS_PER_PAGE).get_page(
+            every.sort(key=lambda row: step_order(layer, *row))
+            page = Paginator([row[0] for row in every], STEPS_PER_PAGE).get_page(
                 request.GET.get("p")
             )
-            rows = list(page.object_list)
-            page_ids = [row.job_id for row in rows]
+            page_ids = list(page.object_list)
+            by_id = {row.job_id: row for row in step_rows.order_by().filter(job_id__in=page_ids)}
+            rows = [by_id[job_id] for job_id in page_ids if job_id in by_id]
             where = steps.resolve(page_ids, alias)
             parents = parents_of(page_ids, alias)
-            context["steps"] = self._step_rows(rows, where, parents, layer, alias)
+            context["steps"] = self._step_rows(rows, where, parents, layer, names, later, alias)
             context["page"] = page
             context["page_links"] = _page_links(page, {"name": name})
         return TemplateResponse(request, "admin/django_jobs/workflow.html", context)
@@ -341,9 +411,19 @@ class WorkflowStepAdmin(AnyModelAdmin):
         where: dict[uuid.UUID, steps.Where],
         parents: dict[uuid.UUID, list[Dependency]],
         layer: dict[Any, int],
+        step_names: dict[uuid.UUID, str],
+        later: dict[uuid.UUID, uuid.UUID],
         alias: str,
     ) -> list[dict[str, Any]]:
+        """The table's rows; `step_names` has every step's, `later` the replays' moves."""
         site = self.admin_site.name
+        # The parents by their step names (the edge of a replayed one names its first run).
+        shown = {e.parent_id for edges in parents.values() for e in edges[:PARENTS_SHOWN]}
+        names = {
+            parent: step_names[later.get(parent, parent)]
+            for parent in shown
+            if later.get(parent, parent) in step_names
+        }
         blocked = [row.job_id for row in rows if where[row.job_id].state == "blocked"]
         # The parents of every blocked row, resolved together: not a few queries per row.
         parent_ids = {e.parent_id for job_id in blocked for e in parents[job_id][:PARENTS_SHOWN]}
@@ -364,10 +444,10 @@ class WorkflowStepAdmin(AnyModelAdmin):
                     "job_id": row.job_id,
                     "current": at.current if at.current != row.job_id else None,
                     "created": when(row.created_at),
-                    # What a blocked step waits for; the others' parents are on their pages.
-                    "parents": parents_list(site, edges, alias, where=parent_where)
+                    # What a blocked step waits for, with states; the others' parents by name only.
+                    "parents": parents_list(site, edges, alias, where=parent_where, names=names)
                     if at.state == "blocked"
-                    else len(edges),
+                    else parents_names(edges, names),
                 }
             )
         return table
@@ -493,6 +573,8 @@ class WorkflowFields:
             '<a href="{}" id="django-jobs-workflow-link">{}</a>', url, cell(workflow, 120)
         )
         if step_id != obj.pk:
+            if isinstance(obj, DeadLetter) and obj.replay_job_id is not None:
+                return format_html("{} ({} {})", link, _("the step runs now as"), step_id)
             return format_html("{} ({} {})", link, _("replayed from step"), step_id)
         return link
 
@@ -503,7 +585,10 @@ class WorkflowFields:
         rows = Dependency.objects.using(alias).filter(job_id=obj.pk).order_by("created_at", "id")
         edges = list(rows[:JOB_PAGE_PARENTS])
         total = rows.count() if len(edges) == JOB_PAGE_PARENTS else len(edges)
-        return parents_list(self.admin_site.name, edges, alias, limit=JOB_PAGE_PARENTS, total=total)
+        names = _names_in_workflow(obj.pk, [edge.parent_id for edge in edges], alias)
+        return parents_list(
+            self.admin_site.name, edges, alias, limit=JOB_PAGE_PARENTS, total=total, names=names
+        )
 
     @admin.display(description=_("waited for by"))
     def dependents_list(self, obj: Any) -> SafeString | str:
@@ -532,6 +617,28 @@ class WorkflowFields:
             summary,
             format_html_join("", "<li><code>{}</code>: {}</li>", items),
         )
+
+
+def _names_in_workflow(
+    job_id: uuid.UUID, parent_ids: list[uuid.UUID], alias: str
+) -> dict[uuid.UUID, str]:
+    """The step names of the parents that are steps of job_id's workflow (a few queries)."""
+    if not parent_ids:
+        return {}
+    found = steps.step_of(job_id, alias)
+    if found is None:
+        return {}
+    later = steps.replayed_as(parent_ids, alias)
+    candidates = set(parent_ids) | set(later.values())
+    rows = WorkflowStep.objects.using(alias).filter(workflow=found[0], job_id__in=candidates)
+    by_id = dict(rows.values_list("job_id", "name"))
+    names = {}
+    for parent in parent_ids:
+        # Its row moved with its replay; a row written before replays moved stays.
+        name = by_id.get(later.get(parent, parent), by_id.get(parent))
+        if name is not None:
+            names[parent] = name
+    return names
 
 
 def _key_of(obj: Any) -> str:

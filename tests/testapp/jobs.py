@@ -41,6 +41,15 @@ def fatal(payload, ctx):
     raise FatalError("this cannot succeed")
 
 
+@job(name="tests.fatal_runs")
+def fatal_runs(payload, ctx):
+    """Die (FatalError) on the first `fails` runs of `label`, replays included; then succeed."""
+    runs = Audit.objects.filter(label=payload["label"]).count()
+    Audit.objects.create(label=payload["label"], job_id=ctx.id, attempt=ctx.attempt)
+    if runs < payload["fails"]:
+        raise FatalError(f"run {runs + 1} of {payload['label']} dies")
+
+
 @job(name="tests.crash", max_attempts=2)
 def crash(payload, ctx):
     """Kill the whole worker process, every time."""
