@@ -178,7 +178,9 @@ def replayed_as(ids: Iterable[uuid.UUID], alias: str) -> dict[uuid.UUID, uuid.UU
             letters = DeadLetter.objects.using(alias).filter(
                 id__in=chunk, replay_job_id__isnull=False
             )
-            replays.update(letters.values_list("id", "replay_job_id"))
+            for letter_id, replay in letters.values_list("id", "replay_job_id"):
+                if replay is not None:  # filtered so: for the type checker
+                    replays[letter_id] = replay
         todo = {original: replays[now] for original, now in todo.items() if now in replays}
         found.update(todo)
     return found
