@@ -77,6 +77,48 @@ def test_runjobs_refuses_an_unmigrated_database_with_one_line(fresh_database):
     assert done.stderr == ""
 
 
+# Every command that reads or writes the job tables, each action of `jobs` included.
+TABLE_COMMANDS = [
+    ["jobs", "status"],
+    ["jobs", "status", "--json"],
+    ["jobs", "pause", "default"],
+    ["jobs", "resume", "default"],
+    ["jobs", "schedules"],
+    ["jobs", "enable", "nightly"],
+    ["jobs", "disable", "nightly"],
+    ["jobs", "cancel", "00000000-0000-0000-0000-000000000001"],
+    ["jobs", "cancel", "--workflow", "nightly"],
+    ["replayjobs", "--all"],
+    ["prunejobs"],
+    ["prunejobs", "--dry-run"],
+]
+
+CALL_EACH = f"""
+from django.core.management import call_command
+from django.core.management.base import CommandError
+for args in {TABLE_COMMANDS!r}:
+    try:
+        call_command(*args)
+    except CommandError as exc:
+        print(" ".join(args), exc.returncode, exc, sep="|")
+    except Exception as exc:
+        print(" ".join(args), "raised", type(exc).__name__, exc, sep="|")
+"""
+
+
+def test_every_table_command_refuses_an_unmigrated_database_as_runjobs_does(fresh_database):
+    # One process for all of them (Django starts once); runjobs' test above covers the exit.
+    done = manage(fresh_database, "shell", "-c", CALL_EACH)
+    assert done.returncode == 0, done.stderr
+    runjobs = manage(fresh_database, "runjobs", timeout=30).stderr.strip()
+    lines = [line for line in done.stdout.splitlines() if "|" in line]
+    assert [line.split("|")[0] for line in lines] == [" ".join(a) for a in TABLE_COMMANDS]
+    for line in lines:
+        _, returncode, message = line.split("|", 2)
+        assert returncode == "1", line
+        assert f"CommandError: {message}" == runjobs, line
+
+
 def test_check_database_reports_unapplied_migrations(fresh_database):
     done = manage(fresh_database, "check", "--database", "default")
     assert "django_jobs.W020" in done.stderr, done.stderr + done.stdout

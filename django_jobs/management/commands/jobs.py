@@ -19,6 +19,7 @@ from django.utils import timezone
 from django_jobs import conf, control, limits, registry, status
 from django_jobs.exceptions import InvalidJob
 from django_jobs.management.arguments import free_text, job_id, queue_name, workflow_name
+from django_jobs.management.tables import require_job_tables
 from django_jobs.worker import ticker
 
 
@@ -99,6 +100,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *, action: str, **options: Any) -> None:
+        require_job_tables()  # every action reads or writes the job tables
         getattr(self, f"do_{action}")(**options)
 
     # ---- actions -----------------------------------------------------------------

@@ -12,6 +12,7 @@ from django.core.management.base import BaseCommand
 
 from django_jobs import conf, retention
 from django_jobs.management.arguments import duration_or_none, positive_int
+from django_jobs.management.tables import require_job_tables
 
 
 class Command(BaseCommand):
@@ -53,6 +54,7 @@ class Command(BaseCommand):
         verbosity: int,
         **options: Any,
     ) -> None:
+        require_job_tables()
         keep = {"keep_markers": markers, "keep_dead_letters": dead_letters}
         if dry_run:
             result = retention.count_prunable(**keep)

@@ -24,6 +24,7 @@ from django_jobs.management.arguments import (
     queue_name,
     seconds_or_zero,
 )
+from django_jobs.management.tables import require_job_tables
 from django_jobs.models import DeadLetter, DeadReason
 
 # Selections longer than this get a progress bar (or, when not on a terminal, progress lines).
@@ -178,6 +179,7 @@ class Command(BaseCommand):
             )
         if dead_after and dead_before and dead_after >= dead_before:
             raise CommandError("--dead-after must be earlier than --dead-before", returncode=2)
+        require_job_tables()
         letters = DeadLetter.objects.all()
         if not ids:
             letters = letters.pending()

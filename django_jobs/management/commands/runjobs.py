@@ -13,9 +13,8 @@ from typing import Any, TextIO, cast
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
-from django.db import DatabaseError
 
-from django_jobs import registry, schema
+from django_jobs import registry
 from django_jobs.management.arguments import (
     add_repeatable,
     positive_int,
@@ -24,6 +23,7 @@ from django_jobs.management.arguments import (
     seconds_or_zero,
     threads,
 )
+from django_jobs.management.tables import require_job_tables
 from django_jobs.worker import Worker
 
 # -v 0: warnings and errors; -v 1 (the default): one line per job outcome too; -v 2+: debug.
@@ -136,24 +136,10 @@ class Command(BaseCommand):
             )
         except ImproperlyConfigured as exc:  # --heartbeat >= --lease, or bad DJANGO_JOBS values
             raise CommandError(str(exc), returncode=2) from None
-        self._check_migrations(worker.database)
+        require_job_tables(worker.database)
         self._warn_idle(queues)
         with on_stop(worker.stop):
             worker.run()
-
-    def _check_migrations(self, alias: str) -> None:
-        """Refuse to start on a jobs database that lacks the job tables (a forgotten migrate)."""
-        try:
-            missing = schema.unapplied_migrations(alias)
-        except DatabaseError as exc:
-            # The database is away: the worker's own retries wait for it.
-            logger.warning("could not check the migrations on database %r (%s)", alias, exc)
-            return
-        if missing:
-            raise CommandError(
-                f"{len(missing)} django_jobs migration(s) are not applied on database {alias!r}: "
-                f"run `{schema.migrate_command(alias)}` first"
-            )
 
     def _warn_idle(self, queues: list[str] | None) -> None:
         """Say so when this worker has nothing it could run."""
