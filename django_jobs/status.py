@@ -2,7 +2,8 @@
 
 Every figure is read from the tables on the database clock, in five queries
 (jobs by queue, markers and dead letters of the last hour by queue, workers,
-the job names no live worker knows), and two per limited group of flow control.
+the job names no live worker knows), one more when jobs are blocked (the
+dead-lettered parents they wait for), and two per limited group of flow control.
 """
 
 from __future__ import annotations
@@ -85,12 +86,25 @@ BUSIEST = 5
 
 
 @dataclass
+class DeadParentsStatus:
+    """Blocked jobs that wait for dead-lettered parents: only the parents' replay frees them."""
+
+    jobs: int  # blocked jobs' unsatisfied edges to them (a job waiting for two counts twice)
+    letters: int  # the pending dead letters waited for
+    ids: list[str]  # at most DEAD_PARENT_IDS of them, the most waited-for first
+
+
+DEAD_PARENT_IDS = 3
+
+
+@dataclass
 class Status:
     now: datetime
     queues: list[QueueStatus]
     workers: list[WorkerStatus]
     unknown_names: list[UnknownNameStatus] = field(default_factory=list)
     flow: list[FlowStatus] = field(default_factory=list)
+    dead_parents: DeadParentsStatus | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -113,6 +127,7 @@ class Status:
                 }
                 for w in self.workers
             ],
+            "dead_parents": self.dead_parents and asdict(self.dead_parents),
         }
 
 
@@ -165,6 +180,22 @@ def unknown_names(alias: str | None = None, now: Any = None) -> list[UnknownName
         )
         for row in UnknownName.objects.using(alias).current(now)
     ]
+
+
+def dead_parents(alias: str | None = None) -> DeadParentsStatus | None:
+    """Return the dead-lettered parents live jobs wait for, or None when none does."""
+    alias = alias or conf.database()
+    letters = DeadLetter.objects.using(alias).waited_for()
+    # One query. The stubs know no annotation: [misc].
+    waited = letters.filter(waiting__gt=0).order_by("-waiting", "dead_at", "id")  # type: ignore[misc]
+    rows = list(waited.values_list("id", "waiting"))  # type: ignore[misc]
+    if not rows:
+        return None
+    return DeadParentsStatus(
+        jobs=sum(waiting for _, waiting in rows),
+        letters=len(rows),
+        ids=[str(letter_id) for letter_id, _ in rows[:DEAD_PARENT_IDS]],
+    )
 
 
 def flow_status(alias: str | None = None, now: datetime | None = None) -> list[FlowStatus]:
@@ -237,10 +268,13 @@ def live_workers(alias: str | None = None) -> list[WorkerStatus]:
 def status(alias: str | None = None) -> Status:
     alias = alias or conf.database()
     now = db_now(alias)
+    queues = queue_status(alias, now)
     return Status(
         now=now,
-        queues=queue_status(alias, now),
+        queues=queues,
         workers=live_workers(alias),
         unknown_names=unknown_names(alias, now),
         flow=flow_status(alias, now),
+        # Without a blocked job no parent is waited for: no query.
+        dead_parents=dead_parents(alias) if any(q.blocked for q in queues) else None,
     )

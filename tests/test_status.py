@@ -159,3 +159,37 @@ def test_blocked_workflow_steps_are_counted_apart_from_due_and_scheduled(status_
     queues = {q["name"]: q for q in data["queues"]}
     assert queues["default"]["blocked"] == 4 and queues["default"]["scheduled"] == 2
     assert queues["emails"]["blocked"] == 1
+
+
+def test_status_names_the_dead_lettered_parents_blocked_jobs_wait_for(capsys):
+    from django_jobs.testing import drain
+
+    call_command("jobs", "status", "--json")
+    assert json.loads(capsys.readouterr().out)["dead_parents"] is None
+    parents = [enqueue("tests.bb.fragile", {"label": f"p{i}"}) for i in range(4)]
+    # p0 is waited for by two jobs, the others by one; p3 by nothing but a finished job.
+    children = [enqueue("tests.bb.step", {"label": "c0"}, after=[parents[0]])]
+    children += [enqueue("tests.bb.step", {"label": f"c{i}"}, after=[parents[i]]) for i in range(3)]
+    drain()
+    assert DeadLetter.objects.pending().count() == 4
+    call_command("jobs", "status", "--json")
+    dead = json.loads(capsys.readouterr().out)["dead_parents"]
+    # The most waited-for first; p1 and p2 may have died in the same instant.
+    assert (dead["jobs"], dead["letters"], dead["ids"][0]) == (4, 3, str(parents[0].id))
+    assert set(dead["ids"][1:]) == {str(parents[1].id), str(parents[2].id)}
+    call_command("jobs", "status")
+    out = capsys.readouterr().out
+    assert (
+        "4 blocked job(s) wait for 3 dead-lettered parent(s): replay them (admin, or "
+        f"`python manage.py replayjobs --id {' --id '.join(dead['ids'])}`)\n" in out
+    )
+    # Replayed and succeeding, a parent frees its children and leaves the hint.
+    from tests.testapp.models import Audit
+
+    for label in ("p0", "p1", "p2"):
+        Audit.objects.create(label=f"bbheal|{label}")
+    DeadLetter.objects.filter(id__in=[p.id for p in parents[:3]]).replay(by="test")
+    drain()
+    assert not Job.objects.exists()
+    call_command("jobs", "status")
+    assert "dead-lettered parent" not in capsys.readouterr().out

@@ -146,6 +146,14 @@ class Command(BaseCommand):
                 "no handler: no registered handler declares the queue, so runjobs serves it "
                 "only when started with --queue NAME"
             )
+        if report.dead_parents:
+            dead = report.dead_parents
+            more = dead.letters - len(dead.ids)
+            self.stdout.write(
+                f"{dead.jobs} blocked job(s) wait for {dead.letters} dead-lettered parent(s): "
+                "replay them (admin, or `python manage.py replayjobs --id "
+                f"{' --id '.join(dead.ids)}`{f', and {more} more' if more else ''})"
+            )
         if report.flow:
             self.stdout.write("")
             self.stdout.write("Flow limits across the fleet (running now, starts this window)")
