@@ -22,13 +22,20 @@ from dataclasses import dataclass
 
 from django_jobs import conf, limits, registry
 from django_jobs.exceptions import InvalidJob
-from django_jobs.models import Job, QueueState
+from django_jobs.models import CancelReport, Job, QueueState
 
 
 @dataclass(frozen=True, slots=True)
 class CancelResult:
-    cancelled: int  # waiting jobs moved to the dead letters now
+    cancelled: int  # jobs not running (due, scheduled or blocked) moved to the dead letters now
     requested: int  # running jobs flagged; their workers stop them at the next heartbeat
+    blocked: int = 0  # of the cancelled: workflow steps that waited for their parents
+    scheduled: int = 0  # of the cancelled: due later; the others were due (waiting)
+
+    @property
+    def waiting(self) -> int:
+        """Of the cancelled, the jobs that were due."""
+        return self.cancelled - self.blocked - self.scheduled
 
 
 def pause(queues: Iterable[str], *, by: str = "", reason: str = "") -> int:
@@ -56,7 +63,7 @@ def cancel(job_ids: Sequence[uuid.UUID | str], *, by: str = "") -> CancelResult:
     ids = [uuid.UUID(str(i)) for i in job_ids]
     report = Job.objects.filter(id__in=ids).cancel(by=by)
     requested = Job.objects.filter(id__in=report.running).request_cancel()
-    return CancelResult(cancelled=len(report.cancelled), requested=requested)
+    return _result(report, requested)
 
 
 def cancel_workflow(name: str, by: str = "") -> CancelResult:
@@ -70,4 +77,13 @@ def cancel_workflow(name: str, by: str = "") -> CancelResult:
     alias = conf.database()
     report = Job.objects.using(alias).cancel_workflow(name, by=by)
     requested = Job.objects.using(alias).filter(id__in=report.running).request_cancel()
-    return CancelResult(cancelled=len(report.cancelled), requested=requested)
+    return _result(report, requested)
+
+
+def _result(report: CancelReport, requested: int) -> CancelResult:
+    return CancelResult(
+        cancelled=len(report.cancelled),
+        requested=requested,
+        blocked=report.blocked,
+        scheduled=report.scheduled,
+    )

@@ -1403,6 +1403,10 @@ class JobQuerySet(models.QuerySet["Job"]):
             rows, present = _retrying_deadlocks(alias, partial(self._cancel_chunk, chunk, by))
             taken = {j.id for j in rows}
             report.cancelled += [j.id for j in rows]
+            # As `jobs status` tells them apart, as the rows were when locked.
+            now = timezone.now()
+            report.blocked += sum(j.waiting_for > 0 for j in rows)
+            report.scheduled += sum(j.waiting_for == 0 and j.run_at > now for j in rows)
             report.running += [i for i in chunk if i in present and i not in taken]
             report.gone += [i for i in chunk if i not in present]
         return report
@@ -2056,6 +2060,8 @@ class CancelReport:
     """What JobQuerySet.cancel did, job ids by outcome."""
 
     cancelled: list[uuid.UUID] = field(default_factory=list)
+    blocked: int = 0  # of the cancelled: workflow steps waiting for their parents
+    scheduled: int = 0  # of the cancelled: due later; the others were due (waiting)
     running: list[uuid.UUID] = field(default_factory=list)  # leased: left alone
     gone: list[uuid.UUID] = field(default_factory=list)  # finished or moved meanwhile
 

@@ -70,7 +70,7 @@ def test_cancelling_a_waiting_job_dead_letters_it_at_once(capsys):
     waiting = enqueue(jobs.record, {"label": "never"})
     later = enqueue(jobs.record, {"label": "later"}, delay=600)
     call_command("jobs", "cancel", str(waiting.id), str(later.id))
-    assert "cancelled 2 waiting job(s)" in capsys.readouterr().out
+    assert "cancelled 2 job(s) (1 waiting, 1 scheduled); " in capsys.readouterr().out
     assert not Job.objects.exists()
     letters = DeadLetter.objects.order_by("id")
     assert [(d.id, d.reason, d.attempts) for d in letters] == [

@@ -1023,7 +1023,7 @@ def test_cancel_workflow_asks_the_worker_of_a_running_step(worker_process):
     wait_for(lambda: Audit.objects.filter(label="bbrunning").exists(), message="the step to run")
     out = StringIO()
     call_command("jobs", "cancel", "--workflow", "running-one", stdout=out)
-    assert "cancelled 1 waiting" in out.getvalue() and "1 running" in out.getvalue()
+    assert "cancelled 1 job(s) (1 blocked); " in out.getvalue() and "1 running" in out.getvalue()
     wait_for(lambda: DeadLetter.objects.filter(id=first.id).exists(), message="the step to stop")
     worker.signal(signal.SIGTERM)
     assert worker.wait() == 0, worker.output()

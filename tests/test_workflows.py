@@ -684,7 +684,8 @@ def test_jobs_cancel_workflow_command_cancels_its_live_steps(capsys):
     call_command("jobs", "cancel", "--workflow", "to-cancel")
     out, err = capsys.readouterr()
     assert out == (
-        "workflow 'to-cancel': cancelled 2 waiting job(s); asked the workers of 1 running "
+        "workflow 'to-cancel': cancelled 2 job(s) (1 waiting, 1 blocked); asked the workers "
+        "of 1 running "
         "job(s) to stop them\n"
     )
     assert err == ""
@@ -698,7 +699,7 @@ def test_jobs_cancel_workflow_command_cancels_its_live_steps(capsys):
     # Again: nothing live is left (the running step is already asked), and it says so.
     call_command("jobs", "cancel", "--workflow", "to-cancel")
     out, err = capsys.readouterr()
-    assert out.startswith("workflow 'to-cancel': cancelled 0 waiting job(s); ")
+    assert out.startswith("workflow 'to-cancel': cancelled 0 job(s); ")
     assert "asked the workers of 0 running job(s)" in out
     assert err == (
         "workflow 'to-cancel' has no live step (all finished, dead or already cancelling)\n"

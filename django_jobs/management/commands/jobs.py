@@ -283,10 +283,7 @@ class Command(BaseCommand):
         if not ids:
             raise CommandError("say what to cancel: JOB_ID ... or --workflow NAME", returncode=2)
         result = control.cancel(ids, by="manage.py jobs")
-        self.stdout.write(
-            f"cancelled {result.cancelled} waiting job(s); asked the workers of {result.requested} "
-            "running job(s) to stop them"
-        )
+        self.stdout.write(_cancelled(result))
         missing = len(ids) - result.cancelled - result.requested
         if missing:
             self.stderr.write(
@@ -299,10 +296,7 @@ class Command(BaseCommand):
         if not WorkflowStep.objects.filter(workflow=name).exists():
             raise CommandError(f"no workflow named {name!r}")
         result = control.cancel_workflow(name, by="manage.py jobs")
-        self.stdout.write(
-            f"workflow {name!r}: cancelled {result.cancelled} waiting job(s); asked the workers "
-            f"of {result.requested} running job(s) to stop them"
-        )
+        self.stdout.write(f"workflow {name!r}: {_cancelled(result)}")
         if not (result.cancelled or result.requested):
             self.stderr.write(
                 f"workflow {name!r} has no live step (all finished, dead or already cancelling)"
@@ -316,6 +310,24 @@ class Command(BaseCommand):
         unknown = sorted(set(names) - found)
         if unknown:
             raise CommandError(f"no schedule named {', '.join(map(repr, unknown))}")
+
+
+def _cancelled(result: control.CancelResult) -> str:
+    """Say what a cancel did, in the words of `jobs status` (waiting, scheduled, blocked)."""
+    kinds = [
+        f"{n} {kind}"
+        for n, kind in (
+            (result.waiting, "waiting"),
+            (result.scheduled, "scheduled"),
+            (result.blocked, "blocked"),
+        )
+        if n
+    ]
+    detail = f" ({', '.join(kinds)})" if kinds else ""
+    return (
+        f"cancelled {result.cancelled} job(s){detail}; "
+        f"asked the workers of {result.requested} running job(s) to stop them"
+    )
 
 
 def _dumps(value: Any) -> str:
