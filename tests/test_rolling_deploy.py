@@ -197,6 +197,8 @@ def test_a_live_worker_that_does_not_publish_its_names_keeps_every_name_waiting(
 def test_an_expired_lease_of_an_unknown_name_is_not_taken_over_and_is_buried(run_worker, settings):
     row = JobFactory(name="os.system", lease_expired=True, worker="w:9:aa", claim_seq=3)
     _fast(settings, grace=600)
+    # A peer that stays live (and lacks the name too): the burst worker's exit leaves the row.
+    WorkerBeatFactory(handlers=["tests.noop"], last_seen_at=timezone.now() + timedelta(hours=1))
     run_worker()
     assert Job.objects.get(id=row.id).locked_by == "w:9:aa#3"  # not taken over
     [unknown] = status.unknown_names()
@@ -210,6 +212,32 @@ def test_an_expired_lease_of_an_unknown_name_is_not_taken_over_and_is_buried(run
         "django_jobs.UnknownJob",
     ]
     assert letter.errors[0]["worker"] == "w:9:aa"
+
+
+def test_any_workers_upkeep_clears_names_no_longer_unknown(django_assert_num_queries):
+    # Rows other workers wrote: a name whose jobs have all run, one a live worker knows now.
+    _unknown_row("shop.ran", minutes_ago=1)
+    _unknown_row("shop.refund", minutes_ago=1)
+    JobFactory(name="shop.refund")
+    WorkerBeatFactory(handlers=["shop.refund"])
+    upkeep = Worker(concurrency=1)._ops  # this worker lacks both names, and never found one
+    upkeep._unknown_names()
+    assert not UnknownName.objects.exists()
+    assert "no live worker knows" not in _status_text()
+    # With nothing unknown, the pass stays cheap: the scan and one small read.
+    Job.objects.all().delete()
+    with django_assert_num_queries(2):
+        upkeep._unknown_names()
+
+
+def test_a_worker_clears_the_unknown_names_it_recorded_when_it_exits(run_worker, settings, caplog):
+    _fast(settings, grace=600)
+    JobFactory(name="shop.added_later")
+    run_worker()
+    assert any("shop.added_later" in r.getMessage() for r in caplog.records)  # it was found
+    # No live worker is left to confirm or clear it: the exiting worker does.
+    assert not UnknownName.objects.exists()
+    assert Job.objects.filter(name="shop.added_later", attempts=0).exists()
 
 
 def test_a_name_registered_while_the_worker_runs_is_claimed_and_published(settings):

@@ -24,8 +24,10 @@ makes one round trip per poll interval:
   status`, the dashboard and the admin (every MAINTENANCE_INTERVAL while there
   are some, else every WORKER_EXPIRY / 2: the pass reads every claimable row);
   once a name has been unknown for UNKNOWN_NAME_GRACE, its jobs are
-  dead-lettered as unknown_name. While a live worker does not publish its names
-  (an earlier release), nothing is called unknown;
+  dead-lettered as unknown_name. A pass that finds none clears the rows any
+  worker wrote, and the last live worker clears its own when it exits cleanly.
+  While a live worker does not publish its names (an earlier release), nothing
+  is called unknown;
 - on PostgreSQL, a worker that has been busy VACUUMs the jobs table when dead
   rows pile up in it (every finished job leaves one). Autovacuum usually does
   this, but it may be off, or slow to get to a small table that churns this
@@ -188,10 +190,22 @@ class Upkeep:
         self._next_row = 0.0
 
     def stopped(self) -> None:
-        """Remove this worker's heartbeat row (a clean exit is not a dead worker)."""
-        self.host.guarded(
-            lambda: WorkerBeat.objects.using(self.alias).filter(id=self.host.id).delete()
-        )
+        """Remove this worker's heartbeat row (a clean exit is not a dead worker).
+
+        With it go the unknown names this worker recorded, unless another live
+        worker remains: its upkeep confirms or clears them, and a name unknown to
+        it too keeps its `since` (deleted, its grace would start again).
+        """
+
+        def leave() -> None:
+            beats = WorkerBeat.objects.using(self.alias)
+            beats.filter(id=self.host.id).delete()
+            if self._unknown_found and not beats.live().exists():
+                UnknownName.objects.using(self.alias).filter(
+                    name__in=sorted(self._unknown_told)
+                ).delete()
+
+        self.host.guarded(leave)
 
     def snapshot(self) -> dict[str, Any]:
         """Counters since start, as stored in the heartbeat row (read by the metrics view)."""
@@ -257,7 +271,13 @@ class Upkeep:
         )
         self._next_unknown = started + min(spacing, longest)
         if not found and not self._unknown_found:
-            return  # nothing to record, nothing this worker recorded to forget
+            # Nothing is unknown to the live fleet: rows another worker wrote (one
+            # that has exited, or whose names have run or are known since) are
+            # stale. One small read while there are none, as there usually are.
+            stale = UnknownName.objects.using(self.alias)
+            if stale.exists():
+                stale.delete()
+            return
         self._unknown_found = bool(found)
         self._tell_unknown(found)
         now = ticker.db_now(self.alias)
