@@ -29,6 +29,7 @@ from typing import Any, cast
 
 from django.conf import settings
 from django.core.checks import CheckMessage
+from django.core.exceptions import EmptyResultSet
 from django.db import IntegrityError, OperationalError, connections, models, transaction
 from django.db.models import Case, Exists, ExpressionWrapper, F, OuterRef, Q, Subquery, Value, When
 from django.db.models.functions import Coalesce, Greatest, Now
@@ -941,12 +942,16 @@ class JobQuerySet(models.QuerySet["Job"]):
             )
             attempted.append(job_id)
         if limit > len(attempted):
-            candidates = list(
+            due = (
                 known.filter(locked_by__isnull=True, queue__in=list(queues), run_at__lte=now)
                 .exclude(name__in=list(exclude_names))
                 .order_by("-priority", "run_at", "id")
-                .values_list("id", flat=True)[: limit - len(attempted)]
             )
+            wanted = limit - len(attempted)
+            if self.query.select_for_update and connections[self.db].vendor == "mysql":
+                candidates = self._lock_due_by_id(due, wanted)
+            else:
+                candidates = list(due.values_list("id", flat=True)[:wanted])
             self.filter(id__in=candidates, locked_by__isnull=True).update(
                 attempts=F("attempts") + 1,
                 locked_by=token,
@@ -975,6 +980,40 @@ class JobQuerySet(models.QuerySet["Job"]):
             for job in jobs:
                 job.completed = job.idempotency_key in done
         return jobs
+
+    def _lock_due_by_id(self, due: JobQuerySet, wanted: int) -> list[uuid.UUID]:
+        """Lock up to `wanted` of `due`'s jobs (MySQL, MariaDB), skipping locked ones.
+
+        A locking read there locks every row it passes, matching or not: due jobs
+        are found in the claim index's order, but a workflow's blocked steps
+        (run_at far ahead) sit in the same queue range, and with fewer due jobs than
+        wanted, or several queues (a filesort), the scan read and locked all of them
+        and waited on rows a settle was deleting. So the due jobs are first read
+        without locks, then locked by primary key, re-checked; those another claim
+        took meanwhile are passed over, a few rounds at most.
+        """
+        peek = due.all()
+        peek.query.select_for_update = False
+        taken: list[uuid.UUID] = []
+        seen: list[uuid.UUID] = []
+        for _round in range(3):
+            asked = wanted - len(taken)
+            found = _ids_with_index(
+                peek.exclude(id__in=seen).values_list("id", flat=True)[:asked],
+                "django_jobs_job_claim",
+            )
+            if not found:
+                break
+            seen += found
+            taken += _ids_with_index(
+                self.filter(id__in=found, locked_by__isnull=True, run_at__lte=Now())
+                .order_by("-priority", "run_at", "id")
+                .values_list("id", flat=True),
+                "PRIMARY",
+            )
+            if len(taken) >= wanted or len(found) < asked:  # all taken, or no more due
+                break
+        return taken
 
     def complete(self, finished: Sequence[tuple[uuid.UUID, str, str | None, int]]) -> Settled:
         """Settle (id, token, result JSON, dependents) as done: delete each job, write its marker.
@@ -1738,6 +1777,31 @@ def _delete_locked(queryset: models.QuerySet[Any]) -> int:
     with connections[alias].cursor() as cursor:
         cursor.execute(hinted, params)
         return int(cursor.rowcount)
+
+
+def _ids_with_index(queryset: models.QuerySet[Any, Any], index: str) -> list[uuid.UUID]:
+    """Run a values_list("id", flat=True) queryset with FORCE INDEX (index) on MySQL.
+
+    The ORM has no index hints; the compiled statement (its FOR UPDATE SKIP LOCKED
+    and LIMIT as they are) gets one after its table. Elsewhere, or for a statement
+    of another form, the queryset runs as it is.
+    """
+    alias = queryset.db
+    connection = connections[alias]
+    if connection.vendor != "mysql":
+        return list(queryset)
+    try:
+        statement, params = queryset.query.get_compiler(alias).as_sql()
+    except EmptyResultSet:  # e.g. names=[]: Django runs no statement either
+        return []
+    table = connection.ops.quote_name(queryset.model._meta.db_table)
+    plain = f" FROM {table} "  # noqa: S608 - a quoted table name, no input
+    if statement.count(plain) != 1:  # pragma: no cover - Django's single-table form
+        return list(queryset)
+    hinted = statement.replace(plain, f"{plain}FORCE INDEX ({connection.ops.quote_name(index)}) ")
+    with connection.cursor() as cursor:
+        cursor.execute(hinted, params)
+        return [queryset.model._meta.pk.to_python(row[0]) for row in cursor.fetchall()]
 
 
 def _family(alias: str, ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:

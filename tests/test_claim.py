@@ -11,14 +11,14 @@ import threading
 import time
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_jobs import enqueue
 from django_jobs.attempts import lease_expired_entry, lease_token, worker_of
-from django_jobs.models import Job
+from django_jobs.models import Job, blocked_until
 from tests.conftest import ENGINE, POSTGRES, ROOT, faketime_env
 from tests.factories import JobFactory
 from tests.testapp import jobs
@@ -211,6 +211,33 @@ def test_claim_uses_its_partial_index_on_a_big_table():
         )
     )
     assert due == {j.id for j in claimed}
+
+
+def _rows_locked_by_this_transaction() -> int:
+    # innodb_trx is a snapshot InnoDB refreshes at most every 0.1 s: wait for a fresh one.
+    time.sleep(0.25)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT trx_rows_locked FROM information_schema.innodb_trx "
+            "WHERE trx_mysql_thread_id = CONNECTION_ID()"
+        )
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.skipif(ENGINE != "mariadb", reason="needs MariaDB: it counts InnoDB's row locks")
+def test_a_claim_locks_the_due_jobs_not_the_blocked_workflow_steps():
+    # A workflow's blocked steps wait in their queue with a run_at far ahead. A locking
+    # read on MariaDB locks every row it passes, and a claim for more jobs than are due
+    # passed (and locked) each blocked step of the queue on its way to the limit.
+    blocked = 2_000
+    steps = [JobFactory.build(run_at=blocked_until()) for _ in range(blocked)]
+    Job.objects.bulk_create(steps, batch_size=500)
+    due = {JobFactory().id, JobFactory().id}
+    with transaction.atomic():
+        claimed = Job.objects.claim(queues=["default"], limit=4, token="w#1", lease=30)
+        locked = _rows_locked_by_this_transaction()
+    assert {j.id for j in claimed} == due
+    assert locked < 50, f"{locked} rows locked to claim {len(due)} among {blocked} blocked jobs"
 
 
 @pytest.mark.postgres
