@@ -7,10 +7,6 @@ Dead letters a job waits for (docs/admin.md, docs/workflows.md "Deleting a lette
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from django.core.management import call_command
@@ -21,6 +17,7 @@ from django_jobs.control import cancel
 from django_jobs.models import DeadLetter, Job
 from django_jobs.testing import drain
 from tests.admin_fixtures import url
+from tests.test_first_run import manage
 
 pytestmark = pytest.mark.django_db
 
@@ -202,24 +199,11 @@ def test_status_names_at_most_three_dead_parents_and_ignores_cancelled_or_dead_c
 
 # 5. Table commands before migrate.
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def manage_on(path, *args):
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.plain_sqlite_settings",
-        "TEST_DB_NAME": str(path),
-        "PYTHONPATH": str(ROOT),
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "django", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    """`python -m django ARGS` on the plain SQLite project, its database file at path."""
+    return manage(
+        str(path), *args, extra_env={"DJANGO_SETTINGS_MODULE": "tests.plain_sqlite_settings"}
     )
 
 
