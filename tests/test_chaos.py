@@ -239,7 +239,9 @@ def test_database_restart_mid_run(worker_process):
     [(markers,)] = query("SELECT count(*) FROM django_jobs_marker")
     for worker in workers:
         worker.signal(signal.SIGTERM)
-    assert [w.wait(timeout=30) for w in workers] == [0, 0]
+    codes = [w.wait(timeout=30) for w in workers]
+    # A rare exit 1 seen once in CI: keep what the workers said, to tell why.
+    assert codes == [0, 0], "\n".join(w.output()[-3000:] for w in workers)
     outputs = "".join(w.output() for w in workers)
     report(
         "database-" + mode,
