@@ -47,9 +47,26 @@ def pause(queues: Iterable[str], *, by: str = "", reason: str = "") -> int:
 
 
 def resume(queues: Iterable[str]) -> int:
-    """Resume paused queues; return how many were paused."""
+    """Resume paused queues; return how many were paused.
+
+    The row of a resumed queue that no handler declares and that holds no jobs
+    goes too: it only existed for the pause.
+    """
     names = [registry.check_queue(q, allowlist=False) for q in queues]
-    return QueueState.objects.filter(name__in=names).resume()
+    rows = QueueState.objects.filter(name__in=names)
+    changed = rows.resume()
+    rows.filter(name__in=unknown_queues(names), paused=False).delete()
+    return changed
+
+
+def unknown_queues(queues: Iterable[str]) -> list[str]:
+    """Return the queues among these that no handler declares and that hold no jobs."""
+    unused = set(queues) - registry.declared_queues()
+    if not unused:
+        return []
+    alias = conf.database()
+    busy = set(Job.objects.using(alias).filter(queue__in=unused).values_list("queue", flat=True))
+    return sorted(unused - busy)
 
 
 def paused_queues(alias: str | None = None) -> set[str]:

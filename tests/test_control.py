@@ -46,6 +46,51 @@ def test_pause_refuses_bad_queue_names():
     assert not QueueState.objects.exists()
 
 
+def test_pause_refuses_a_queue_no_handler_declares_and_no_job_uses(capsys):
+    with pytest.raises(CommandError) as caught:
+        call_command("jobs", "pause", "emials")
+    message = str(caught.value)
+    assert "no handler declares queue(s) 'emials'" in message
+    assert "did you mean 'emails' for 'emials'?" in message
+    assert "--undeclared" in message
+    assert not QueueState.objects.exists()  # nothing written
+
+
+def test_pause_of_an_undeclared_queue_with_jobs_or_with_undeclared_is_allowed(capsys):
+    enqueue(jobs.record, {}, queue="adhoc")  # a queue no handler declares, with a job
+    call_command("jobs", "pause", "adhoc")
+    call_command("jobs", "pause", "later", "--undeclared")
+    assert set(QueueState.objects.filter(paused=True).values_list("name", flat=True)) == {
+        "adhoc",
+        "later",
+    }
+
+
+def test_resume_forgets_an_undeclared_queue_without_jobs(capsys):
+    call_command("jobs", "pause", "later", "--undeclared")
+    enqueue(jobs.record, {}, queue="adhoc")
+    call_command("jobs", "pause", "adhoc", "default")
+    call_command("jobs", "resume", "later", "adhoc", "default")
+    assert "resumed 3 queue(s)" in capsys.readouterr().out
+    # "later" existed only for its pause; "adhoc" holds a job; "default" is declared.
+    assert set(QueueState.objects.values_list("name", flat=True)) == {"adhoc", "default"}
+    call_command("jobs", "status")
+    assert "later" not in capsys.readouterr().out
+
+
+def test_a_burst_worker_says_which_of_its_queues_are_paused(worker_process):
+    job = enqueue(jobs.record, {})
+    control.pause(["default"], by="ops", reason="incident 7")
+    proc = worker_process("--burst", "--queue", "default")
+    assert proc.wait() == 0
+    out = proc.output()
+    assert (
+        "queue 'default' is paused by ops (incident 7): no worker claims its jobs until "
+        "`python manage.py jobs resume default`" in out
+    ), out
+    assert Job.objects.filter(id=job.id, attempts=0).exists()
+
+
 @pytest.mark.slow
 def test_a_running_worker_honours_a_pause_within_one_poll_and_finishes_running_jobs(worker_process):
     worker = worker_process("--concurrency", "2")

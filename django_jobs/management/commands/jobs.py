@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import uuid
 from collections.abc import Sequence
@@ -72,6 +73,11 @@ class Command(BaseCommand):
             type=free_text(limits.MAX_REASON_LENGTH),
             default="",
             help="Shown in the admin and `jobs status`.",
+        )
+        pause.add_argument(
+            "--undeclared",
+            action="store_true",
+            help="Pause a queue that no handler declares and that holds no jobs (yet).",
         )
         resume = sub.add_parser("resume", help="Let workers claim from paused queues again.")
         resume.add_argument("queues", nargs="+", type=queue_name, metavar="QUEUE")
@@ -216,7 +222,21 @@ class Command(BaseCommand):
                 )
             )
 
-    def do_pause(self, *, queues: list[str], reason: str, **options: Any) -> None:
+    def do_pause(self, *, queues: list[str], reason: str, undeclared: bool, **options: Any) -> None:
+        unknown = [] if undeclared else control.unknown_queues(queues)
+        if unknown:
+            declared = sorted(registry.declared_queues())
+            hints = "".join(
+                f"; did you mean {close[0]!r} for {name!r}?"
+                for name in unknown
+                if (close := difflib.get_close_matches(name, declared, n=1))
+            )
+            raise CommandError(
+                f"no handler declares queue(s) {', '.join(map(repr, unknown))} and none holds "
+                f"jobs, so there is nothing to pause (the declared queues: "
+                f"{', '.join(declared)}){hints} To pause it before its handlers are deployed, "
+                "pass --undeclared."
+            )
         changed = control.pause(queues, by="manage.py jobs", reason=reason)
         self.stdout.write(
             f"paused {changed} queue(s); workers stop claiming from them within one poll interval"

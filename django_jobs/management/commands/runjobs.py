@@ -24,6 +24,7 @@ from django_jobs.management.arguments import (
     threads,
 )
 from django_jobs.management.tables import require_job_tables
+from django_jobs.models import QueueState
 from django_jobs.worker import Worker
 
 # -v 0: warnings and errors; -v 1 (the default): one line per job outcome too; -v 2+: debug.
@@ -138,6 +139,7 @@ class Command(BaseCommand):
             raise CommandError(str(exc), returncode=2) from None
         require_job_tables(worker.database)
         self._warn_idle(queues)
+        self._warn_paused(worker)
         with on_stop(worker.stop):
             worker.run()
 
@@ -157,6 +159,21 @@ class Command(BaseCommand):
                 "they were enqueued with queue=%r",
                 name,
                 name,
+            )
+
+    def _warn_paused(self, worker: Worker) -> None:
+        """Say so when queues this worker serves are paused (a --burst run then runs none)."""
+        paused = QueueState.objects.using(worker.database).filter(
+            paused=True, name__in=worker.queues
+        )
+        for row in paused.order_by("name"):
+            logger.warning(
+                "queue %r is paused%s%s: no worker claims its jobs until "
+                "`python manage.py jobs resume %s`",
+                row.name,
+                f" by {row.paused_by}" if row.paused_by else "",
+                f" ({row.reason})" if row.reason else "",
+                row.name,
             )
 
     def _configure_logging(self, verbosity: int) -> None:
