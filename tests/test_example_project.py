@@ -1,6 +1,7 @@
 """The README's first command: the example project's demo, on a fresh SQLite file."""
 
 import os
+import sqlite3
 import subprocess
 import sys
 from importlib.util import find_spec
@@ -16,7 +17,11 @@ from tests.conftest import ROOT
     reason="the example project uses django.tasks (Django >= 6.0)",
 )
 def test_demo_shows_jobs_done_and_a_dead_letter(tmp_path):
-    env = {**os.environ, "EXAMPLE_SQLITE": str(tmp_path / "demo.sqlite3"), "PYTHONPATH": str(ROOT)}
+    database = tmp_path / "demo.sqlite3"
+    earlier = sqlite3.connect(database)  # what an earlier run left: the demo says so
+    earlier.execute("CREATE TABLE shop_order (id integer)")
+    earlier.close()
+    env = {**os.environ, "EXAMPLE_SQLITE": str(database), "PYTHONPATH": str(ROOT)}
     env.pop("DJANGO_SETTINGS_MODULE", None)
     env.pop("EXAMPLE_DB", None)
     out = subprocess.run(
@@ -28,6 +33,8 @@ def test_demo_shows_jobs_done_and_a_dead_letter(tmp_path):
         timeout=120,
     )
     assert out.returncode == 0, out.stdout + out.stderr
+    assert f"Starting from a fresh database: deleted {database} and what it held" in out.stdout
+    assert "python3 dev.py demo --keep" in out.stdout
     assert "live jobs left: 0" in out.stdout
     assert "completion markers: 11" in out.stdout  # 8 jobs and 3 Django tasks
     assert "emails sent: 3, cards charged: 3" in out.stdout

@@ -23,15 +23,26 @@ class Command(BaseCommand):
     help = "Show django-jobs working end to end on a fresh database."
 
     def add_arguments(self, parser):
-        parser.add_argument("--keep", action="store_true", help="Keep the existing database.")
+        parser.add_argument(
+            "--keep",
+            action="store_true",
+            help="Keep the existing database (by default the demo starts from a fresh one).",
+        )
 
     def handle(self, *, keep, **options):
         db = settings.DATABASES["default"]
         if not keep and db["ENGINE"].endswith("sqlite3"):
-            connections.close_all()  # the system checks opened the old file; start afresh
+            # The system checks opened (or created) the file: did an earlier run fill it?
+            held = bool(connections["default"].introspection.table_names())
+            connections.close_all()
             for suffix in ("", "-wal", "-shm"):
                 if os.path.exists(db["NAME"] + suffix):
                     os.remove(db["NAME"] + suffix)
+            if held:
+                self.stdout.write(
+                    f"Starting from a fresh database: deleted {db['NAME']} and what it held "
+                    "(run `python3 dev.py demo --keep` to keep it next time)."
+                )
         call_command("migrate", verbosity=0)
         User = get_user_model()  # noqa: N806
         if not User.objects.filter(username="admin").exists():
