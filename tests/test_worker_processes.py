@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 
@@ -125,6 +126,11 @@ def test_sigterm_releases_jobs_that_outlive_the_grace_without_consuming_an_attem
     assert set(Job.objects.values_list("attempts", "locked_by", "lease_expires_at")) == {
         (0, None, None)
     }
+    # The warning names each job and its handler, and how long it had run.
+    out = worker.output()
+    assert "2 job(s) still running after the grace period (0.5s) were released" in out, out
+    for job_id in Job.objects.values_list("id", flat=True):
+        assert re.search(rf"job {job_id} \(tests\.sleep, running \d+s\)", out), out
 
 
 def test_second_signal_exits_at_once(worker_process):

@@ -44,6 +44,8 @@ logger = logging.getLogger("django_jobs.worker")
 FLUSH_INTERVAL = 0.01
 # How much work to queue beyond free threads: enough to keep them busy this long.
 LOOKAHEAD = 0.02
+# A log line names at most this many jobs, then counts the rest.
+MAX_NAMED_IN_LOG = 10
 
 _DB_ERRORS = (OperationalError, InterfaceError)
 # MySQL's and MariaDB's error for a SIGNAL (a trigger's SQLSTATE '45000'): it comes as
@@ -680,11 +682,23 @@ class Worker(Settler, ExecutorThreads):
             run.ctx.cancel()
         if unfinished:
             self._release(unfinished)
+            now = time.monotonic()
+            shown = unfinished[:MAX_NAMED_IN_LOG]
+            named = "; ".join(
+                f"job {run.job.id} ({run.job.name}"
+                + (f", running {limits.format_duration(now - run.started)}" if run.started else "")
+                + ")"
+                for run in shown
+            )
+            more = len(unfinished) - len(shown)
             logger.warning(
-                "worker %s: %d job(s) still running after the grace period were released "
-                "without consuming an attempt",
+                "worker %s: %d job(s) still running after the grace period (%s) were released "
+                "without consuming an attempt; another worker runs them again: %s%s",
                 self.id,
                 len(unfinished),
+                f"{self.grace:g}s",
+                named,
+                f"; and {more} more" if more else "",
             )
         self._inflight.clear()
         self._timed.clear()
