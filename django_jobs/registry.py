@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import os
 import random
 import sys
 from collections.abc import Callable, Iterable
@@ -318,6 +319,32 @@ def _hint(name: str) -> str:
     close = [known for known in _handlers if known.rsplit(".", 1)[-1] == name]
     close += difflib.get_close_matches(name, [k for k in _handlers if k not in close], n=3)
     return f"; did you mean {' or '.join(map(repr, close[:3]))}?" if close else ""
+
+
+def undiscovered_module(name: str) -> str | None:
+    """Return the module of an installed app that a job name says declares it, if never imported.
+
+    The default name of a handler is its module and function name: a name like
+    "shop.handlers.send" whose "shop/handlers.py" exists, but is not a module
+    this process imported, points at a handler declared outside the modules that
+    autodiscover() imports. Only the file system is looked at: a name read from
+    a row is never imported.
+    """
+    from django.apps import apps
+
+    parts = name.split(".")
+    for config in apps.get_app_configs():
+        prefix = config.name.split(".")
+        if len(parts) < len(prefix) + 2 or parts[: len(prefix)] != prefix:
+            continue
+        for end in range(len(parts) - 1, len(prefix), -1):  # the function may be a method
+            module = ".".join(parts[:end])
+            path = os.path.join(config.path, *parts[len(prefix) : end])
+            if module not in sys.modules and (
+                os.path.isfile(path + ".py") or os.path.isfile(os.path.join(path, "__init__.py"))
+            ):
+                return module
+    return None
 
 
 def lookup(name: str) -> Handler | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -352,3 +353,20 @@ def test_a_name_no_live_worker_knows_is_logged_once_with_the_fix(run_worker, set
     assert "2 waiting job(s) named 'shop.added_later'" in told[0]
     assert "restart the workers" in told[0] and "0:10:00" in told[0]
     assert Job.objects.filter(name="shop.added_later", attempts=0).count() == 2
+
+
+def test_a_name_from_a_module_the_workers_never_import_says_so(run_worker, settings, caplog):
+    # The handler lives in an app's module that is neither jobs.py nor tasks.py: the web
+    # process imported it (the view did), the worker never does.
+    _fast(settings, grace=600)
+    name = "tests.testapp.never_imported.send_receipt"
+    JobFactory.create_batch(1, name=name)
+    run_worker()
+    told = [r.getMessage() for r in caplog.records if name in r.getMessage()]
+    assert len(told) == 1, told
+    assert (
+        "its name says tests.testapp.never_imported, which the workers never import: they "
+        "import the jobs.py (and tasks.py) modules of installed apps" in told[0]
+    ), told
+    assert "restart the workers" not in told[0]
+    assert "tests.testapp.never_imported" not in sys.modules  # looked at, never imported

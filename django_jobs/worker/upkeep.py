@@ -52,7 +52,7 @@ from django.db import connections
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from django_jobs import conf, retention, schedules, signals, sql
+from django_jobs import conf, registry, retention, schedules, signals, sql
 from django_jobs.fleet import DURATION_BUCKETS, unknown_name_grace
 from django_jobs.models import Beat, FlowWindow, Job, QueueState, UnknownName, WorkerBeat
 from django_jobs.worker import ticker
@@ -297,12 +297,21 @@ class Upkeep:
             else f"after UNKNOWN_NAME_GRACE, {self._grace}, they are dead-lettered as unknown_name"
         )
         for name in sorted(found.keys() - self._unknown_told):
+            module = registry.undiscovered_module(name)
+            cause = (
+                f"its name says {module}, which the workers never import: they import the "
+                "jobs.py (and tasks.py) modules of installed apps, so declare it there or "
+                f"import {module} from one"
+                if module
+                else "restart the workers on code that registers it"
+            )
             logger.warning(
                 "worker %s: %d waiting job(s) named %r, which no live worker has a handler "
-                "for: restart the workers on code that registers it (%s)",
+                "for: %s (%s)",
                 self.host.id,
                 found[name],
                 name,
+                cause,
                 fate,
                 extra={"job_name": name},
             )
