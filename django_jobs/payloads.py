@@ -28,14 +28,19 @@ class _StrictEncoder(json.JSONEncoder):
     """Refuse what json would silently turn into something else."""
 
     def default(self, o: Any) -> Any:
-        if isinstance(o, Model):
-            raise TypeError(
-                f"{type(o).__name__} is a model instance: pass its primary key instead "
-                f'(e.g. {{"{type(o).__name__.lower()}_id": obj.pk}}) and load it in the handler'
-            )
+        refuse_model_instance(o)
         raise TypeError(
             f"{type(o).__name__} is not JSON: pass JSON types (dict, list, str, int, "
             "float, bool, None), or set DJANGO_JOBS['JSON_ENCODER']"
+        )
+
+
+def refuse_model_instance(o: Any) -> None:
+    """Raise TypeError, saying to pass its primary key, when o is a model instance."""
+    if isinstance(o, Model):
+        raise TypeError(
+            f"{type(o).__name__} is a model instance: pass its primary key instead "
+            f'(e.g. {{"{type(o).__name__.lower()}_id": obj.pk}}) and load it in the handler'
         )
 
 

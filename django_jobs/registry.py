@@ -315,10 +315,16 @@ def _hint(name: str) -> str:
             "; no handler is registered at all: declare @job functions in a jobs.py module "
             "of an app in INSTALLED_APPS"
         )
+    close = close_names(name)
+    return f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+
+
+def close_names(name: str) -> list[str]:
+    """Return up to three registered names that name may have meant."""
     # "send_email" for "shop.jobs.send_email", then near misses ("shop.jobs.send_mail").
     close = [known for known in _handlers if known.rsplit(".", 1)[-1] == name]
     close += difflib.get_close_matches(name, [k for k in _handlers if k not in close], n=3)
-    return f"; did you mean {' or '.join(map(repr, close[:3]))}?" if close else ""
+    return close[:3]
 
 
 def undiscovered_module(name: str) -> str | None:

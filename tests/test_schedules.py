@@ -127,6 +127,14 @@ def test_checks_report_bad_schedules(schedules_setting, check_id):
         assert check_id in {m.id for m in run_checks()}
 
 
+@pytest.mark.django_db(databases=["default", "other"])  # model checks ask SQLite about JSON1
+def test_a_misspelt_schedule_job_gets_a_did_you_mean():
+    with jobs_settings(SCHEDULES={"x": {"cron": "* * * * *", "job": "tests.recrod"}}):
+        found = [m for m in run_checks() if m.id == "django_jobs.E202"]
+    assert len(found) == 1
+    assert found[0].hint.startswith("Did you mean 'tests.record'? Use the handler's name")
+
+
 # ---- the database side ---------------------------------------------------------------------
 
 pytestmark_db = pytest.mark.django_db(transaction=True)

@@ -26,6 +26,7 @@ from django_jobs.exceptions import InvalidPayload, InvalidTaskArguments
 from django_jobs.models import Job
 from django_jobs.registry import Backoff
 from tests.testapp import tasks
+from tests.testapp.models import Audit
 
 pytestmark = pytest.mark.django_db
 
@@ -127,6 +128,15 @@ def test_non_json_arguments_are_refused_and_write_nothing(argument):
     assert isinstance(raised.value, InvalidPayload)
     with pytest.raises(InvalidTaskArguments):
         tasks.echo.enqueue(value=argument)
+    assert Job.objects.count() == 0
+
+
+def test_a_model_instance_argument_gets_the_pass_its_pk_hint():
+    audit = Audit.objects.create(label="x")
+    with pytest.raises(InvalidTaskArguments) as raised:
+        tasks.echo.enqueue(audit)
+    assert "Audit is a model instance: pass its primary key instead" in str(raised.value)
+    assert '{"audit_id": obj.pk}' in str(raised.value)
     assert Job.objects.count() == 0
 
 

@@ -32,7 +32,10 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Any]:
                 Error(
                     f"Schedule {spec.name!r} runs {spec.job!r}, "
                     "which no @job handler is registered as.",
-                    hint="Use the handler's name "
+                    hint="".join(
+                        f"Did you mean {close!r}? " for close in registry.close_names(spec.job)[:1]
+                    )
+                    + "Use the handler's name "
                     "(its dotted path unless @job(name=...) says otherwise).",
                     id="django_jobs.E202",
                 )

@@ -19,7 +19,7 @@ from typing import Any
 
 from django.tasks import Task
 
-from django_jobs import registry
+from django_jobs import payloads, registry
 from django_jobs.exceptions import InvalidTaskArguments
 from django_jobs.registry import Backoff, Handler
 from django_jobs.tasks import runner
@@ -85,7 +85,7 @@ def payload(args: Iterable[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """
     call = {"args": list(args), "kwargs": dict(kwargs)}
     try:
-        text = json.dumps(call, allow_nan=False)
+        text = json.dumps(call, allow_nan=False, default=_not_json)
         # The round trip below proves it is call's shape: a dict of args and kwargs.
         decoded: dict[str, Any] = json.loads(text)
     except (TypeError, ValueError, RecursionError) as exc:
@@ -96,6 +96,11 @@ def payload(args: Iterable[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
             "with str keys, list, str, int, float, bool, None); pass ids, not objects"
         )
     return decoded
+
+
+def _not_json(o: Any) -> Any:
+    payloads.refuse_model_instance(o)  # the hint enqueue() gives: pass its primary key
+    raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
 
 
 def _kind(value: Any) -> type | None:
