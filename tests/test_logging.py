@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -35,6 +36,45 @@ def test_default_verbosity_logs_one_line_per_outcome(worker_process):
     assert "Traceback" not in out.split("dead-lettered")[0]
     # The last line counts outcomes; the rare counts (released, fenced out, ...) only when not 0.
     assert re.search(r"stopped: 3 succeeded, 1 retried, 1 dead$", out.strip().splitlines()[-1])
+
+
+# The log lines the docs quote, as they quote them (whitespace folded): each must be the
+# shape of a line a real worker logs.
+QUOTED = [
+    ("README.md", "job shop.jobs.send_confirmation[0190…] attempt 1 ran 0.012345s: succeeded"),
+    ("docs/worker.md", "job NAME[ID] attempt N ran 0.012345s: succeeded"),
+    ("docs/worker.md", "job NAME[ID] attempt N: dead"),
+    ("docs/worker.md", "job NAME[ID] attempt 1/8 failed (...); retrying in 1.8s"),
+    ("docs/worker.md", "job NAME[ID] dead-lettered (fatal) after 1 attempt(s): ..."),
+]
+_PLACEHOLDERS = re.compile(
+    r"(?P<name>[\w.]+(?=\[))|(?P<id>(?<=\[)(?:ID|[0-9a-f]+…)(?=\]))|(?P<any>\.\.\.)"
+    r"|(?P<number>(?<![\w.])(?:N|\d+(?:\.\d+)?)(?!\d|\.\d))"
+)
+_SHAPES = {"name": r"[\w.]+", "id": r"[0-9a-f-]{36}", "any": r".+", "number": r"\d+(?:\.\d+)?"}
+
+
+def _shape(quoted: str) -> str:
+    """Return a regex for the lines a quoted example stands for (names, ids, numbers vary)."""
+    parts, end = [], 0
+    for match in _PLACEHOLDERS.finditer(quoted):
+        parts += [re.escape(quoted[end : match.start()]), _SHAPES[match.lastgroup]]
+        end = match.end()
+    return "".join([*parts, re.escape(quoted[end:])])
+
+
+def test_the_log_lines_the_docs_quote_are_the_ones_a_worker_logs(worker_process):
+    _enqueue_three()
+    proc = worker_process("--burst", "--concurrency", "2")
+    assert proc.wait() == 0
+    logged = proc.output().splitlines()
+    root = Path(__file__).resolve().parent.parent
+    for page, quoted in QUOTED:
+        assert quoted in " ".join((root / page).read_text().split()), (
+            f"{page} no longer quotes {quoted!r}"
+        )
+        shape = _shape(quoted)
+        assert any(re.search(shape, line) for line in logged), (page, quoted, shape, logged)
 
 
 def test_verbosity_0_keeps_only_warnings_and_errors(worker_process):
