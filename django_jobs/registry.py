@@ -143,6 +143,19 @@ class Handler(Generic[P, R]):
 
     is_async: bool = field(init=False)
 
+    if not TYPE_CHECKING:  # type checkers keep flagging unknown attributes of a Handler
+
+        def __getattr__(self, attribute: str) -> Any:
+            # Only for attributes a Handler lacks: a Celery habit gets the equivalent.
+            if attribute in _CELERY_CALLS:
+                raise AttributeError(
+                    f"{self.name!r} is a django-jobs handler, not a Celery task: it has no "
+                    f".{attribute}(); use {self.func.__name__}.enqueue_on_commit(payload, "
+                    "delay=..., run_at=...) (written in your transaction, see docs/enqueue.md)"
+                    f"{_CELERY_CALLS[attribute]}"
+                )
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {attribute!r}")
+
     def __post_init__(self) -> None:
         self.is_async = inspect.iscoroutinefunction(self.func)
         if self.is_async and self.atomic:
@@ -169,6 +182,18 @@ class Handler(Generic[P, R]):
     ) -> EnqueueResult:
         """Shortcut for ``django_jobs.enqueue_on_commit(self, payload, **options)``."""
         return _connected().enqueue_on_commit(self, payload, **options)
+
+
+# What a Celery user reaches for, and what to say besides enqueue_on_commit().
+_CELERY_CALLS = {
+    "delay": "",
+    "apply_async": "",
+    "s": "; chains, groups and chords are workflows (docs/workflows.md)",
+    "si": "; chains, groups and chords are workflows (docs/workflows.md)",
+    "signature": "; chains, groups and chords are workflows (docs/workflows.md)",
+    "map": "; or enqueue_many() for many payloads at once",
+    "chunks": "; or enqueue_many() for many payloads at once",
+}
 
 
 @dataclass(frozen=True, slots=True)

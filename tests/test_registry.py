@@ -7,6 +7,7 @@ import pytest
 from django_jobs import Backoff, InvalidJob, job
 from django_jobs.exceptions import HandlerConflict, UnknownJob
 from django_jobs.registry import get_handler, lookup, unregister
+from tests.testapp import jobs
 
 
 @pytest.fixture
@@ -153,3 +154,15 @@ def test_handlers_the_worker_can_call_register(signature):
         job(name="tests.signature_ok")(namespace["send"])
     finally:
         unregister("tests.signature_ok")
+
+
+@pytest.mark.parametrize("call", ["delay", "apply_async", "s", "map"])
+def test_a_celery_call_on_a_handler_says_what_to_call_instead(call):
+    with pytest.raises(AttributeError) as raised:
+        getattr(jobs.noop, call)
+    message = str(raised.value)
+    assert f"'tests.noop' is a django-jobs handler, not a Celery task: it has no .{call}()" in (
+        message
+    )
+    assert "use noop.enqueue_on_commit(payload, delay=..., run_at=...)" in message
+    assert not hasattr(jobs.noop, "no_such_thing")
