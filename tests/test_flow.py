@@ -6,9 +6,10 @@ import signal
 import time
 from collections import Counter
 from datetime import timedelta
+from io import StringIO
 
 import pytest
-from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -442,19 +443,45 @@ def test_queue_limits_parse(settings):
     assert "django_jobs.E301" not in [e.id for e in check_settings()]
 
 
-def test_only_postgresql_enforces_limits(handlers):
+def test_only_postgresql_enforces_limits(handlers, caplog):
     from django.db import connection
 
     from django_jobs.checks import check_settings
     from django_jobs.worker import Worker
 
-    ids = [e.id for e in check_settings()]
+    found = {e.id: e for e in check_settings()}
+    assert "django_jobs.E302" not in found  # never an error: it would stop migrate and check
     if connection.vendor == "postgresql":
-        assert "django_jobs.E302" not in ids
-    else:  # SQLite, MariaDB: refused by the check, and the worker will not start
-        assert "django_jobs.E302" in ids
-        with pytest.raises(ImproperlyConfigured, match="E302"):
-            Worker(burst=True)
+        assert "django_jobs.W302" not in found
+        assert Worker(burst=True)._flow_limits
+    else:  # SQLite, MariaDB: a warning; the worker starts and runs the jobs without limits
+        assert not found["django_jobs.W302"].is_serious()
+        assert Worker(burst=True)._flow_limits == []
+        told = [r.getMessage() for r in caplog.records if "W302" in r.getMessage()]
+        Worker(burst=True)
+        again = [r.getMessage() for r in caplog.records if "W302" in r.getMessage()]
+        assert len(told) <= 1 and again == told  # said once per process
+
+
+@pytest.mark.django_db(transaction=True)
+def test_drain_and_a_burst_worker_run_limited_jobs_on_every_engine(handlers, run_worker):
+    from django_jobs.testing import drain
+
+    for i in range(6):
+        enqueue(handlers["capped"], {"label": f"c{i}", "seconds": 0})
+        enqueue(handlers["rated"], {"label": f"r{i}", "seconds": 0})
+        enqueue(handlers["free"], {"label": f"f{i}", "seconds": 0})
+    drained = drain()
+    assert len(drained.succeeded) == 18, drained
+    for i in range(3):
+        enqueue(handlers["capped"], {"label": f"w{i}", "seconds": 0})
+    run_worker()
+    assert not Job.objects.exists()
+    assert CompletionMarker.objects.count() == 21
+    out = StringIO()
+    call_command("jobs", "status", stdout=out)
+    enforced = "not enforced: the jobs database is" not in out.getvalue()
+    assert enforced is (connection.vendor == "postgresql"), out.getvalue()
 
 
 # ---- rate limits, queue limits, head-of-line ------------------------------------------

@@ -194,11 +194,14 @@ def _check_flow(queues: Any, alias: str) -> list[Any]:
     vendor = connections[alias].vendor
     if limited and vendor != "postgresql":
         return [
-            Error(
+            Warning(
                 f"Flow limits are declared ({', '.join(limited[:5])}) but the jobs database "
-                f"is {vendor}, which does not enforce them.",
-                hint="global_concurrency and rate_limit need PostgreSQL; remove them here.",
-                id="django_jobs.E302",
+                f"is {vendor}, which does not enforce them: workers and drain() run these "
+                "jobs without their limits here.",
+                hint="global_concurrency and rate_limit are enforced on PostgreSQL only; "
+                "fine for development and tests, but deploy on PostgreSQL (or silence "
+                "this with SILENCED_SYSTEM_CHECKS).",
+                id="django_jobs.W302",
             )
         ]
     return []

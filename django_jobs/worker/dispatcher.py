@@ -44,6 +44,8 @@ logger = logging.getLogger("django_jobs.worker")
 FLUSH_INTERVAL = 0.01
 # How much work to queue beyond free threads: enough to keep them busy this long.
 LOOKAHEAD = 0.02
+# The unenforced flow limits already logged by this process (engine, group keys).
+_UNENFORCED_TOLD: set[tuple[str, tuple[str, ...]]] = set()
 # A log line names at most this many jobs, then counts the rest.
 MAX_NAMED_IN_LOG = 10
 
@@ -163,12 +165,18 @@ class Worker(Settler, ExecutorThreads):
             found = flow.configured(registry.all_handlers().values(), conf.get("QUEUES"))
         except ValueError as exc:
             raise ImproperlyConfigured(f"DJANGO_JOBS['QUEUES']: {exc}") from None
-        if found and connections[self.database].vendor != "postgresql":
-            raise ImproperlyConfigured(
-                f"flow limits ({', '.join(g.key for g in found)}) are enforced on PostgreSQL "
-                f"only, and the jobs database is {connections[self.database].vendor} "
-                "(django_jobs.E302)"
-            )
+        vendor = connections[self.database].vendor
+        if found and vendor != "postgresql":
+            told = (vendor, tuple(g.key for g in found))
+            if told not in _UNENFORCED_TOLD:  # once per process: drain() builds a worker a call
+                _UNENFORCED_TOLD.add(told)
+                logger.warning(
+                    "flow limits (%s) are enforced on PostgreSQL only, and the jobs database "
+                    "is %s: this worker runs their jobs without limits (django_jobs.W302)",
+                    ", ".join(g.key for g in found),
+                    vendor,
+                )
+            return []
         return found
 
     def _check_options(self, settings: dict[str, Any]) -> None:

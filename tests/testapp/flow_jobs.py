@@ -1,7 +1,7 @@
 """Handlers with flow limits (issue 14), registered only by the tests that use them.
 
 Worker subprocesses register them when started with JOBS_TEST_FLOW=1, so that every
-other test keeps a registry without limits (which SQLite refuses, django_jobs.E302).
+other test keeps a registry without limits (SQLite and MariaDB run them unlimited, W302).
 """
 
 import time

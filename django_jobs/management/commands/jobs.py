@@ -15,6 +15,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
 from django.utils import timezone
 
 from django_jobs import conf, control, limits, registry, status
@@ -163,6 +164,12 @@ class Command(BaseCommand):
         if report.flow:
             self.stdout.write("")
             self.stdout.write("Flow limits across the fleet (running now, starts this window)")
+            vendor = connections[conf.database()].vendor
+            if vendor != "postgresql":
+                self.stdout.write(
+                    f"not enforced: the jobs database is {vendor}, and only PostgreSQL "
+                    "enforces them (django_jobs.W302)"
+                )
             rows = [
                 [
                     f"{'handler' if f.kind == 'name' else 'queue'} {f.value}",
