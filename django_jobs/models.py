@@ -83,6 +83,13 @@ def uuid7() -> uuid.UUID:
     return uuid.UUID(int=value)
 
 
+def _uuid_or_none(text: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        return None
+
+
 def _is_postgres(alias: str) -> bool:
     return connections[alias].vendor == "postgresql"
 
@@ -465,7 +472,8 @@ class JobQuerySet(models.QuerySet["Job"]):
     ) -> EnqueueResult:
         alias = self.db
         with transaction.atomic(using=alias):
-            found = _distinct(list(_find_parents(alias, dict.fromkeys(after, 1)).values()))
+            located = _find_parents(alias, dict.fromkeys(after, 1))  # locked in id order
+            found = _distinct([located[parent] for parent in after])  # edges in after= order
             _not_after_itself(job, found)
             unfinished = sum(1 for f in found if f.state != _DONE)
             dead = next((f for f in found if f.state == _DEAD), None)
@@ -670,21 +678,54 @@ class JobQuerySet(models.QuerySet["Job"]):
         return buried
 
     def parent_results(self, job_id: uuid.UUID) -> dict[str, Any]:
-        """The results in the completion markers of a job's parents, by parent key."""
+        """The results in the completion markers of a job's parents (docs/workflows.md).
+
+        By the parent's dedupe key; a parent enqueued without one, by its handler's
+        name, or "name[i]" (i from 0, in the order of `after=`) when several such
+        parents share that name.
+        """
         alias = self.db
-        keys = list(
+        edges = list(
             Dependency.objects.using(alias)
             .filter(job_id=job_id)
-            .values_list("parent_key", flat=True)
+            .order_by("id")
+            .values_list("parent_key", "parent_id")
         )
-        if not keys:
+        if not edges:
             return {}
-        return dict(
-            CompletionMarker.objects.using(alias)
-            .filter(key__in=keys)
+        markers = {
+            key: (job, name, result)
+            for key, job, name, result in CompletionMarker.objects.using(alias)
+            .filter(key__in=[key for key, _ in edges])
             .order_by()
-            .values_list("key", "result")
-        )
+            .values_list("key", "job_id", "name", "result")
+        }
+        # A parent without a dedupe key is waited for by its id as text: its own, or, once
+        # it died and was replayed, its letter's (the replay's marker keeps that key).
+        unkeyed = {
+            key
+            for key, parent in edges
+            if key == str(parent) or (key in markers and key == str(markers[key][0]))
+        }
+        maybe = [i for key, _ in edges if key not in unkeyed and (i := _uuid_or_none(key))]
+        if maybe:
+            replayed = DeadLetter.objects.using(alias).filter(
+                id__in=maybe, replay_job_id__isnull=False
+            )
+            unkeyed.update(str(i) for i in replayed.values_list("id", flat=True))
+        found = [(key, key not in unkeyed, markers[key][1:]) for key, _ in edges if key in markers]
+        names = Counter(name for _, keyed, (name, _) in found if not keyed)
+        seen: Counter[str] = Counter()
+        results: dict[str, Any] = {}
+        for key, keyed, (name, result) in found:
+            if keyed:
+                results[key] = result
+            elif names[name] == 1:
+                results[name] = result
+            else:
+                results[f"{name}[{seen[name]}]"] = result
+                seen[name] += 1
+        return results
 
     def cancel_workflow(self, workflow: str, *, by: str = "") -> CancelReport:
         """Cancel the live steps of a workflow as cancel() does (running ones are left alone).

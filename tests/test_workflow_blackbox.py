@@ -148,7 +148,7 @@ def test_one_parent_named_many_ways_is_waited_for_once():
 
 
 @pytest.mark.django_db
-def test_parent_results_are_keyed_by_dedupe_key_or_id_text():
+def test_parent_results_are_keyed_by_dedupe_key_or_handler_name():
     enqueue(STEP, {"label": "keyed"}, key="k-1")
     plain = enqueue(STEP, {"label": "plain"})
     child = enqueue(STEP, {"label": "child"}, after=["k-1", str(plain.id)])
@@ -156,7 +156,21 @@ def test_parent_results_are_keyed_by_dedupe_key_or_id_text():
     saw = marker_of(child).result["saw"]
     assert saw == {
         "k-1": {"label": "keyed", "saw": {}},
-        str(plain.id): {"label": "plain", "saw": {}},
+        STEP: {"label": "plain", "saw": {}},
+    }
+
+
+@pytest.mark.django_db
+def test_parents_of_one_handler_without_keys_are_numbered_in_the_order_of_after():
+    first = enqueue(STEP, {"label": "first"})
+    second = enqueue(STEP, {"label": "second"})
+    enqueue(STEP, {"label": "keyed"}, key="k-2")
+    child = enqueue(STEP, {"label": "child"}, after=[second, "k-2", first])
+    drain()
+    assert marker_of(child).result["saw"] == {
+        f"{STEP}[0]": {"label": "second", "saw": {}},
+        "k-2": {"label": "keyed", "saw": {}},
+        f"{STEP}[1]": {"label": "first", "saw": {}},
     }
 
 
@@ -182,7 +196,7 @@ def test_a_parent_that_is_itself_blocked_releases_down_the_chain():
     drain()
     assert [ran(x) for x in "abc"] == [1, 1, 1]
     assert Audit.objects.filter(label__in=["bb|b|0", "bb|c|0"]).count() == 2
-    assert list(marker_of(c).result["saw"]) == [str(b.id)]
+    assert list(marker_of(c).result["saw"]) == [STEP]  # no key: by its handler's name
 
 
 @pytest.mark.django_db(transaction=True)
@@ -198,7 +212,8 @@ def test_two_thousand_parents_fan_in():
     assert ran("join") == 1
     saw = marker_of(child).result["saw"]
     assert len(saw) == 2000
-    assert set(saw) == {str(p.id) for p in parents}
+    # One handler, no keys: numbered in the order of after=.
+    assert [saw[f"{STEP}[{i}]"]["label"] for i in range(2000)] == [f"p{i}" for i in range(2000)]
 
 
 @pytest.mark.django_db
@@ -511,8 +526,8 @@ def test_wait_on_an_unkeyed_parent_is_released_by_its_replay():
     DeadLetter.objects.pending().replay(by="test")
     drain()
     assert ran("after-nokey") == 1
-    # Its idempotency key is the dead job's id as text.
-    assert list(marker_of(child).result["saw"]) == [str(parent.id)]
+    # Replayed, a parent without a key is still named by its handler.
+    assert list(marker_of(child).result["saw"]) == [FRAGILE]
 
 
 @pytest.mark.django_db
@@ -934,8 +949,7 @@ def test_diamond_on_three_workers(worker_process):
     assert all(label.endswith("|0") for label in starts), starts
     for n in range(orders):
         ship = CompletionMarker.objects.get(key=f"ship-{n}").result
-        reserve_id = CompletionMarker.objects.get(result__label=f"reserve{n}").job_id
-        assert set(ship["saw"]) == {str(reserve_id), f"confirm-{n}"}
+        assert set(ship["saw"]) == {STEP, f"confirm-{n}"}  # reserve has no key
         assert ship["saw"][f"confirm-{n}"]["label"] == f"confirm{n}"
     assert not Job.objects.exists()
 

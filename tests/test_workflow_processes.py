@@ -144,7 +144,8 @@ def test_diamonds_run_each_step_after_its_parents_markers_on_three_workers(worke
         assert reserve.result["saw"] == {f"o{n}-charge": f"o{n}-charge"}
         assert confirm.result["saw"] == {f"o{n}-charge": f"o{n}-charge"}
         # What ship saw in ctx.parent_results: both parents' results, as their markers hold them.
-        assert ship.result["saw"] == {reserve.key: reserve.result, confirm.key: confirm.result}
+        # reserve by its key, confirm (no key) by its handler's name.
+        assert ship.result["saw"] == {reserve.key: reserve.result, confirm.name: confirm.result}
     assert WorkflowStep.objects.count() == 4 * orders
     assert set(WorkflowStep.objects.values_list("workflow", flat=True)) == {
         f"order-{n}" for n in range(orders)
@@ -317,7 +318,8 @@ def test_dead_parents_block_wait_steps_and_kill_dead_steps_until_replayed(worker
         failed_once = label in ("fatal", "exhausted")
         assert [missing for _at, missing in starts(label)] == [0] * (1 + failed_once), label
     mixed = CompletionMarker.objects.get(result__label="mixed")
-    assert mixed.result["saw"] == {keys["exhausted"]: "exhausted", keys["wait-1"]: "wait-1"}
+    # Two parents of one handler without keys: numbered in the order of after=.
+    assert mixed.result["saw"] == {"tests.wf.step[0]": "exhausted", "tests.wf.step[1]": "wait-1"}
     assert not Dependency.objects.filter(satisfied_at__isnull=True).exists()
 
 

@@ -9,6 +9,7 @@ outcome here, then replay every letter and check that everything ran once.
 from __future__ import annotations
 
 import random
+from collections import Counter
 from dataclasses import dataclass
 
 from django.db import transaction
@@ -137,6 +138,25 @@ def check_edges(nodes, job_ids, keys, finished):
         assert satisfied == {keys[p] for p in node.parents if finished(p)}, f"n{i}'s edges"
 
 
+def expected_saw(nodes, node, keys):
+    """What a node saw in ctx.parent_results (docs/workflows.md): labels by key or name."""
+    names = {
+        p: workflow_jobs.step_atomic.name if nodes[p].atomic else workflow_jobs.step.name
+        for p in node.parents
+        if not nodes[p].keyed
+    }
+    shared, seen, saw = Counter(names.values()), Counter(), {}
+    for p in node.parents:  # the order of after=
+        if nodes[p].keyed:
+            saw[keys[p]] = f"n{p}"
+        elif shared[names[p]] == 1:
+            saw[names[p]] = f"n{p}"
+        else:
+            saw[f"{names[p]}[{seen[names[p]]}]"] = f"n{p}"
+            seen[names[p]] += 1
+    return saw
+
+
 def settled(outcome):
     """How many markers and letters the model expects once everything due has run."""
     return outcome.count(OK), outcome.count(FAILED) + outcome.count(PARENT_DEAD)
@@ -153,7 +173,7 @@ def check_outcomes(nodes, ids, keys, outcome):
             assert marker is not None, f"{label} did not run"
             assert marker.result == {
                 "label": label,
-                "saw": {keys[p]: f"n{p}" for p in node.parents},
+                "saw": expected_saw(nodes, node, keys),
             }
             assert starts(label) == [0] * (1 + flaky_start(node)), label
             continue
@@ -211,7 +231,7 @@ def check_all_ran(nodes, ids, keys, outcome):
             # A replay keeps the key its dependents wait for (its old id, without a dedupe key).
             assert marker.key == keys[i], label
         final_ids.append(marker.job_id)
-        assert marker.result == {"label": label, "saw": {keys[p]: f"n{p}" for p in node.parents}}
+        assert marker.result == {"label": label, "saw": expected_saw(nodes, node, keys)}
         ran_and_failed = outcome[i] == FAILED and not node.atomic
         assert starts(label) == [0] * (1 + ran_and_failed + flaky_start(node)), label
     check_edges(nodes, final_ids, keys, lambda p: True)
