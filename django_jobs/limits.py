@@ -56,18 +56,32 @@ NAME_RE = re.compile(r"[A-Za-z_<][A-Za-z0-9_.:<>\-]*")
 QUEUE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]*")
 
 
+# What the patterns accept, said in their errors.
+NAME_FORM = (
+    "ASCII letters (A-Z, a-z), digits (0-9) and _ . : < > - only, starting with a letter, _ or <"
+)
+QUEUE_FORM = (
+    "ASCII letters (A-Z, a-z), digits (0-9) and _ . : - only, starting with a letter, digit or _"
+)
+
+
 def job_name(value: Any, *, error: type[Exception] = ValueError) -> str:
     """Return value if it is a valid job name, else raise error saying why."""
-    return _identifier("job name", value, NAME_RE, MAX_NAME_LENGTH, error)
+    return _identifier("job name", value, NAME_RE, NAME_FORM, MAX_NAME_LENGTH, error)
 
 
 def queue_name(value: Any, *, error: type[Exception] = ValueError) -> str:
     """Return value if it is a valid queue name, else raise error saying why."""
-    return _identifier("queue", value, QUEUE_RE, MAX_QUEUE_LENGTH, error)
+    return _identifier("queue", value, QUEUE_RE, QUEUE_FORM, MAX_QUEUE_LENGTH, error)
 
 
 def _identifier(
-    what: str, value: Any, pattern: re.Pattern[str], limit: int, error: type[Exception]
+    what: str,
+    value: Any,
+    pattern: re.Pattern[str],
+    form: str,
+    limit: int,
+    error: type[Exception],
 ) -> str:
     if not isinstance(value, str):
         raise error(f"{what} must be a string, not {type(value).__name__}")
@@ -76,10 +90,7 @@ def _identifier(
     if len(value) > limit:
         raise error(f"{what} is {len(value)} characters long; the limit is {limit}")
     if not pattern.fullmatch(value):
-        raise error(
-            f"{what} {value!r} may hold only letters, digits and _ . : - "
-            "(no spaces or control characters)"
-        )
+        raise error(f"{what} {shown(value)} may hold {form}; no spaces or other characters")
     return value
 
 
