@@ -128,6 +128,16 @@ def test_the_edges_themselves_are_stored_and_read_back(entry):
     assert set(ACCEPTED) <= times
 
 
+def test_naive_run_times_are_held_to_the_same_years_without_use_tz(settings):
+    settings.USE_TZ = False
+    for run_at in (datetime(1, 1, 1), datetime(9999, 12, 31)):  # noqa: DTZ001
+        with pytest.raises(InvalidJob, match=MESSAGE):
+            enqueue(handlers.noop, run_at=run_at)
+    assert Job.objects.count() == 0
+    enqueue(handlers.noop, run_at=datetime(1000, 1, 1))  # noqa: DTZ001
+    assert Job.objects.get().run_at == datetime(1000, 1, 1)  # noqa: DTZ001
+
+
 def test_the_limits_hold_every_other_run_time():
     # Delays, snoozes, backoffs and schedule ticks are at most MAX_SECONDS from now.
     assert dj_timezone.now() + timedelta(seconds=limits.MAX_SECONDS) < limits.LATEST_RUN_AT
