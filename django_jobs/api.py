@@ -273,17 +273,13 @@ def _schedule(
     if delay is not None and run_at is not None:
         raise InvalidJob("pass delay or run_at, not both")
     if run_at is not None:
-        if not isinstance(run_at, datetime):
-            raise InvalidJob(f"run_at must be a datetime, not {type(run_at).__name__}")
+        limits.run_time("run_at", run_at, error=InvalidJob)
         if settings.USE_TZ and timezone.is_naive(run_at):
             raise InvalidJob("run_at must be an aware datetime when USE_TZ is on")
-        try:
-            if timezone.is_aware(run_at):
-                run_at = run_at.astimezone(UTC)
-                if not settings.USE_TZ:
-                    run_at = timezone.make_naive(run_at)
-        except OverflowError as exc:
-            raise InvalidJob(f"run_at {run_at!r} is out of range") from exc
+        if timezone.is_aware(run_at):
+            run_at = run_at.astimezone(UTC)
+            if not settings.USE_TZ:
+                run_at = timezone.make_naive(run_at)
         return run_at, 0.0
     if delay is None:
         return None, 0.0

@@ -30,7 +30,19 @@ FREED = "flow freed "
 # A window counter whose window started this long ago (the longest window, an
 # hour, and an hour's margin) is pruned by the workers' upkeep.
 KEEP_ENDED_WINDOWS = timedelta(seconds=2 * max(WINDOWS.values()))
-_RATE_RE = re.compile(r"\s*(\d+)\s*/\s*([smh])\s*")
+# Exactly the form the docs show: "100/m". ASCII digits (\d would take "５"), no
+# spaces, no leading zeros ("0/s" matches, to be refused by its range).
+_RATE_RE = re.compile(r"(0|[1-9][0-9]*)/([smh])")
+# What a partition value may not hold: control characters (C0, DEL, C1) and line or
+# paragraph separators, which would break the lines of logs and `jobs status`, and
+# lone surrogates, which no database stores. Any other text is a partition value:
+# any script, spaces of every kind (NBSP), zero-width and other format characters
+# (the joiner inside an emoji sequence).
+_NOT_IN_PARTITION = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+NOT_IN_PARTITION = (
+    "control characters (U+0000-U+001F, U+007F-U+009F), line and paragraph "
+    "separators (U+2028, U+2029) and lone surrogates"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +65,8 @@ def parse_rate(value: object, *, what: str = "rate_limit") -> Rate:
     if match is None:
         raise InvalidJob(
             f"{what} must be a string 'N/s', 'N/m' or 'N/h' (N starts per second, "
-            f"minute or hour), not {limits.shown(value)}"
+            f"minute or hour; N in ASCII digits, no spaces, as in '100/m'), "
+            f"not {limits.shown(value)}"
         )
     count = limits.integer(f"{what}'s N", int(match[1]), 1, limits.MAX_INT, error=InvalidJob)
     return Rate(count, WINDOWS[match[2]])
@@ -103,10 +116,12 @@ def partition_of(name: str, partition_by: str | Partitioner, payload: Any) -> st
             f"{name}: the partition value is {len(value)} characters long; "
             f"the limit is {MAX_PARTITION_LENGTH}"
         )
-    if not value.isprintable():  # NUL and lone surrogates: the database would refuse them
+    refused = _NOT_IN_PARTITION.search(value)
+    if refused is not None:
         raise InvalidJob(
-            f"{name}: the partition value {limits.shown(value)} must be printable text, "
-            "without control characters or lone surrogates"
+            f"{name}: the partition value {limits.shown(value)} holds "
+            f"U+{ord(refused[0]):04X}; a partition value may hold any text but "
+            f"{NOT_IN_PARTITION}"
         )
     return value
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 # The longest duration any option takes (lease, heartbeat, grace, poll interval,
@@ -41,24 +41,47 @@ FINGERPRINT_LENGTH = 64
 # PostgreSQL stores at most 1 GB in one text value.
 MAX_PAYLOAD_BYTES = 2**30
 
+# Run times (run_at at enqueue, a Task's run_after, a replay's run-at): years 1000 to
+# 8999 in UTC. Nearer datetime.min or max, a time has no local time in some zones
+# (year 1 in New York is year 0, which Python has not), so the admin could not show
+# it; MariaDB's DATETIME starts at 1000; from 9000 on, run_at is the sentinel of a
+# blocked workflow step (models.BLOCKED_UNTIL). Delays, snoozes, backoffs and
+# schedule ticks are at most MAX_SECONDS from now, always inside.
+EARLIEST_RUN_AT = datetime(1000, 1, 1, tzinfo=UTC)
+LATEST_RUN_AT = datetime(8999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
+
 # Job names default to dotted paths ("<locals>" appears in those of nested
 # functions); queue names are plainer. Both are column values and log fields.
 NAME_RE = re.compile(r"[A-Za-z_<][A-Za-z0-9_.:<>\-]*")
 QUEUE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]*")
 
 
+# What the patterns accept, said in their errors.
+NAME_FORM = (
+    "ASCII letters (A-Z, a-z), digits (0-9) and _ . : < > - only, starting with a letter, _ or <"
+)
+QUEUE_FORM = (
+    "ASCII letters (A-Z, a-z), digits (0-9) and _ . : - only, starting with a letter, digit or _"
+)
+
+
 def job_name(value: Any, *, error: type[Exception] = ValueError) -> str:
     """Return value if it is a valid job name, else raise error saying why."""
-    return _identifier("job name", value, NAME_RE, MAX_NAME_LENGTH, error)
+    return _identifier("job name", value, NAME_RE, NAME_FORM, MAX_NAME_LENGTH, error)
 
 
 def queue_name(value: Any, *, error: type[Exception] = ValueError) -> str:
     """Return value if it is a valid queue name, else raise error saying why."""
-    return _identifier("queue", value, QUEUE_RE, MAX_QUEUE_LENGTH, error)
+    return _identifier("queue", value, QUEUE_RE, QUEUE_FORM, MAX_QUEUE_LENGTH, error)
 
 
 def _identifier(
-    what: str, value: Any, pattern: re.Pattern[str], limit: int, error: type[Exception]
+    what: str,
+    value: Any,
+    pattern: re.Pattern[str],
+    form: str,
+    limit: int,
+    error: type[Exception],
 ) -> str:
     if not isinstance(value, str):
         raise error(f"{what} must be a string, not {type(value).__name__}")
@@ -67,10 +90,7 @@ def _identifier(
     if len(value) > limit:
         raise error(f"{what} is {len(value)} characters long; the limit is {limit}")
     if not pattern.fullmatch(value):
-        raise error(
-            f"{what} {value!r} may hold only letters, digits and _ . : - "
-            "(no spaces or control characters)"
-        )
+        raise error(f"{what} {shown(value)} may hold {form}; no spaces or other characters")
     return value
 
 
@@ -133,6 +153,26 @@ def seconds(
         f"{what} must be a number of seconds {low} up to {MAX_SECONDS} (ten years), "
         f"not {shown(value)}{hint}"
     )
+
+
+def run_time(what: str, value: Any, *, error: type[Exception] = ValueError) -> datetime:
+    """Return value if it is a datetime from EARLIEST_RUN_AT to LATEST_RUN_AT, else raise error.
+
+    A naive value (USE_TZ off) is compared as if it were UTC: a day either way
+    is nothing at the edges of these years.
+    """
+    if not isinstance(value, datetime):
+        raise error(f"{what} must be a datetime, not {type(value).__name__}")
+    try:
+        utc = value.astimezone(UTC) if value.utcoffset() is not None else value.replace(tzinfo=UTC)
+    except OverflowError:  # its offset takes it past datetime.min or max
+        utc = None
+    if utc is None or not EARLIEST_RUN_AT <= utc <= LATEST_RUN_AT:
+        raise error(
+            f"{what} must be from {EARLIEST_RUN_AT:%Y-%m-%d} to {LATEST_RUN_AT:%Y-%m-%d} "
+            f"(UTC), not {value.isoformat()}"
+        )
+    return value
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")

@@ -2319,6 +2319,8 @@ class DeadLetterQuerySet(models.QuerySet["DeadLetter"]):
         """
         if run_at is not None and delay is not None:
             raise ValueError("pass run_at or delay, not both")
+        if run_at is not None:
+            limits.run_time("run_at", run_at)
         alias = self.db
         seconds = 0.0
         if delay is not None:

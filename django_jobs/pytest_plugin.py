@@ -16,23 +16,46 @@ from typing import Any
 import pytest
 
 
-def _database_access(request: pytest.FixtureRequest) -> None:
-    # With pytest-django, asking for a fixture is enough (its `db`, in a test
-    # transaction unless the test is marked transaction=True).
-    if request.config.pluginmanager.hasplugin("django"):
-        request.getfixturevalue("db")
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-django decides at collection which test databases to create, from
+    # each test's fixture closure: `jobs` must ask for its `db` in its signature
+    # (a getfixturevalue at run time comes too late, and the test would run on the
+    # settings' database). Without pytest-django (or with -p no:django) there is
+    # no `db` to ask for, so the fixtures are registered here, one way or the other.
+    fixtures = _OnTheTestDatabase() if config.pluginmanager.hasplugin("django") else _Plain()
+    config.pluginmanager.register(fixtures, "django_jobs.fixtures")
 
 
-@pytest.fixture
-def jobs(request: pytest.FixtureRequest) -> Any:
-    """django_jobs.testing: drain, perform, assert_enqueued, assert_not_enqueued, enqueued_jobs."""
-    _database_access(request)
+def _helpers() -> Any:
     from django_jobs import testing
 
     return testing
 
 
-@pytest.fixture
-def jobs_drain(jobs: Any) -> Any:
-    """django_jobs.testing.drain: run the due jobs through the worker's code, in this thread."""
-    return jobs.drain
+class _OnTheTestDatabase:
+    @pytest.fixture
+    def jobs(self, db: None) -> Any:
+        """django_jobs.testing (drain, perform, assert_enqueued...), on the test database.
+
+        On pytest-django's test database: in a test transaction (`db`), unless the
+        test asks for `transactional_db` or is marked django_db(transaction=True);
+        a django_db mark's databases= hold as marked.
+        """
+        return _helpers()
+
+    @pytest.fixture
+    def jobs_drain(self, jobs: Any) -> Any:
+        """django_jobs.testing.drain: run the due jobs through the worker's code, in this thread."""
+        return jobs.drain
+
+
+class _Plain:
+    @pytest.fixture
+    def jobs(self) -> Any:
+        """django_jobs.testing: drain, perform, assert_enqueued, assert_not_enqueued..."""
+        return _helpers()
+
+    @pytest.fixture
+    def jobs_drain(self, jobs: Any) -> Any:
+        """django_jobs.testing.drain: run the due jobs through the worker's code, in this thread."""
+        return jobs.drain

@@ -235,6 +235,8 @@ def _within_limits(name, value):
         return value is None or timedelta(0) <= value <= timedelta(seconds=limits.MAX_SECONDS)
     if name == "when":
         return value.tzinfo is not None and value.astimezone(UTC).year >= 1
+    if name == "run_time":
+        return limits.EARLIEST_RUN_AT <= value.astimezone(UTC) <= limits.LATEST_RUN_AT
     if name in ("queue_name", "job_name", "reason", "free_text"):
         return isinstance(value, str) and value.isprintable() and len(value) <= 200
     if name == "job_id":
@@ -253,6 +255,7 @@ TYPES = {
     "free_text": arguments.free_text(150),
     "duration_or_none": arguments.duration_or_none,
     "when": replayjobs.when,
+    "run_time": replayjobs.run_time,
     "reason": replayjobs.reason,
 }
 

@@ -80,3 +80,29 @@ def test_the_example_projects_own_tests_pass(command, passed, tmp_path):
     )
     assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-5000:]
     assert passed in out.stdout + out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    find_spec("django.tasks") is None,
+    reason="the example project uses django.tasks (Django >= 6.0)",
+)
+def test_the_pytest_tests_alone_after_the_demo_run_on_the_test_database(tmp_path):
+    """After the demo filled the example's database, its pytest file alone must not see it."""
+    env = {**os.environ, "EXAMPLE_SQLITE": str(tmp_path / "example.sqlite3")}
+    for name in ("DJANGO_SETTINGS_MODULE", "PYTHONPATH", "EXAMPLE_DB"):
+        env.pop(name, None)
+    for command in (
+        ["manage.py", "demo"],
+        ["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_orders_pytest.py"],
+    ):
+        out = subprocess.run(
+            [sys.executable, *command],
+            cwd=ROOT / "example_project",
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-5000:]
+    assert "2 passed" in out.stdout

@@ -57,7 +57,7 @@ def test_invalid_limits_are_refused_at_declaration(options):
 
 def test_rates_parse_into_fixed_windows():
     assert flow.parse_rate("100/m") == flow.Rate(100, 60)
-    assert flow.parse_rate(" 20 / s ") == flow.Rate(20, 1)
+    assert flow.parse_rate("20/s") == flow.Rate(20, 1)
     assert str(flow.parse_rate("7/h")) == "7/h"
 
 

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
-import subprocess
-import sys
 from importlib.util import find_spec
 
 import pytest
@@ -565,65 +562,3 @@ class InTransactionTestCase(TransactionTestCase):
         finally:
             other.close()
         self.assertEqual(json.loads(result) if isinstance(result, str) else result, 2)
-
-
-# ---- the pytest plugin ----------------------------------------------------------
-
-PLUGIN_TESTS = """
-import pytest
-from django.db import connection
-
-from django_jobs import enqueue
-from tests.testapp import jobs as handlers
-from tests.testapp.models import Audit
-
-
-def test_jobs_gives_the_helpers_and_database_access(jobs):
-    enqueue(handlers.record, {"label": "fixture"})
-    jobs.assert_enqueued(handlers.record, {"label": "fixture"})
-    assert len(jobs.drain().succeeded) == 1
-    assert Audit.objects.get().label == "fixture"
-    assert not connection.get_autocommit()  # pytest-django's test transaction
-
-
-def test_jobs_drain_is_drain(jobs_drain):
-    enqueue(handlers.flaky, {"succeed_on": 2})
-    assert [a.outcome for a in jobs_drain().attempts] == ["retried", "succeeded"]
-
-
-@pytest.mark.django_db(transaction=True)
-def test_a_transactional_test_keeps_its_mode(jobs):
-    assert connection.get_autocommit()
-    enqueue(handlers.record, {"label": "committed"})
-    assert len(jobs.drain().succeeded) == 1
-
-
-def test_nothing_happens_without_asking():
-    with pytest.raises(RuntimeError, match="Database access not allowed"):
-        Audit.objects.count()
-"""
-
-
-@pytest.mark.slow
-def test_the_pytest_fixtures_in_a_real_pytest_run(tmp_path):
-    """The pytest11 entry point loads the fixtures; they are opt-in (no autouse)."""
-    from tests.conftest import ROOT
-
-    (tmp_path / "test_plugin_use.py").write_text(PLUGIN_TESTS)
-    (tmp_path / "pytest.ini").write_text("[pytest]\nDJANGO_SETTINGS_MODULE = tests.settings\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("DJANGO_SETTINGS_MODULE", None)
-    if POSTGRES:  # its own test database, next to this run's
-        env["JOBS_TEST_DB"] = os.environ.get("JOBS_TEST_DB", "django_jobs") + "_plugin"
-    else:
-        env["TEST_DB_NAME"] = str(tmp_path / "plugin.sqlite3")
-    out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-5000:]
-    assert "4 passed" in out.stdout

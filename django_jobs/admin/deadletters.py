@@ -25,7 +25,7 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 from rangefilter.filters import DateRangeFilter
 
-from django_jobs import registry
+from django_jobs import limits, registry
 from django_jobs.admin.base import IdOrTermSearch, ReadOnlyAdmin, log_changes
 from django_jobs.admin.display import (
     EMPTY,
@@ -381,6 +381,13 @@ class DeadLetterAdmin(IdOrTermSearch, WorkflowFields, ReadOnlyAdmin):
                     _("Not replayed: the run-at time %(value)s is not a date and time.")
                     % {"value": repr(showable(request.POST["run_at"][:40]))},
                     messages.ERROR,
+                )
+                return HttpResponseRedirect(change_url)
+            try:
+                limits.run_time(str(_("the run-at time")), run_at)
+            except ValueError as exc:
+                self.message_user(
+                    request, _("Not replayed: %(why)s.") % {"why": exc}, messages.ERROR
                 )
                 return HttpResponseRedirect(change_url)
         report = DeadLetter.objects.filter(pk=letter.pk).replay(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
@@ -182,7 +182,8 @@ def list_when(value: datetime | None) -> SafeString | str:
     if value is None:
         return EMPTY
     full = when(value)
-    return format_html('<span title="{}">{}</span>', full, full[:16])
+    # To the minute: without the seconds, and with the " UTC" of a time shown in UTC.
+    return format_html('<span title="{}">{}</span>', full, full[:16] + full[19:])
 
 
 def when_column(field: str, description: StrOrPromise) -> Callable[[Any, Any], SafeString | str]:
@@ -195,10 +196,32 @@ def when_column(field: str, description: StrOrPromise) -> Callable[[Any, Any], S
     return column
 
 
+def when_field(model: Any, field: str) -> Callable[[Any, Any], str]:
+    """Return a page field showing the time in `field` as `when` does, labelled as the field.
+
+    Django's own rendering of a DateTimeField converts to the current time zone and
+    answers 500 for a time near datetime.min or max written by hand.
+    """
+
+    @admin.display(description=model._meta.get_field(field).verbose_name)
+    def shown(model_admin: Any, obj: Any) -> str:
+        return when(getattr(obj, field))
+
+    return shown
+
+
 def when(value: datetime | None) -> str:
     """Return a time in the current time zone, short enough for a list column."""
     if value is None:
         return EMPTY
     if timezone.is_aware(value):
-        value = timezone.localtime(value)
+        try:
+            value = timezone.localtime(value)
+        except OverflowError:
+            # A row written by hand near datetime.min or max (enqueue refuses such run
+            # times): in this time zone it would fall in year 0 or 10000.
+            try:
+                return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+            except OverflowError:  # an offset of its own (a time in an error entry)
+                return value.strftime("%Y-%m-%d %H:%M:%S UTC%z")
     return value.strftime("%Y-%m-%d %H:%M:%S")

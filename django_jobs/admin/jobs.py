@@ -32,6 +32,7 @@ from django_jobs.admin.display import (
     pretty_payload,
     showable,
     when,
+    when_field,
 )
 from django_jobs.admin.workflows import WorkflowFields
 from django_jobs.attempts import worker_of
@@ -155,12 +156,12 @@ class JobAdmin(
                     ("name", "queue"),
                     ("id", "key", "partition"),
                     ("state_label", "priority", "attempts_of"),
-                    ("run_at", "enqueued_at"),
-                    ("started_at", "attempted_at"),
+                    ("run_at_time", "enqueued_at_time"),
+                    ("started_at_time", "attempted_at_time"),
                 ]
             },
         ),
-        (_("Lease"), {"fields": [("lease_holder", "locked_by", "lease_expires_at")]}),
+        (_("Lease"), {"fields": [("lease_holder", "locked_by", "lease_expires_at_time")]}),
         (_("Payload"), {"fields": ["payload_json"]}),
         (_("Earlier attempts"), {"fields": ["attempt_table"]}),
     ]
@@ -170,7 +171,7 @@ class JobAdmin(
         first, *rest = self.fieldsets
         if obj is not None and obj.run_at >= blocked_until():  # "after its parents", not 9000
             fields = [
-                tuple("run_at_cell" if f == "run_at" else f for f in row)
+                tuple("run_at_cell" if f == "run_at_time" else f for f in row)
                 if isinstance(row, tuple)
                 else row
                 for row in first[1]["fields"]
@@ -200,8 +201,7 @@ class JobAdmin(
         expired = state == JobState.WAITING and obj.locked_by is not None
         since = getattr(obj, "unknown_since", None)
         if since is not None and state == JobState.WAITING:
-            when = timezone.localtime(since).strftime("%Y-%m-%d %H:%M")
-            label = f"{label} ({_('no live worker knows this name since')} {when})"
+            label = f"{label} ({_('no live worker knows this name since')} {when(since)[:16]})"
         elif expired:
             label = f"{label} ({_('lease expired: rescue is due')})"
         if not obj.attempts:
@@ -217,6 +217,12 @@ class JobAdmin(
     @admin.display(description=_("attempts"))
     def attempts_of(self, obj: Job) -> str:
         return f"{obj.attempts} / {obj.max_attempts}"
+
+    run_at_time = when_field(Job, "run_at")
+    enqueued_at_time = when_field(Job, "enqueued_at")
+    started_at_time = when_field(Job, "started_at")
+    attempted_at_time = when_field(Job, "attempted_at")
+    lease_expires_at_time = when_field(Job, "lease_expires_at")
 
     @admin.display(description=_("run at"), ordering="run_at")
     def run_at_cell(self, obj: Job) -> SafeString | str:
@@ -295,11 +301,15 @@ class RunningJobAdmin(CancelPermission, NameQueueColumns, OperationsAdmin):
         "max_attempts",
         "key",
         "locked_by",
-        "started_at",
-        "attempted_at",
-        "lease_expires_at",
-        "cancel_requested_at",
+        "started_at_time",
+        "attempted_at_time",
+        "lease_expires_at_time",
+        "cancel_requested_at_time",
     ]
+    started_at_time = when_field(Job, "started_at")
+    attempted_at_time = when_field(Job, "attempted_at")
+    lease_expires_at_time = when_field(Job, "lease_expires_at")
+    cancel_requested_at_time = when_field(Job, "cancel_requested_at")
 
     def get_queryset(self, request: HttpRequest) -> Any:
         return cast(JobQuerySet, super().get_queryset(request)).running()

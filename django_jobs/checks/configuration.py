@@ -130,8 +130,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     if not (isinstance(channel, str) and len(channel) < 64 and limits.QUEUE_RE.fullmatch(channel)):
         errors.append(
             Error(
-                f"DJANGO_JOBS['CHANNEL'] must be a name of 1 to 63 letters, digits and _ . : -, "
-                f"not {limits.shown(channel)}.",
+                f"DJANGO_JOBS['CHANNEL'] must be a name of 1 to 63 characters: "
+                f"{limits.QUEUE_FORM}; not {limits.shown(channel)}.",
                 hint="It names the LISTEN/NOTIFY channel; PostgreSQL refuses longer names.",
                 id="django_jobs.E014",
             )

@@ -62,6 +62,15 @@ def when(text: str) -> datetime:
     return value
 
 
+def run_time(text: str) -> datetime:
+    """Parse --run-at as `when` does, held to the run times enqueue takes."""
+    value = when(text)
+    try:
+        return limits.run_time("--run-at", value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def reason(text: str) -> str:
     if text not in DeadReason.values:
         raise argparse.ArgumentTypeError(
@@ -142,7 +151,7 @@ class Command(BaseCommand):
             help="Make the new jobs due this many seconds from now.",
         )
         when_group.add_argument(
-            "--run-at", type=when, metavar="WHEN", help="Make the new jobs due at WHEN."
+            "--run-at", type=run_time, metavar="WHEN", help="Make the new jobs due at WHEN."
         )
         parser.add_argument(
             "--by",
