@@ -1249,28 +1249,44 @@ class JobQuerySet(models.QuerySet["Job"]):
             id__in=[j.id for j in jobs], locked_by__in={j.token for j in jobs}
         ).update(locked_by=None, lease_expires_at=None, attempts=F("attempts") - 1)
 
-    def extend_leases(self, jobs: Iterable[ClaimedJob], seconds: float) -> dict[uuid.UUID, bool]:
-        """Push the leases of jobs `seconds` ahead.
+    def extend_leases(self, jobs: Iterable[ClaimedJob], seconds: float) -> Leases:
+        """Push the leases of jobs `seconds` ahead; say which are held and which were lost.
 
-        Returns the ids still held, each mapped to whether an operator asked to
-        cancel it; an id missing from the result lost its lease to another worker.
+        A job whose row is gone because its own attempt settled it (an atomic
+        handler's transaction deleted it and wrote its marker, and the worker
+        has not heard yet) is neither held nor lost.
         """
         jobs = list(jobs)
         if not jobs:
-            return {}
+            return Leases({}, frozenset())
         ids = [j.id for j in jobs]
         tokens = list({j.token for j in jobs})
         alias = self.db
         if _is_postgres(alias):
-            return dict(sql.run(alias, sql.EXTEND_LEASES, [float(seconds), ids, tokens]))
-        held = self.filter(id__in=ids, locked_by__in=tokens)
-        held.update(
-            lease_expires_at=Greatest("lease_expires_at", Now() + timedelta(seconds=seconds))
+            held = dict(sql.run(alias, sql.EXTEND_LEASES, [float(seconds), ids, tokens]))
+        else:
+            leased = self.filter(id__in=ids, locked_by__in=tokens)
+            leased.update(
+                lease_expires_at=Greatest("lease_expires_at", Now() + timedelta(seconds=seconds))
+            )
+            held = {
+                job_id: requested is not None
+                for job_id, requested in leased.values_list("id", "cancel_requested_at")
+            }
+        missing = [j for j in jobs if j.id not in held]
+        if not missing:  # the heartbeat's usual answer: one statement on PostgreSQL
+            return Leases(held, frozenset())
+        # Read after the statement that missed them: a row deleted by a committed
+        # transaction is seen with that transaction's marker (one commit writes both).
+        own = set(
+            CompletionMarker.objects.using(alias)
+            .filter(job_id__in=[j.id for j in missing])
+            .values_list("job_id", "worker_id", "attempts")
         )
-        return {
-            job_id: requested is not None
-            for job_id, requested in held.values_list("id", "cancel_requested_at")
-        }
+        return Leases(
+            held,
+            frozenset(j.id for j in missing if (j.id, j.worker_id, j.attempts) not in own),
+        )
 
     def dead_letter(
         self,
@@ -1503,6 +1519,16 @@ class JobQuerySet(models.QuerySet["Job"]):
 
 def _notify_params() -> dict[str, Any]:
     return {"channel": conf.get("CHANNEL"), "notify": bool(conf.get("LISTEN"))}
+
+
+@dataclass(frozen=True)
+class Leases:
+    """What JobQuerySet.extend_leases() found of the leases it was asked to extend."""
+
+    # Each job still held, mapped to whether an operator asked to cancel it.
+    held: dict[uuid.UUID, bool]
+    # The jobs held by another token now, or settled by another attempt (or an operator).
+    lost: frozenset[uuid.UUID]
 
 
 class Settled(set[int]):

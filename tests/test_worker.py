@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from django_jobs import enqueue
 from django_jobs.exceptions import LeaseLost
-from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job
+from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job, Leases
 from django_jobs.signals import job_dead_lettered, job_finished, job_started
 from django_jobs.worker import Worker
 from django_jobs.worker.dispatcher import _signalled
@@ -372,7 +372,7 @@ class TestLeases:
     def test_extend_lease_from_the_handler(self):
         enqueue(jobs.record, {"label": "x"})
         [job] = Job.objects.claim(queues=["default"], limit=1, token="w#1", lease=5)
-        assert Job.objects.extend_leases([job], 3600) == {job.id: False}
+        assert Job.objects.extend_leases([job], 3600) == Leases({job.id: False}, frozenset())
         row = Job.objects.get()
         assert row.lease_expires_at > timezone.now() + dt.timedelta(minutes=59)
         Job.objects.extend_leases([job], 5)  # a heartbeat never shortens it

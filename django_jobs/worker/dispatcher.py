@@ -617,12 +617,15 @@ class Worker(Settler, ExecutorThreads):
         held = [run for run in self._inflight if not run.abandoned] + list(self._held_back)
         if not held:
             return
-        kept = self._db(lambda: self._queryset.extend_leases([run.job for run in held], self.lease))
-        if kept is None:
+        leases = self._db(
+            lambda: self._queryset.extend_leases([run.job for run in held], self.lease)
+        )
+        if leases is None:
             return
+        # A job neither held nor lost was settled by its own atomic handler, whose
+        # report is on its way: not a takeover, nothing to cancel.
         for run in held:
-            cancel = kept.get(run.job.id)
-            if cancel is None:
+            if run.job.id in leases.lost:
                 if run.ctx is not None:
                     run.ctx.cancel()
                 logger.warning(
@@ -630,7 +633,7 @@ class Worker(Settler, ExecutorThreads):
                     run.job.id,
                     extra=log_extra(run.job),
                 )
-            elif cancel and not run.cancel_requested:
+            elif leases.held.get(run.job.id) and not run.cancel_requested:
                 self._cancel(run)
 
     def _cancel(self, run: Run) -> None:
