@@ -1298,12 +1298,27 @@ class JobQuerySet(models.QuerySet["Job"]):
     ) -> DeadLetter | None:
         """Move a held job to the dead letters in one transaction; None if its lease is gone."""
         alias = self.db
+        held = self.filter(id=job.id, locked_by=job.token)
+        letter = DeadLetter.for_job(job, reason=reason, error=error, attempts=attempts)
+        payload = letter.payload
         with transaction.atomic(using=alias):
-            deleted, _ = self.filter(id=job.id, locked_by=job.token).delete()
-            if not deleted:
-                return None
-            letter = DeadLetter.for_job(job, reason=reason, error=error, attempts=attempts)
-            letter.save(using=alias, force_insert=True)
+            if len(payload) <= LETTER_PAYLOAD_SENT:
+                if not held.delete()[0]:
+                    return None
+                letter.save(using=alias, force_insert=True)
+            else:
+                # Copied from the job row on the server, not sent back: with the letter's
+                # errors, a payload just under MariaDB's max_allowed_packet would make a
+                # statement over it (error 1153), and the letter must always be written.
+                if not list(held.select_for_update().values_list("id", flat=True)):
+                    return None
+                letter.payload = ""
+                letter.save(using=alias, force_insert=True)
+                DeadLetter.objects.using(alias).filter(id=job.id).update(
+                    payload=Subquery(held.values("payload"))
+                )
+                held.delete()
+                letter.payload = payload
             # The claim's count of dependents is not read under this lock: always look.
             self.dead_letter_dependents({job.idempotency_key: job.id})
             return letter
@@ -1519,6 +1534,11 @@ class JobQuerySet(models.QuerySet["Job"]):
 
 def _notify_params() -> dict[str, Any]:
     return {"channel": conf.get("CHANNEL"), "notify": bool(conf.get("LISTEN"))}
+
+
+# A dead letter's payload longer than this (in characters) is copied from its job's row
+# on the database server rather than sent with the letter (JobQuerySet.dead_letter()).
+LETTER_PAYLOAD_SENT = 64 * 1024
 
 
 @dataclass(frozen=True)
