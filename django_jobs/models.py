@@ -49,7 +49,7 @@ from django_jobs.attempts import (  # noqa: F401 - LEASE_EXPIRED and MAX_TRACEBA
     usable_errors,
     worker_of,
 )
-from django_jobs.exceptions import IdempotencyConflict, InvalidJob, LeaseLost
+from django_jobs.exceptions import IdempotencyConflict, InvalidJob, InvalidPayload, LeaseLost
 
 # Re-exported (X as X): Django finds Schedule and UnknownName here, and imports use them all.
 from django_jobs.fleet import QueueState as QueueState
@@ -308,6 +308,74 @@ DEDUPE_ROUNDS = 5
 # Rows per INSERT of enqueue_many without PostgreSQL's COPY (SQLite lowers it to
 # what its limit of variables per statement allows).
 BULK_BATCH = 500
+# MySQL and MariaDB refuse a statement longer than the server's max_allowed_packet
+# (error 1153, and drop the connection). What an INSERT of jobs adds to their payloads,
+# at most: per row (names, key, dates, the other columns escaped) and per statement.
+ROW_OVERHEAD = 4096
+STATEMENT_OVERHEAD = 4096
+
+
+def _refuse_oversized(alias: str, jobs: Sequence[NewJob]) -> None:
+    """On MySQL and MariaDB, raise InvalidPayload for a payload whose INSERT would be
+    longer than the server's max_allowed_packet (before anything is written)."""
+    if connections[alias].vendor != "mysql":
+        return
+    for index, job in enumerate(jobs):
+        # At most 4 bytes a character, in UTF-8 or escaped: a payload this short fits.
+        if 4 * len(job.payload) + ROW_OVERHEAD + STATEMENT_OVERHEAD <= _SMALLEST_PACKET:
+            continue
+        packet = _max_packet(alias)
+        room = packet - ROW_OVERHEAD - STATEMENT_OVERHEAD
+        if (size := _sent_size(job.payload)) > room:
+            raise InvalidPayload(
+                f"{f'job {index}: ' if len(jobs) > 1 else ''}payload is {size} bytes as "
+                f"sent to the database; its INSERT would be longer than the server's "
+                f"max_allowed_packet ({packet} bytes), which leaves room for {room}; "
+                "store large data elsewhere and pass its id"
+            )
+
+
+def _packet_batches(alias: str, jobs: list[NewJob]) -> list[list[NewJob]]:
+    """Split jobs into bulk_create batches of BULK_BATCH rows, on MySQL and MariaDB
+    also each shorter than max_allowed_packet (each job checked by _refuse_oversized)."""
+    batches = [jobs[i : i + BULK_BATCH] for i in range(0, len(jobs), BULK_BATCH)]
+    if connections[alias].vendor != "mysql":
+        return batches
+    sizes = [_sent_size(job.payload) + ROW_OVERHEAD for job in jobs]
+    if sum(sizes) + STATEMENT_OVERHEAD <= _SMALLEST_PACKET:
+        return batches
+    room = _max_packet(alias) - STATEMENT_OVERHEAD
+    batches, used = [], room  # the first job starts a batch
+    for job, size in zip(jobs, sizes, strict=True):
+        if used + size > room or len(batches[-1]) >= BULK_BATCH:
+            batches.append([])
+            used = 0
+        batches[-1].append(job)
+        used += size
+    return batches
+
+
+# Statements this small need no look at max_allowed_packet (MySQL's and MariaDB's
+# defaults are 64 MiB and 16 MiB; 1 MiB is MySQL 5.5's).
+_SMALLEST_PACKET = 1024 * 1024
+
+
+def _sent_size(payload: str) -> int:
+    """Return the bytes payload takes in a MySQL statement: UTF-8, quotes and \\ escaped."""
+    return len(payload.encode()) + payload.count('"') + payload.count("\\") + payload.count("'")
+
+
+def _max_packet(alias: str) -> int:
+    """Return the server's max_allowed_packet, read once per connection."""
+    conn = connections[alias]
+    conn.ensure_connection()
+    cached = getattr(conn, "_django_jobs_max_packet", None)
+    if cached is None or cached[0] is not conn.connection:
+        with conn.cursor() as cursor:
+            cursor.execute(sql.MAX_ALLOWED_PACKET)
+            cached = (conn.connection, int(cursor.fetchone()[0]))
+        setattr(conn, "_django_jobs_max_packet", cached)  # noqa: B010 - not a wrapper field
+    return int(cached[1])
 
 
 _CLAIMED_FIELDS = (
@@ -386,7 +454,9 @@ class JobQuerySet(models.QuerySet["Job"]):
                         copy.write(_copy_rows(plain, now))
             else:
                 now = timezone.now()
-                self.bulk_create([_new_row(job, now) for job in plain], batch_size=BULK_BATCH)
+                _refuse_oversized(alias, jobs)
+                for batch in _packet_batches(alias, plain):
+                    self.bulk_create([_new_row(job, now) for job in batch])
             for job in plain:
                 results[job.id] = EnqueueResult(job.id, False, job.name, job.queue, now)
             for job in keyed.values():
@@ -399,6 +469,7 @@ class JobQuerySet(models.QuerySet["Job"]):
         if _is_postgres(alias):
             [(_notified, enqueued_at)] = sql.run(alias, sql.INSERT, _insert_params(job))
             return EnqueueResult(job.id, False, job.name, job.queue, enqueued_at)
+        _refuse_oversized(alias, [job])
         now = timezone.now()
         _new_row(job, now).save(using=alias, force_insert=True)
         return EnqueueResult(job.id, False, job.name, job.queue, now)
@@ -416,6 +487,7 @@ class JobQuerySet(models.QuerySet["Job"]):
                     return ("completed", *marker[0], None)
                 return kind, job_id, fingerprint, enqueued_at
         else:
+            _refuse_oversized(alias, [job])
             markers = CompletionMarker.objects.using(alias)
             done = markers.filter(key=job.key).values_list("job_id", "fingerprint").first()
             if done is not None:
@@ -578,7 +650,9 @@ class JobQuerySet(models.QuerySet["Job"]):
                         with raw.copy(sql.COPY_WORKFLOW_STEPS) as copy:
                             copy.write(_copy_workflow_steps(workflow, written, now))
             else:
-                self.bulk_create([_new_row(job, now) for job in plain], batch_size=BULK_BATCH)
+                _refuse_oversized(alias, plain)
+                for batch in _packet_batches(alias, plain):
+                    self.bulk_create([_new_row(job, now) for job in batch])
                 Dependency.objects.using(alias).bulk_create(
                     [_edge(job_id, f, mode, now) for job_id, f, mode in edges],
                     batch_size=EDGE_BATCH,

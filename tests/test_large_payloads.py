@@ -8,8 +8,16 @@ import logging
 import pytest
 from django.db import connection
 
-from django_jobs import enqueue
-from django_jobs.models import LETTER_PAYLOAD_SENT, CompletionMarker, DeadLetter, DeadReason, Job
+from django_jobs import InvalidPayload, enqueue, enqueue_many
+from django_jobs.models import (
+    LETTER_PAYLOAD_SENT,
+    ROW_OVERHEAD,
+    STATEMENT_OVERHEAD,
+    CompletionMarker,
+    DeadLetter,
+    DeadReason,
+    Job,
+)
 from tests.conftest import ENGINE
 from tests.testapp import jobs
 
@@ -57,17 +65,18 @@ def test_a_large_payload_s_dead_letter_keeps_its_reason_and_payload(
 
 @pytest.mark.mariadb
 @mariadb_only
-def test_a_payload_just_under_max_allowed_packet_dies_fatal_not_attempts_exhausted(
+def test_the_largest_payload_enqueue_takes_dies_fatal_not_attempts_exhausted(
     unlimited_payloads, run_worker, caplog
 ):
     # The letter adds its errors and traceback to the payload: sent back whole, the
     # statement went over max_allowed_packet (error 1153), was retried as a lost
     # connection, and the job ended as attempts_exhausted.
     assert _max_allowed_packet() == 16 * 1024 * 1024
-    payload = _payload_of(16_776_000)
+    largest = _max_allowed_packet() - ROW_OVERHEAD - STATEMENT_OVERHEAD  # as sent: 4 quotes
+    payload = _payload_of(largest - 4)
     job_id = enqueue(jobs.fatal, payload).id
     stored = Job.objects.get().payload
-    assert len(stored) == 16_776_000
+    assert len(stored) == largest - 4
     caplog.set_level(logging.INFO, "django_jobs")
     worker = run_worker(lease=10, poll_interval=0.5)
     assert (worker.stats.dead, worker.stats.reexecuted) == (1, 0)
@@ -78,6 +87,36 @@ def test_a_payload_just_under_max_allowed_packet_dies_fatal_not_attempts_exhaust
     assert letter.payload == stored and json.loads(letter.payload) == payload
     assert not Job.objects.exists()
     assert not _retried_database_errors(caplog)
+
+
+@pytest.mark.mariadb
+@mariadb_only
+@pytest.mark.parametrize("text", ["x", '"', "é"])
+def test_a_payload_whose_insert_is_over_max_allowed_packet_is_refused_at_enqueue(
+    unlimited_payloads, text
+):
+    # The issue's 16,776,000 bytes: its INSERT fitted, by a few hundred bytes, and
+    # no letter could; a payload of escaped quotes or of 2-byte characters fits less.
+    packet = _max_allowed_packet()
+    chars = {"x": 16_776_000, '"': packet // 4, "é": packet // 2}[text]
+    enqueue(jobs.noop, {"label": "before"})
+    with pytest.raises(InvalidPayload, match=r"over|longer than the server's max_allowed_packet"):
+        enqueue(jobs.fatal, {"blob": text * chars})
+    with pytest.raises(InvalidPayload, match=r"^job 1: payload is \d+ bytes"):
+        enqueue_many(jobs.fatal, [{"n": 1}, {"blob": text * chars}])
+    # Nothing written, and the connection is still fine (no error 1153 dropped it).
+    assert list(Job.objects.values_list("name", flat=True)) == ["tests.noop"]
+
+
+@pytest.mark.mariadb
+def test_enqueue_many_splits_its_inserts_under_max_allowed_packet():
+    # 500 payloads of 40 kB (within the default MAX_PAYLOAD_BYTES) made one INSERT
+    # of 20 MB: MariaDB refused it (error 1153) and dropped the connection.
+    results = enqueue_many(jobs.record, [{"label": f"{i:03}" + "x" * 40_000} for i in range(500)])
+    assert len(results) == Job.objects.count() == 500
+    assert sorted(
+        json.loads(p)["label"][:3] for p in Job.objects.values_list("payload", flat=True)
+    ) == [f"{i:03}" for i in range(500)]
 
 
 @pytest.mark.mariadb
