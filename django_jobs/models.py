@@ -49,7 +49,7 @@ from django_jobs.attempts import (  # noqa: F401 - LEASE_EXPIRED and MAX_TRACEBA
     usable_errors,
     worker_of,
 )
-from django_jobs.exceptions import IdempotencyConflict, InvalidJob, LeaseLost
+from django_jobs.exceptions import IdempotencyConflict, InvalidJob, InvalidPayload, LeaseLost
 
 # Re-exported (X as X): Django finds Schedule and UnknownName here, and imports use them all.
 from django_jobs.fleet import QueueState as QueueState
@@ -315,6 +315,74 @@ DEDUPE_ROUNDS = 5
 # Rows per INSERT of enqueue_many without PostgreSQL's COPY (SQLite lowers it to
 # what its limit of variables per statement allows).
 BULK_BATCH = 500
+# MySQL and MariaDB refuse a statement longer than the server's max_allowed_packet
+# (error 1153, and drop the connection). What an INSERT of jobs adds to their payloads,
+# at most: per row (names, key, dates, the other columns escaped) and per statement.
+ROW_OVERHEAD = 4096
+STATEMENT_OVERHEAD = 4096
+
+
+def _refuse_oversized(alias: str, jobs: Sequence[NewJob]) -> None:
+    """On MySQL and MariaDB, raise InvalidPayload for a payload whose INSERT would be
+    longer than the server's max_allowed_packet (before anything is written)."""
+    if connections[alias].vendor != "mysql":
+        return
+    for index, job in enumerate(jobs):
+        # At most 4 bytes a character, in UTF-8 or escaped: a payload this short fits.
+        if 4 * len(job.payload) + ROW_OVERHEAD + STATEMENT_OVERHEAD <= _SMALLEST_PACKET:
+            continue
+        packet = _max_packet(alias)
+        room = packet - ROW_OVERHEAD - STATEMENT_OVERHEAD
+        if (size := _sent_size(job.payload)) > room:
+            raise InvalidPayload(
+                f"{f'job {index}: ' if len(jobs) > 1 else ''}payload is {size} bytes as "
+                f"sent to the database; its INSERT would be longer than the server's "
+                f"max_allowed_packet ({packet} bytes), which leaves room for {room}; "
+                "store large data elsewhere and pass its id"
+            )
+
+
+def _packet_batches(alias: str, jobs: list[NewJob]) -> list[list[NewJob]]:
+    """Split jobs into bulk_create batches of BULK_BATCH rows, on MySQL and MariaDB
+    also each shorter than max_allowed_packet (each job checked by _refuse_oversized)."""
+    batches = [jobs[i : i + BULK_BATCH] for i in range(0, len(jobs), BULK_BATCH)]
+    if connections[alias].vendor != "mysql":
+        return batches
+    sizes = [_sent_size(job.payload) + ROW_OVERHEAD for job in jobs]
+    if sum(sizes) + STATEMENT_OVERHEAD <= _SMALLEST_PACKET:
+        return batches
+    room = _max_packet(alias) - STATEMENT_OVERHEAD
+    batches, used = [], room  # the first job starts a batch
+    for job, size in zip(jobs, sizes, strict=True):
+        if used + size > room or len(batches[-1]) >= BULK_BATCH:
+            batches.append([])
+            used = 0
+        batches[-1].append(job)
+        used += size
+    return batches
+
+
+# Statements this small need no look at max_allowed_packet (MySQL's and MariaDB's
+# defaults are 64 MiB and 16 MiB; 1 MiB is MySQL 5.5's).
+_SMALLEST_PACKET = 1024 * 1024
+
+
+def _sent_size(payload: str) -> int:
+    """Return the bytes payload takes in a MySQL statement: UTF-8, quotes and \\ escaped."""
+    return len(payload.encode()) + payload.count('"') + payload.count("\\") + payload.count("'")
+
+
+def _max_packet(alias: str) -> int:
+    """Return the server's max_allowed_packet, read once per connection."""
+    conn = connections[alias]
+    conn.ensure_connection()
+    cached = getattr(conn, "_django_jobs_max_packet", None)
+    if cached is None or cached[0] is not conn.connection:
+        with conn.cursor() as cursor:
+            cursor.execute(sql.MAX_ALLOWED_PACKET)
+            cached = (conn.connection, int(cursor.fetchone()[0]))
+        setattr(conn, "_django_jobs_max_packet", cached)  # noqa: B010 - not a wrapper field
+    return int(cached[1])
 
 
 _CLAIMED_FIELDS = (
@@ -393,7 +461,9 @@ class JobQuerySet(models.QuerySet["Job"]):
                         copy.write(_copy_rows(plain, now))
             else:
                 now = timezone.now()
-                self.bulk_create([_new_row(job, now) for job in plain], batch_size=BULK_BATCH)
+                _refuse_oversized(alias, jobs)
+                for batch in _packet_batches(alias, plain):
+                    self.bulk_create([_new_row(job, now) for job in batch])
             for job in plain:
                 results[job.id] = EnqueueResult(job.id, False, job.name, job.queue, now)
             for job in keyed.values():
@@ -406,6 +476,7 @@ class JobQuerySet(models.QuerySet["Job"]):
         if _is_postgres(alias):
             [(_notified, enqueued_at)] = sql.run(alias, sql.INSERT, _insert_params(job))
             return EnqueueResult(job.id, False, job.name, job.queue, enqueued_at)
+        _refuse_oversized(alias, [job])
         now = timezone.now()
         _new_row(job, now).save(using=alias, force_insert=True)
         return EnqueueResult(job.id, False, job.name, job.queue, now)
@@ -423,6 +494,7 @@ class JobQuerySet(models.QuerySet["Job"]):
                     return ("completed", *marker[0], None)
                 return kind, job_id, fingerprint, enqueued_at
         else:
+            _refuse_oversized(alias, [job])
             markers = CompletionMarker.objects.using(alias)
             done = markers.filter(key=job.key).values_list("job_id", "fingerprint").first()
             if done is not None:
@@ -586,7 +658,9 @@ class JobQuerySet(models.QuerySet["Job"]):
                         with raw.copy(sql.COPY_WORKFLOW_STEPS) as copy:
                             copy.write(_copy_workflow_steps(workflow, written, now))
             else:
-                self.bulk_create([_new_row(job, now) for job in plain], batch_size=BULK_BATCH)
+                _refuse_oversized(alias, plain)
+                for batch in _packet_batches(alias, plain):
+                    self.bulk_create([_new_row(job, now) for job in batch])
                 Dependency.objects.using(alias).bulk_create(
                     [_edge(job_id, f, mode, now) for job_id, f, mode in edges],
                     batch_size=EDGE_BATCH,
@@ -1290,28 +1364,44 @@ class JobQuerySet(models.QuerySet["Job"]):
             id__in=[j.id for j in jobs], locked_by__in={j.token for j in jobs}
         ).update(locked_by=None, lease_expires_at=None, attempts=F("attempts") - 1)
 
-    def extend_leases(self, jobs: Iterable[ClaimedJob], seconds: float) -> dict[uuid.UUID, bool]:
-        """Push the leases of jobs `seconds` ahead.
+    def extend_leases(self, jobs: Iterable[ClaimedJob], seconds: float) -> Leases:
+        """Push the leases of jobs `seconds` ahead; say which are held and which were lost.
 
-        Returns the ids still held, each mapped to whether an operator asked to
-        cancel it; an id missing from the result lost its lease to another worker.
+        A job whose row is gone because its own attempt settled it (an atomic
+        handler's transaction deleted it and wrote its marker, and the worker
+        has not heard yet) is neither held nor lost.
         """
         jobs = list(jobs)
         if not jobs:
-            return {}
+            return Leases({}, frozenset())
         ids = [j.id for j in jobs]
         tokens = list({j.token for j in jobs})
         alias = self.db
         if _is_postgres(alias):
-            return dict(sql.run(alias, sql.EXTEND_LEASES, [float(seconds), ids, tokens]))
-        held = self.filter(id__in=ids, locked_by__in=tokens)
-        held.update(
-            lease_expires_at=Greatest("lease_expires_at", Now() + timedelta(seconds=seconds))
+            held = dict(sql.run(alias, sql.EXTEND_LEASES, [float(seconds), ids, tokens]))
+        else:
+            leased = self.filter(id__in=ids, locked_by__in=tokens)
+            leased.update(
+                lease_expires_at=Greatest("lease_expires_at", Now() + timedelta(seconds=seconds))
+            )
+            held = {
+                job_id: requested is not None
+                for job_id, requested in leased.values_list("id", "cancel_requested_at")
+            }
+        missing = [j for j in jobs if j.id not in held]
+        if not missing:  # the heartbeat's usual answer: one statement on PostgreSQL
+            return Leases(held, frozenset())
+        # Read after the statement that missed them: a row deleted by a committed
+        # transaction is seen with that transaction's marker (one commit writes both).
+        own = set(
+            CompletionMarker.objects.using(alias)
+            .filter(job_id__in=[j.id for j in missing])
+            .values_list("job_id", "worker_id", "attempts")
         )
-        return {
-            job_id: requested is not None
-            for job_id, requested in held.values_list("id", "cancel_requested_at")
-        }
+        return Leases(
+            held,
+            frozenset(j.id for j in missing if (j.id, j.worker_id, j.attempts) not in own),
+        )
 
     def dead_letter(
         self,
@@ -1323,12 +1413,27 @@ class JobQuerySet(models.QuerySet["Job"]):
     ) -> DeadLetter | None:
         """Move a held job to the dead letters in one transaction; None if its lease is gone."""
         alias = self.db
+        held = self.filter(id=job.id, locked_by=job.token)
+        letter = DeadLetter.for_job(job, reason=reason, error=error, attempts=attempts)
+        payload = letter.payload
         with transaction.atomic(using=alias):
-            deleted, _ = self.filter(id=job.id, locked_by=job.token).delete()
-            if not deleted:
-                return None
-            letter = DeadLetter.for_job(job, reason=reason, error=error, attempts=attempts)
-            letter.save(using=alias, force_insert=True)
+            if len(payload) <= LETTER_PAYLOAD_SENT:
+                if not held.delete()[0]:
+                    return None
+                letter.save(using=alias, force_insert=True)
+            else:
+                # Copied from the job row on the server, not sent back: with the letter's
+                # errors, a payload just under MariaDB's max_allowed_packet would make a
+                # statement over it (error 1153), and the letter must always be written.
+                if not list(held.select_for_update().values_list("id", flat=True)):
+                    return None
+                letter.payload = ""
+                letter.save(using=alias, force_insert=True)
+                DeadLetter.objects.using(alias).filter(id=job.id).update(
+                    payload=Subquery(held.values("payload"))
+                )
+                held.delete()
+                letter.payload = payload
             # The claim's count of dependents is not read under this lock: always look.
             self.dead_letter_dependents({job.idempotency_key: job.id})
             return letter
@@ -1544,6 +1649,21 @@ class JobQuerySet(models.QuerySet["Job"]):
 
 def _notify_params() -> dict[str, Any]:
     return {"channel": conf.get("CHANNEL"), "notify": bool(conf.get("LISTEN"))}
+
+
+# A dead letter's payload longer than this (in characters) is copied from its job's row
+# on the database server rather than sent with the letter (JobQuerySet.dead_letter()).
+LETTER_PAYLOAD_SENT = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Leases:
+    """What JobQuerySet.extend_leases() found of the leases it was asked to extend."""
+
+    # Each job still held, mapped to whether an operator asked to cancel it.
+    held: dict[uuid.UUID, bool]
+    # The jobs held by another token now, or settled by another attempt (or an operator).
+    lost: frozenset[uuid.UUID]
 
 
 class Settled(set[int]):

@@ -573,6 +573,9 @@ SELECT (SELECT count(*) FROM deleted), (SELECT count(*) FROM marked),
 COMPLETE_ATOMIC = _complete_atomic(lock=False)
 COMPLETE_ATOMIC_LOCKING = _complete_atomic(lock=True)
 
+# MySQL and MariaDB: the longest statement the server takes (models._max_packet).
+MAX_ALLOWED_PACKET = "SELECT @@max_allowed_packet"
+
 # Heartbeat: push the leases of the jobs this worker still holds (never shortening
 # one a handler extended further itself), and say which of them an operator
 # asked to cancel.

@@ -15,10 +15,10 @@ from django.utils import timezone
 
 from django_jobs import enqueue
 from django_jobs.exceptions import LeaseLost
-from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job
+from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job, Leases
 from django_jobs.signals import job_dead_lettered, job_finished, job_started
 from django_jobs.worker import Worker
-from django_jobs.worker.dispatcher import _signalled
+from django_jobs.worker.dispatcher import _refused
 from tests.conftest import POSTGRES
 from tests.factories import JobFactory, MarkerFactory
 from tests.testapp import jobs
@@ -372,7 +372,7 @@ class TestLeases:
     def test_extend_lease_from_the_handler(self):
         enqueue(jobs.record, {"label": "x"})
         [job] = Job.objects.claim(queues=["default"], limit=1, token="w#1", lease=5)
-        assert Job.objects.extend_leases([job], 3600) == {job.id: False}
+        assert Job.objects.extend_leases([job], 3600) == Leases({job.id: False}, frozenset())
         row = Job.objects.get()
         assert row.lease_expires_at > timezone.now() + dt.timedelta(minutes=59)
         Job.objects.extend_leases([job], 5)  # a heartbeat never shortens it
@@ -495,6 +495,7 @@ def test_stop_from_another_thread_releases_claimed_jobs():
     ("vendor", "args", "refused"),
     [
         ("mysql", (1644, "poisoned result"), True),  # a trigger's SIGNAL SQLSTATE '45000'
+        ("mysql", (1153, "Got a packet bigger than 'max_allowed_packet' bytes"), True),
         ("mysql", (2006, "Server has gone away"), False),
         ("mysql", (2013, "Lost connection to server during query"), False),
         ("mysql", (1213, "Deadlock found when trying to get lock"), False),  # retried
@@ -502,5 +503,5 @@ def test_stop_from_another_thread_releases_claimed_jobs():
         ("mysql", (), False),
     ],
 )
-def test_only_a_signal_is_a_refused_statement_among_operational_errors(vendor, args, refused):
-    assert _signalled(vendor, OperationalError(*args)) is refused
+def test_only_a_signal_or_an_oversized_packet_is_a_refused_statement(vendor, args, refused):
+    assert _refused(vendor, OperationalError(*args)) is refused

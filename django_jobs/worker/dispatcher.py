@@ -50,14 +50,18 @@ _UNENFORCED_TOLD: set[tuple[str, tuple[str, ...]]] = set()
 MAX_NAMED_IN_LOG = 10
 
 _DB_ERRORS = (OperationalError, InterfaceError)
-# MySQL's and MariaDB's error for a SIGNAL (a trigger's SQLSTATE '45000'): it comes as
-# an OperationalError, but the statement was refused, not the connection lost.
+# MySQL's and MariaDB's errors that come as an OperationalError although the statement
+# was refused, not the connection lost: sent again, it fails again. 1644 is a SIGNAL (a
+# trigger's SQLSTATE '45000'); 1153 a statement larger than max_allowed_packet, after
+# which the server drops the connection too.
 _MYSQL_SIGNAL = 1644
+_MYSQL_PACKET_TOO_LARGE = 1153
+_MYSQL_REFUSED = frozenset({_MYSQL_SIGNAL, _MYSQL_PACKET_TOO_LARGE})
 
 
-def _signalled(vendor: str, exc: Exception) -> bool:
-    """Whether exc is a trigger's SIGNAL on MySQL or MariaDB."""
-    return vendor == "mysql" and bool(exc.args) and exc.args[0] == _MYSQL_SIGNAL
+def _refused(vendor: str, exc: Exception) -> bool:
+    """Whether exc, an OperationalError, refused the statement on MySQL or MariaDB."""
+    return vendor == "mysql" and bool(exc.args) and exc.args[0] in _MYSQL_REFUSED
 
 
 # The default of the options that __post_init__ reads from DJANGO_JOBS when left None:
@@ -627,12 +631,15 @@ class Worker(Settler, ExecutorThreads):
         held = [run for run in self._inflight if not run.abandoned] + list(self._held_back)
         if not held:
             return
-        kept = self._db(lambda: self._queryset.extend_leases([run.job for run in held], self.lease))
-        if kept is None:
+        leases = self._db(
+            lambda: self._queryset.extend_leases([run.job for run in held], self.lease)
+        )
+        if leases is None:
             return
+        # A job neither held nor lost was settled by its own atomic handler, whose
+        # report is on its way: not a takeover, nothing to cancel.
         for run in held:
-            cancel = kept.get(run.job.id)
-            if cancel is None:
+            if run.job.id in leases.lost:
                 if run.ctx is not None:
                     run.ctx.cancel()
                 logger.warning(
@@ -640,7 +647,7 @@ class Worker(Settler, ExecutorThreads):
                     run.job.id,
                     extra=log_extra(run.job),
                 )
-            elif cancel and not run.cancel_requested:
+            elif leases.held.get(run.job.id) and not run.cancel_requested:
                 self._cancel(run)
 
     def _cancel(self, run: Run) -> None:
@@ -733,7 +740,9 @@ class Worker(Settler, ExecutorThreads):
         try:
             result = operation()
         except Exception as exc:
-            if not isinstance(exc, _DB_ERRORS) or _signalled(conn.vendor, exc):
+            if not isinstance(exc, _DB_ERRORS) or _refused(conn.vendor, exc):
+                if exc.args and exc.args[0] == _MYSQL_PACKET_TOO_LARGE:
+                    _close_quietly(conn)  # the server closed it: reconnect at the next use
                 return self._db_refused(exc, settle=settle)
             self._db_failures += 1
             pause = min(RETRY_MAX, RETRY_MIN * 2 ** min(self._db_failures - 1, 10))

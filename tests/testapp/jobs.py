@@ -41,6 +41,12 @@ def fatal(payload, ctx):
     raise FatalError("this cannot succeed")
 
 
+@job(name="tests.big_result", max_attempts=1)
+def big_result(payload, ctx):
+    """Return a string of payload["chars"] characters."""
+    return "x" * payload["chars"]
+
+
 @job(name="tests.fatal_runs")
 def fatal_runs(payload, ctx):
     """Die (FatalError) on the first `fails` runs of `label`, replays included; then succeed."""
