@@ -217,10 +217,12 @@ def flow_status(alias: str | None = None, now: datetime | None = None) -> list[F
         running = count_by(jobs.running(), "partition")
         starts: dict[str, int] = {}
         if group.rate is not None:
+            # As the claim counts them: the counter of its window, or the release before's.
             windows = FlowWindow.objects.using(alias).filter(
-                key=group.key, window_start=flow.window_start(now, group.rate)
+                key__in=group.counters_read(), window_start=flow.window_start(now, group.rate)
             )
-            starts = dict(windows.values_list("partition", "starts"))
+            for partition, n in windows.values_list("partition", "starts"):
+                starts[partition] = max(starts.get(partition, 0), n)
         by_partition: dict[str, list[int]] = {}
         for partition, n in running.items():
             by_partition.setdefault(partition or "", [0, 0])[0] += n
