@@ -467,6 +467,8 @@ class JobQuerySet(models.QuerySet["Job"]):
         with transaction.atomic(using=alias):
             found = _distinct(list(_find_parents(alias, dict.fromkeys(after, 1)).values()))
             _not_after_itself(job, found)
+            if job.key is not None:
+                _refuse_cycle(alias, job.key, lambda: [f.key for f in found if f.state != _DONE])
             unfinished = sum(1 for f in found if f.state != _DONE)
             dead = next((f for f in found if f.state == _DEAD), None)
             now = timezone.now()
@@ -527,6 +529,7 @@ class JobQuerySet(models.QuerySet["Job"]):
             letters: list[DeadLetter] = []
             edges: list[tuple[uuid.UUID, _Found, str]] = []
             written: list[NewJob] = []  # the steps with a row or a letter
+            held: dict[int, _Found] = {}  # keyed steps a live or done job holds: that job
             for index, step in enumerate(steps):
                 parents = _distinct(
                     [
@@ -536,6 +539,12 @@ class JobQuerySet(models.QuerySet["Job"]):
                 )
                 job = step.job
                 _not_after_itself(job, parents)
+                if job.key is not None and step.parents:
+                    _refuse_cycle(
+                        alias,
+                        job.key,
+                        partial(_outside_ancestors, steps, index, found, held),
+                    )
                 key = job.key if job.key is not None else str(job.id)
                 unfinished = sum(1 for f in parents if f.state != _DONE)
                 dead = next((f for f in parents if f.state == _DEAD), None)
@@ -544,6 +553,7 @@ class JobQuerySet(models.QuerySet["Job"]):
                     if holder is not None:
                         results.append(_duplicate(job, *holder))
                         seen.append(_holder_seen(alias, job, named.get(index, 0), results[-1]))
+                        held[index] = seen[-1]
                         continue
                     letters.append(_born_dead(job, dead, now))
                     results.append(EnqueueResult(job.id, False, job.name, job.queue, now))
@@ -560,6 +570,7 @@ class JobQuerySet(models.QuerySet["Job"]):
                         results.append(result)
                         if result.duplicate:
                             seen.append(_holder_seen(alias, job, named.get(index, 0), results[-1]))
+                            held[index] = seen[-1]
                             continue
                     seen.append(_Found(_LIVE, key, job.id))
                 edges += [(job.id, f, step.on_parent_dead) for f in parents]
@@ -2008,6 +2019,96 @@ def _not_after_itself(job: NewJob, found: Iterable[_Found]) -> None:
             f"key {job.key!r}: a job cannot wait for a dead letter of its own key "
             "(replay that letter instead)"
         )
+
+
+def _waiting_for(alias: str, key: str) -> dict[str, str]:
+    """The keys of the jobs and pending letters that wait for `key`, directly or not.
+
+    Each maps to the key it waits for on its way to `key` (to name a cycle). A
+    downward walk along the parent_key index, one level at a time, each row
+    locked before its waiters are read: the key's pending letters first, then
+    the waiters found, live jobs and pending letters (their replays wait again),
+    by id. An enqueue that registers a waiter on one of them (it locks the job
+    it waits for, or the letters of its key) is then either seen here or waits
+    for this transaction, and its own walk sees this one's edges: two
+    transactions cannot each build half of a cycle (docs/workflows.md "Cycles").
+    One indexed query when the key has no pending letter (the usual case).
+    """
+    letters = DeadLetter.objects.using(alias).pending()
+    jobs = Job.objects.using(alias)
+    edges = Dependency.objects.using(alias).filter(satisfied_at__isnull=True)
+    own = letters.filter(key=key).order_by("id").select_for_update()
+    if not list(own.values_list("id", flat=True)):
+        # Without a pending letter of the key, nothing can wait for it but a live job of
+        # the key (the new job is then a duplicate), nor start to while this one runs.
+        return {}
+    via: dict[str, str] = {}
+    frontier = [key]
+    while frontier:
+        waits: dict[uuid.UUID, str] = {}
+        for chunk in _chunks(frontier, EXISTS_BATCH):
+            for job_id, parent_key in edges.filter(parent_key__in=chunk).values_list(
+                "job_id", "parent_key"
+            ):
+                waits.setdefault(job_id, parent_key)
+        frontier = []
+        for chunk in _chunks(sorted(waits), EXISTS_BATCH):
+            for model in (jobs, letters):
+                rows = model.filter(id__in=chunk).order_by("id").select_for_update()
+                for node_id, node_key in rows.values_list("id", "key"):
+                    own_key = node_key if node_key is not None else str(node_id)
+                    if own_key != key and own_key not in via:
+                        via[own_key] = waits[node_id]
+                        frontier.append(own_key)
+    return via
+
+
+def _refuse_cycle(alias: str, key: str, parents: Callable[[], Iterable[str]]) -> None:
+    """Raise InvalidJob if a job of `key` after `parents()` (their keys) would wait for itself.
+
+    A dead letter does not hold its key: jobs may wait for the key already (after=
+    the letter), and a job of the key enqueued after one of them would wait for
+    its own dependents, and they for it, with nothing to release either.
+    """
+    via = _waiting_for(alias, key)
+    if not via:
+        return
+    for parent in sorted(set(parents())):
+        if parent not in via:
+            continue
+        chain = [parent]
+        while chain[-1] != key:
+            chain.append(via[chain[-1]])
+        waits = ", which waits for ".join(repr(k) for k in chain)
+        raise InvalidJob(
+            f"key {key!r}: after {parent!r} would close a cycle: the job would wait for "
+            f"{waits} (after a dead letter of {key!r}), and nothing could release them. "
+            f"Replay that letter, or enqueue {key!r} without {parent!r} in after="
+        )
+
+
+def _outside_ancestors(
+    steps: Sequence[Step], index: int, found: Mapping[Parent, _Found], held: Mapping[int, _Found]
+) -> set[str]:
+    """The keys outside the workflow that step `index` waits for, through earlier steps too.
+
+    A step's parents in the workflow come before it; a keyed step a job outside
+    holds (a duplicate) is that job, as its dependents see it.
+    """
+    keys: set[str] = set()
+    stack, visited = [index], {index}
+    while stack:
+        for parent in steps[stack.pop()].parents:
+            if not isinstance(parent, int):
+                if found[parent].state != _DONE:
+                    keys.add(found[parent].key)
+            elif parent in held:
+                if held[parent].state != _DONE:
+                    keys.add(held[parent].key)
+            elif parent not in visited:
+                visited.add(parent)
+                stack.append(parent)
+    return keys
 
 
 def _distinct(found: Iterable[_Found]) -> list[_Found]:

@@ -1,0 +1,157 @@
+"""Cycles through a dead letter's key are refused (issue 22, point 5; docs/workflows.md "Cycles").
+
+A dead letter does not hold its key: jobs may wait for the key (after= the letter)
+and a job of the key may be enqueued again. Enqueued after one of its own waiters,
+that job would wait for them and they for it, with nothing to release either.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.core.management import call_command
+from django.db import connections, transaction
+
+from django_jobs import enqueue, workflow
+from django_jobs.exceptions import InvalidJob
+from django_jobs.models import CompletionMarker, DeadLetter, Dependency, Job
+from tests.conftest import ENGINE
+from tests.testapp.models import Audit
+
+pytestmark = pytest.mark.django_db(transaction=True)
+STEP = "tests.bb.step"
+FRAGILE = "tests.bb.fragile"
+
+
+def _dead(*keys):
+    """Dead-letter a job of each key (tests.bb.fragile fails for good until healed)."""
+    for key in keys:
+        enqueue(FRAGILE, {"label": key}, key=key)
+    call_command("runjobs", "--burst")
+    assert set(DeadLetter.objects.values_list("key", flat=True)) >= set(keys)
+
+
+def _state():
+    return (
+        sorted(Job.objects.values_list("id", "key", "waiting_for", "dependents")),
+        sorted(Dependency.objects.values_list("job_id", "parent_key", "satisfied_at")),
+    )
+
+
+def test_a_dead_keys_job_after_its_own_waiter_is_refused_and_nothing_is_written():
+    _dead("kx")
+    ky = enqueue(STEP, {"label": "ky"}, key="ky", after=["kx"])
+    before = _state()
+    with pytest.raises(InvalidJob) as refused:
+        enqueue(FRAGILE, {"label": "kx"}, key="kx", after=["ky"])
+    message = str(refused.value)
+    assert "cycle" in message
+    assert "'kx'" in message and "'ky'" in message, message
+    assert _state() == before
+    # Without the cycle it goes in, and its run releases the waiter.
+    Audit.objects.create(label="bbheal|kx")
+    again = enqueue(FRAGILE, {"label": "kx"}, key="kx")
+    assert Job.objects.get(id=again.id).dependents == 1
+    call_command("runjobs", "--burst")
+    assert CompletionMarker.objects.filter(job_id=ky.id).exists()
+    assert not Job.objects.exists()
+
+
+def test_a_longer_cycle_is_refused_and_named():
+    _dead("kx")
+    enqueue(STEP, {"label": "ky"}, key="ky", after=["kx"])
+    plain = enqueue(STEP, {"label": "mid"}, after=["ky"])  # no key: waited for by its id
+    enqueue(STEP, {"label": "kz"}, key="kz", after=[plain])
+    before = _state()
+    with pytest.raises(InvalidJob) as refused:
+        enqueue(FRAGILE, {"label": "kx"}, key="kx", after=["kz"])
+    message = str(refused.value)
+    assert f"'kz', which waits for '{plain.id}', which waits for 'ky', which waits for 'kx'" in (
+        message
+    ), message
+    assert _state() == before
+
+
+def test_a_dead_keys_job_after_unrelated_parents_is_accepted():
+    _dead("kx")
+    enqueue(STEP, {"label": "ky"}, key="ky", after=["kx"])
+    other = enqueue(STEP, {"label": "other"}, key="other")
+    again = enqueue(FRAGILE, {"label": "kx"}, key="kx", after=["other"])
+    assert not again.duplicate
+    assert Job.objects.get(id=again.id).dependents == 1  # ky waits for it
+    assert Job.objects.get(id=other.id).dependents == 1
+
+
+def test_a_workflow_step_that_would_close_a_cycle_is_refused_with_the_whole_workflow():
+    _dead("kx")
+    enqueue(STEP, {"label": "ky"}, key="ky", after=["kx"])
+    before = _state()
+    with pytest.raises(InvalidJob, match="cycle"), workflow(name="loop") as w:
+        first = w.enqueue(STEP, {"label": "a"}, after=["ky"])
+        w.enqueue(FRAGILE, {"label": "kx"}, key="kx", after=[first])
+    assert _state() == before
+    with pytest.raises(InvalidJob, match="cycle"), workflow(name="direct") as w:
+        w.enqueue(FRAGILE, {"label": "kx"}, key="kx", after=["ky"])
+    assert _state() == before
+
+
+def test_a_replayed_letter_that_waited_for_the_key_counts_as_a_waiter():
+    # ky is dead-lettered while it waits (cancelled): its replay would wait for kx again.
+    from django_jobs.control import cancel
+
+    _dead("kx")
+    ky = enqueue(STEP, {"label": "ky"}, key="ky", after=["kx"])
+    cancel([ky.id])
+    assert DeadLetter.objects.filter(id=ky.id, replayed_at__isnull=True).exists()
+    with pytest.raises(InvalidJob, match="cycle"):
+        enqueue(FRAGILE, {"label": "kx"}, key="kx", after=["ky"])
+
+
+@pytest.mark.skipif(ENGINE == "sqlite", reason="one writer at a time: no two transactions at once")
+def test_two_transactions_building_the_two_halves_at_once_cannot_both_commit():
+    # Both keys dead: one transaction enqueues kx after ky, the other ky after kx.
+    # Each alone is no cycle; together they are one. The second waits for the
+    # first's locks, then sees its edge and is refused.
+    _dead("kx", "ky")
+    holding = threading.Event()
+    release = threading.Event()
+    outcome: dict[str, object] = {}
+
+    def first():
+        try:
+            with transaction.atomic():
+                outcome["first"] = enqueue(FRAGILE, {"label": "kx"}, key="kx", after=["ky"])
+                holding.set()
+                release.wait(30)
+        except Exception as exc:  # reported to the test below
+            outcome["first"] = exc
+            holding.set()
+        finally:
+            connections.close_all()
+
+    def second():
+        try:
+            with transaction.atomic():
+                outcome["second"] = enqueue(STEP, {"label": "ky"}, key="ky", after=["kx"])
+        except Exception as exc:  # reported to the test below
+            outcome["second"] = exc
+        finally:
+            connections.close_all()
+
+    one = threading.Thread(target=first)
+    one.start()
+    assert holding.wait(30)
+    two = threading.Thread(target=second)
+    two.start()
+    time.sleep(0.5)  # the second reaches the first's locks (if it finished already: see below)
+    waited = two.is_alive()
+    release.set()
+    one.join(30)
+    two.join(30)
+    assert not isinstance(outcome["first"], Exception), outcome
+    assert isinstance(outcome["second"], InvalidJob), outcome
+    assert "cycle" in str(outcome["second"])
+    assert waited, "the second transaction did not wait for the first"
+    assert sorted(Job.objects.values_list("key", flat=True)) == ["kx"]
