@@ -155,3 +155,71 @@ def test_two_transactions_building_the_two_halves_at_once_cannot_both_commit():
     assert "cycle" in str(outcome["second"])
     assert waited, "the second transaction did not wait for the first"
     assert sorted(Job.objects.values_list("key", flat=True)) == ["kx"]
+
+
+# ---- a cycle written before enqueues refused them ------------------------------------
+
+
+@pytest.fixture
+def old_cycle(monkeypatch):
+    """kx dead, ky after it, kx again after ky: as a release before the check wrote them."""
+    from django_jobs import models
+
+    _dead("kx")
+    ky = enqueue(STEP, {"label": "ky"}, key="ky", after=["kx"])
+    with monkeypatch.context() as before_the_fix:
+        before_the_fix.setattr(models, "_refuse_cycle", lambda *args, **kwargs: None)
+        kx = enqueue(FRAGILE, {"label": "kx"}, key="kx", after=["ky"])
+    letter = DeadLetter.objects.get(key="kx")
+    return kx, ky, letter
+
+
+def _status_text():
+    from io import StringIO
+
+    out = StringIO()
+    call_command("jobs", "status", stdout=out)
+    return out.getvalue()
+
+
+def test_status_names_a_cycle_and_the_way_out_and_not_a_replay_that_cannot_help(old_cycle, capsys):
+    import json
+
+    kx, _ky, letter = old_cycle
+    text = _status_text()
+    assert "blocked in a cycle: 'kx', which waits for 'ky', which waits for 'kx'" in text, text
+    assert f"jobs cancel {kx.id}" in text
+    assert f"replayjobs --id {letter.id}" in text
+    # The letter's key is held by a live job: replaying it is refused, so not advised.
+    assert "dead-lettered parent" not in text, text
+    call_command("jobs", "status", "--json")
+    report = json.loads(capsys.readouterr().out)
+    assert report["cycles"] == [
+        {"job": str(kx.id), "keys": ["kx", "ky"], "letters": [str(letter.id)]}
+    ]
+    assert report["dead_parents"] is None
+    # The advice works: cancel, replay, and both run.
+    call_command("jobs", "cancel", str(kx.id))
+    Audit.objects.create(label="bbheal|kx")
+    call_command("replayjobs", "--id", str(letter.id))
+    call_command("runjobs", "--burst")
+    assert not Job.objects.exists()
+    assert set(CompletionMarker.objects.values_list("key", flat=True)) == {"kx", "ky"}
+    assert _status_text().count("cycle") == 0
+
+
+def test_a_replay_that_would_close_the_cycle_again_is_refused(old_cycle):
+    from io import StringIO
+
+    kx, ky, _letter = old_cycle
+    call_command("jobs", "cancel", str(kx.id))  # its letter keeps its edge on ky
+    before = _state()
+    out = StringIO()
+    call_command("replayjobs", "--id", str(kx.id), stdout=out)
+    assert "1 that would close a cycle" in out.getvalue(), out.getvalue()
+    assert f"not replayed (it would wait for jobs that wait for it: a cycle): {kx.id}" in (
+        out.getvalue()
+    )
+    assert _state() == before
+    assert DeadLetter.objects.get(id=kx.id).replayed_at is None
+    assert Job.objects.get(id=ky.id).waiting_for == 1
