@@ -109,23 +109,21 @@ def test_a_replayed_letter_that_waited_for_the_key_counts_as_a_waiter():
         enqueue(FRAGILE, {"label": "kx"}, key="kx", after=["ky"])
 
 
-@pytest.mark.skipif(ENGINE == "sqlite", reason="one writer at a time: no two transactions at once")
-def test_two_transactions_building_the_two_halves_at_once_cannot_both_commit():
-    # Both keys dead: one transaction enqueues kx after ky, the other ky after kx.
-    # Each alone is no cycle; together they are one. The second waits for the
-    # first's locks, then sees its edge and is refused.
-    _dead("kx", "ky")
-    holding = threading.Event()
-    release = threading.Event()
+def _race(first_enqueue, second_enqueue):
+    """Run first_enqueue in a transaction held open while second_enqueue runs in another.
+
+    Returns what each returned or raised, and whether the second waited for the first.
+    """
+    holding, release = threading.Event(), threading.Event()
     outcome: dict[str, object] = {}
 
     def first():
         try:
             with transaction.atomic():
-                outcome["first"] = enqueue(FRAGILE, {"label": "kx"}, key="kx", after=["ky"])
+                outcome["first"] = first_enqueue()
                 holding.set()
                 release.wait(30)
-        except Exception as exc:  # reported to the test below
+        except Exception as exc:  # reported to the test
             outcome["first"] = exc
             holding.set()
         finally:
@@ -134,8 +132,8 @@ def test_two_transactions_building_the_two_halves_at_once_cannot_both_commit():
     def second():
         try:
             with transaction.atomic():
-                outcome["second"] = enqueue(STEP, {"label": "ky"}, key="ky", after=["kx"])
-        except Exception as exc:  # reported to the test below
+                outcome["second"] = second_enqueue()
+        except Exception as exc:  # reported to the test
             outcome["second"] = exc
         finally:
             connections.close_all()
@@ -145,16 +143,48 @@ def test_two_transactions_building_the_two_halves_at_once_cannot_both_commit():
     assert holding.wait(30)
     two = threading.Thread(target=second)
     two.start()
-    time.sleep(0.5)  # the second reaches the first's locks (if it finished already: see below)
+    time.sleep(0.5)  # the second reaches the first's locks (the outcome says if it did not)
     waited = two.is_alive()
     release.set()
     one.join(30)
     two.join(30)
-    assert not isinstance(outcome["first"], Exception), outcome
-    assert isinstance(outcome["second"], InvalidJob), outcome
-    assert "cycle" in str(outcome["second"])
+    return outcome["first"], outcome["second"], waited
+
+
+@pytest.mark.skipif(ENGINE == "sqlite", reason="one writer at a time: no two transactions at once")
+def test_two_transactions_building_the_two_halves_at_once_cannot_both_commit():
+    # Both keys dead: one transaction enqueues kx after ky, the other ky after kx.
+    # Each alone is no cycle; together they are one. The second waits for the
+    # first's locks, then sees its edge and is refused.
+    _dead("kx", "ky")
+    first, second, waited = _race(
+        lambda: enqueue(FRAGILE, {"label": "kx"}, key="kx", after=["ky"]),
+        lambda: enqueue(STEP, {"label": "ky"}, key="ky", after=["kx"]),
+    )
+    assert not isinstance(first, Exception), first
+    assert isinstance(second, InvalidJob), second
+    assert "cycle" in str(second)
     assert waited, "the second transaction did not wait for the first"
     assert sorted(Job.objects.values_list("key", flat=True)) == ["kx"]
+
+
+@pytest.mark.skipif(ENGINE == "sqlite", reason="one writer at a time: no two transactions at once")
+def test_two_transactions_closing_a_longer_cycle_through_waiting_jobs_cannot_both_commit():
+    # ka waits for k1's letter, kb for k2's; one transaction enqueues k1 after ka,
+    # the other k2 after kb: k1 -> ka -> k2 -> kb -> k1 once both commit. The two
+    # meet on the waiting jobs' rows (the walk locks them, the enqueue counts them).
+    _dead("k1", "k2")
+    enqueue(STEP, {"label": "ka"}, key="ka", after=["k2"])
+    enqueue(STEP, {"label": "kb"}, key="kb", after=["k1"])
+    first, second, waited = _race(
+        lambda: enqueue(FRAGILE, {"label": "k1"}, key="k1", after=["ka"]),
+        lambda: enqueue(FRAGILE, {"label": "k2"}, key="k2", after=["kb"]),
+    )
+    assert not isinstance(first, Exception), first
+    assert isinstance(second, InvalidJob), second
+    assert "'kb', which waits for 'k1', which waits for 'ka', which waits for 'k2'" in str(second)
+    assert waited, "the second transaction did not wait for the first"
+    assert sorted(Job.objects.values_list("key", flat=True)) == ["k1", "ka", "kb"]
 
 
 # ---- a cycle written before enqueues refused them ------------------------------------
