@@ -27,6 +27,14 @@ WINDOWS = {"s": 1, "m": 60, "h": 3600}
 # key. A queue name cannot hold a space, so no worker takes it for a queue's wake-up
 # (nor does one of a release before it, which then waits for its poll as before).
 FREED = "flow freed "
+# Each claim adds its starts to a counter of every window length (Limit.counter:
+# one row per group, partition and length), so that a claim counts, in its own
+# window, the starts of workers whose limit has another unit: during a rolling
+# deploy that changes "10/m" to "5/s", each worker is held to its own limit over
+# every start of the fleet. The group's plain key is the one counter of the releases
+# before these (in the claimer's own window): still written and read, so that
+# workers of both releases count each other's starts while the deploy runs.
+COUNTED_WINDOWS = tuple(WINDOWS.values())
 # A window counter whose window started this long ago (the longest window, an
 # hour, and an hour's margin) is pruned by the workers' upkeep.
 KEEP_ENDED_WINDOWS = timedelta(seconds=2 * max(WINDOWS.values()))
@@ -138,8 +146,21 @@ class Limit:
 
     @property
     def key(self) -> str:
-        """The group's key in locks and in the window counters."""
+        """The group's key in locks (and its window counter before COUNTED_WINDOWS)."""
         return f"{self.kind}:{self.value}"
+
+    def counter(self, seconds: int) -> str:
+        """The key of the group's counter of starts in windows of `seconds`."""
+        return f"{self.key}@{seconds}"
+
+    def counters_read(self) -> list[str]:
+        """The counters a claim of this group reads: its window length's and the plain key's."""
+        return [self.key] if self.rate is None else [self.key, self.counter(self.rate.seconds)]
+
+    def counters_written(self) -> tuple[list[str], list[int]]:
+        """The counters a claim of this group adds its starts to, and their window lengths."""
+        seconds = self.rate.seconds if self.rate is not None else 1
+        return [self.key, *map(self.counter, COUNTED_WINDOWS)], [seconds, *COUNTED_WINDOWS]
 
 
 def handler_limits(handlers: Iterable[Any]) -> list[Limit]:

@@ -547,6 +547,8 @@ class JobQuerySet(models.QuerySet["Job"]):
             located = _find_parents(alias, dict.fromkeys(after, 1))  # locked in id order
             found = _distinct([located[parent] for parent in after])  # edges in after= order
             _not_after_itself(job, found)
+            if job.key is not None:
+                _refuse_cycle(alias, job.key, lambda: [f.key for f in found if f.state != _DONE])
             unfinished = sum(1 for f in found if f.state != _DONE)
             dead = next((f for f in found if f.state == _DEAD), None)
             now = timezone.now()
@@ -607,6 +609,7 @@ class JobQuerySet(models.QuerySet["Job"]):
             letters: list[DeadLetter] = []
             edges: list[tuple[uuid.UUID, _Found, str]] = []
             written: list[NewJob] = []  # the steps with a row or a letter
+            held: dict[int, _Found] = {}  # keyed steps a live or done job holds: that job
             for index, step in enumerate(steps):
                 parents = _distinct(
                     [
@@ -616,6 +619,12 @@ class JobQuerySet(models.QuerySet["Job"]):
                 )
                 job = step.job
                 _not_after_itself(job, parents)
+                if job.key is not None and step.parents:
+                    _refuse_cycle(
+                        alias,
+                        job.key,
+                        partial(_outside_ancestors, steps, index, found, held),
+                    )
                 key = job.key if job.key is not None else str(job.id)
                 unfinished = sum(1 for f in parents if f.state != _DONE)
                 dead = next((f for f in parents if f.state == _DEAD), None)
@@ -624,6 +633,7 @@ class JobQuerySet(models.QuerySet["Job"]):
                     if holder is not None:
                         results.append(_duplicate(job, *holder))
                         seen.append(_holder_seen(alias, job, named.get(index, 0), results[-1]))
+                        held[index] = seen[-1]
                         continue
                     letters.append(_born_dead(job, dead, now))
                     results.append(EnqueueResult(job.id, False, job.name, job.queue, now))
@@ -640,6 +650,7 @@ class JobQuerySet(models.QuerySet["Job"]):
                         results.append(result)
                         if result.duplicate:
                             seen.append(_holder_seen(alias, job, named.get(index, 0), results[-1]))
+                            held[index] = seen[-1]
                             continue
                     seen.append(_Found(_LIVE, key, job.id))
                 edges += [(job.id, f, step.on_parent_dead) for f in parents]
@@ -2171,6 +2182,150 @@ def _not_after_itself(job: NewJob, found: Iterable[_Found]) -> None:
         )
 
 
+def _waiting_for(
+    alias: str, key: str, *, lock: bool = True, dead_key: bool = False
+) -> dict[str, str]:
+    """The keys of the jobs and pending letters that wait for `key`, directly or not.
+
+    Each maps to the key it waits for on its way to `key` (to name a cycle);
+    `key` itself is among them when a job of it waits for itself already. A
+    downward walk along the parent_key index, one level at a time, each row
+    locked before its waiters are read: the key's pending letters first, then
+    the waiters found, live jobs and pending letters (their replays wait again),
+    by id. An enqueue that registers a waiter on one of them (it locks the job
+    it waits for, or the letters of its key) is then either seen here or waits
+    for this transaction, and its own walk sees this one's edges: two
+    transactions cannot each build half of a cycle (docs/workflows.md "Cycles").
+    One indexed query when the key has no pending letter (the usual case).
+    Without `lock`, a look that locks nothing (jobs status); with `dead_key`, the
+    key is a letter's being replayed (no longer pending in this transaction).
+    """
+    letters = DeadLetter.objects.using(alias).pending()
+    jobs = Job.objects.using(alias)
+    edges = Dependency.objects.using(alias).filter(satisfied_at__isnull=True)
+    if lock:
+        letters, jobs = letters.select_for_update(), jobs.select_for_update()
+    own = letters.filter(key=key).order_by("id")
+    if not list(own.values_list("id", flat=True)) and not dead_key:
+        # Without a pending letter of the key, nothing can wait for it but a live job of
+        # the key (the new job is then a duplicate), nor start to while this one runs.
+        return {}
+    via: dict[str, str] = {}
+    frontier = [key]
+    while frontier:
+        waits: dict[uuid.UUID, str] = {}
+        for chunk in _chunks(frontier, EXISTS_BATCH):
+            for job_id, parent_key in edges.filter(parent_key__in=chunk).values_list(
+                "job_id", "parent_key"
+            ):
+                waits.setdefault(job_id, parent_key)
+        frontier = []
+        for chunk in _chunks(sorted(waits), EXISTS_BATCH):
+            for model in (jobs, letters):
+                rows = model.filter(id__in=chunk).order_by("id")
+                for node_id, node_key in rows.values_list("id", "key"):
+                    own_key = node_key if node_key is not None else str(node_id)
+                    if own_key not in via:
+                        via[own_key] = waits[node_id]
+                        if own_key != key:
+                            frontier.append(own_key)
+    return via
+
+
+# Keys `cycles` looks at, at most: the status command's cost stays bounded.
+CYCLE_CANDIDATES = 100
+
+
+def cycles(alias: str, limit: int = 3) -> list[tuple[uuid.UUID, list[str], list[uuid.UUID]]]:
+    """Blocked jobs that wait for themselves, and the keys of each one's cycle.
+
+    Enqueues refuse them (_refuse_cycle); a database written before may hold
+    them. Each closes through a job of a dead key enqueued again, blocked and
+    with dependents: that job's id, the keys from its own round to it ("kx",
+    "ky": kx waits for ky, which waits for kx), and the key's pending letters
+    (their replay, once that job is cancelled, releases the others). Locks nothing.
+    """
+    pending = DeadLetter.objects.using(alias).pending().filter(key=OuterRef("key"))
+    closing = (
+        Job.objects.using(alias)
+        .filter(waiting_for__gt=0, dependents__gt=0, key__isnull=False)
+        .filter(Exists(pending))
+        .order_by("enqueued_at", "id")
+        .values_list("id", "key")
+    )
+    found: list[tuple[uuid.UUID, list[str], list[uuid.UUID]]] = []
+    covered: set[str] = set()
+    for job_id, key in closing[:CYCLE_CANDIDATES]:
+        if key is None or key in covered:  # key is not None: filtered above
+            continue
+        via = _waiting_for(alias, key, lock=False)
+        if key not in via:
+            continue
+        chain = [key]
+        while (step := via[chain[-1]]) != key:
+            chain.append(step)
+        covered.update(chain)
+        letters = DeadLetter.objects.using(alias).pending().filter(key=key).order_by("dead_at")
+        found.append((job_id, chain, list(letters.values_list("id", flat=True))))
+        if len(found) >= limit:
+            break
+    return found
+
+
+class _Cycle(InvalidJob):
+    """A job would wait for its own waiters (_refuse_cycle)."""
+
+
+def _refuse_cycle(
+    alias: str, key: str, parents: Callable[[], Iterable[str]], *, dead_key: bool = False
+) -> None:
+    """Raise InvalidJob if a job of `key` after `parents()` (their keys) would wait for itself.
+
+    A dead letter does not hold its key: jobs may wait for the key already (after=
+    the letter), and a job of the key enqueued after one of them would wait for
+    its own dependents, and they for it, with nothing to release either.
+    """
+    via = _waiting_for(alias, key, dead_key=dead_key)
+    if not via:
+        return
+    for parent in sorted(set(parents())):
+        if parent not in via:
+            continue
+        chain = [parent]
+        while chain[-1] != key:
+            chain.append(via[chain[-1]])
+        waits = ", which waits for ".join(repr(k) for k in chain)
+        raise _Cycle(
+            f"key {key!r}: after {parent!r} would close a cycle: the job would wait for "
+            f"{waits} (after a dead letter of {key!r}), and nothing could release them. "
+            f"Replay that letter, or enqueue {key!r} without {parent!r} in after="
+        )
+
+
+def _outside_ancestors(
+    steps: Sequence[Step], index: int, found: Mapping[Parent, _Found], held: Mapping[int, _Found]
+) -> set[str]:
+    """The keys outside the workflow that step `index` waits for, through earlier steps too.
+
+    A step's parents in the workflow come before it; a keyed step a job outside
+    holds (a duplicate) is that job, as its dependents see it.
+    """
+    keys: set[str] = set()
+    stack, visited = [index], {index}
+    while stack:
+        for parent in steps[stack.pop()].parents:
+            if not isinstance(parent, int):
+                if found[parent].state != _DONE:
+                    keys.add(found[parent].key)
+            elif parent in held:
+                if held[parent].state != _DONE:
+                    keys.add(held[parent].key)
+            elif parent not in visited:
+                visited.add(parent)
+                stack.append(parent)
+    return keys
+
+
 def _distinct(found: Iterable[_Found]) -> list[_Found]:
     """One edge per parent key (a job named twice, by id and by key, say)."""
     return list({f.key: f for f in found}.values())
@@ -2308,6 +2463,7 @@ class ReplayReport:
     key_taken: list[uuid.UUID] = field(default_factory=list)  # a live job holds the key
     completed: list[uuid.UUID] = field(default_factory=list)  # the key's work is done
     unknown: list[uuid.UUID] = field(default_factory=list)  # no handler by that name
+    cycles: list[uuid.UUID] = field(default_factory=list)  # it would wait for its own waiters
 
     def add(self, other: ReplayReport) -> None:
         """Add the outcomes of other (a later batch) to this report."""
@@ -2316,6 +2472,7 @@ class ReplayReport:
         self.key_taken += other.key_taken
         self.completed += other.completed
         self.unknown += other.unknown
+        self.cycles += other.cycles
 
     @property
     def total(self) -> int:
@@ -2325,6 +2482,7 @@ class ReplayReport:
             + len(self.key_taken)
             + len(self.completed)
             + len(self.unknown)
+            + len(self.cycles)
         )
 
     def __str__(self) -> str:
@@ -2341,6 +2499,8 @@ class ReplayReport:
             parts.append(f"{len(self.completed)} whose key has completed since")
         if self.unknown:
             parts.append(f"{len(self.unknown)} with no handler registered under its name")
+        if self.cycles:
+            parts.append(f"{len(self.cycles)} that would close a cycle (docs/workflows.md)")
         return ", ".join(parts)
 
 
@@ -2848,7 +3008,12 @@ class DeadLetter(models.Model):
             if not claimed:
                 report.already.append(self.id)
                 return False
-            job = self._replay_edges(alias, job)
+            try:
+                job = self._replay_edges(alias, job)
+            except _Cycle:
+                transaction.set_rollback(True, using=alias)
+                report.cycles.append(self.id)
+                return False
             if job.key is None:
                 jobs._insert_plain(job)
             else:
@@ -2918,6 +3083,11 @@ class DeadLetter(models.Model):
                 )
             edges.bulk_create(copies)
             job.waiting_for = sum(1 for edge in copies if edge.satisfied_at is None)
+            if job.waiting_for and job.key is not None:
+                # Its waiters may be among its parents (a job of its key enqueued after
+                # them and cancelled, say): replayed, it would wait for itself.
+                waited = [edge.parent_key for edge in copies if edge.satisfied_at is None]
+                _refuse_cycle(alias, job.key, lambda: waited, dead_key=True)
             if job.waiting_for:
                 # The replay's run_at or delay, if given, apply from its release.
                 job = _block(job)

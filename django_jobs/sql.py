@@ -237,7 +237,9 @@ def _claim_limited(column: str) -> str:
     # under the group's FLOW_LOCK, which must be granted before this statement
     # starts (its snapshot then holds every lease a previous holder committed):
     # - running: its leased rows whose lease has not expired, per partition;
-    # - window: its starts in the current fixed window, per partition;
+    # - window: its starts in the current fixed window of its own length, per
+    #   partition: the counter of that length (%(window_keys)s; flow.COUNTED_WINDOWS)
+    #   or the group's plain one of the release before, whichever counted more;
     # - room: how many an unpartitioned group can start now, min(limit, cap -
     #   running, rate - starts) (LEAST ignores a missing limit's NULL); a
     #   partitioned group's room is per partition, known only after ranking: %(scan)s;
@@ -248,7 +250,9 @@ def _claim_limited(column: str) -> str:
     #   leases first;
     # - picked: those whose rank is within the partition's room,
     #   min(cap - running, rate - starts), locked with SKIP LOCKED;
-    # - claimed: leased as by CLAIM; counted: their starts added to the window.
+    # - claimed: leased as by CLAIM; counted: their starts added to the counters of
+    #   every window length (%(counters)s, %(lengths)s), each rolled to its current
+    #   window, whatever the claimer's own limit.
     # A queue's group leaves out the names that have limits of their own (%(limited)s).
     return f"""
 WITH active AS MATERIALIZED (
@@ -263,8 +267,9 @@ running AS MATERIALIZED (
     GROUP BY 1
 ),
 flow_window AS MATERIALIZED (
-    SELECT partition AS part, starts FROM django_jobs_flow_window
-    WHERE key = %(key)s AND window_start = {_WINDOW_START}
+    SELECT partition AS part, max(starts) AS starts FROM django_jobs_flow_window
+    WHERE key = ANY(%(window_keys)s::text[]) AND window_start = {_WINDOW_START}
+    GROUP BY partition
 ),
 room AS MATERIALIZED (
     SELECT CASE WHEN %(partitioned)s::boolean THEN %(scan)s::int ELSE GREATEST(0, LEAST(
@@ -323,10 +328,12 @@ claimed AS (
 ),
 counted AS (
     INSERT INTO django_jobs_flow_window (key, partition, window_start, starts)
-    SELECT %(key)s, {_PART}, {_WINDOW_START}, count(*)
-    FROM claimed
-    WHERE %(rate)s::int IS NOT NULL
-    GROUP BY 2
+    SELECT w.key, c.part,
+           to_timestamp(floor(extract(epoch FROM statement_timestamp()) / w.seconds) * w.seconds),
+           c.n
+    FROM (SELECT {_PART} AS part, count(*) AS n FROM claimed
+          WHERE %(rate)s::int IS NOT NULL GROUP BY 1) AS c
+    CROSS JOIN unnest(%(counters)s::text[], %(lengths)s::int[]) AS w(key, seconds)
     ON CONFLICT (key, partition) DO UPDATE
     SET starts = CASE WHEN django_jobs_flow_window.window_start = EXCLUDED.window_start
                       THEN django_jobs_flow_window.starts + EXCLUDED.starts
@@ -345,6 +352,7 @@ def claim_limited_params(
 
     `limited` names the handlers with limits of their own (a queue's group leaves them out).
     """
+    counters, lengths = group.counters_written()
     return {
         **claim,
         "value": group.value,
@@ -353,6 +361,9 @@ def claim_limited_params(
         "cap": group.concurrency,
         "rate": group.rate.count if group.rate else None,
         "window": group.rate.seconds if group.rate else 1,
+        "window_keys": group.counters_read(),
+        "counters": counters,
+        "lengths": lengths,
         "partitioned": group.partitioned,
         "scan": flow.SCAN,
     }

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Exists, OuterRef, QuerySet
 
 from django_jobs import conf, flow, registry
 from django_jobs.fleet import unknown_name_grace
@@ -24,6 +24,7 @@ from django_jobs.models import (
     QueueState,
     UnknownName,
     WorkerBeat,
+    cycles,
 )
 from django_jobs.worker.ticker import db_now
 
@@ -98,6 +99,15 @@ DEAD_PARENT_IDS = 3
 
 
 @dataclass
+class CycleStatus:
+    """Blocked jobs that wait for each other (written before enqueues refused it)."""
+
+    job: str  # the job of a dead key enqueued again that closes it: cancel it
+    keys: list[str]  # its key, then the keys it waits for round to it
+    letters: list[str]  # the pending letters of its key: replay them once it is cancelled
+
+
+@dataclass
 class Status:
     now: datetime
     queues: list[QueueStatus]
@@ -105,6 +115,7 @@ class Status:
     unknown_names: list[UnknownNameStatus] = field(default_factory=list)
     flow: list[FlowStatus] = field(default_factory=list)
     dead_parents: DeadParentsStatus | None = None
+    cycles: list[CycleStatus] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -128,6 +139,7 @@ class Status:
                 for w in self.workers
             ],
             "dead_parents": self.dead_parents and asdict(self.dead_parents),
+            "cycles": [asdict(c) for c in self.cycles],
         }
 
 
@@ -185,7 +197,10 @@ def unknown_names(alias: str | None = None, now: Any = None) -> list[UnknownName
 def dead_parents(alias: str | None = None) -> DeadParentsStatus | None:
     """Return the dead-lettered parents live jobs wait for, or None when none does."""
     alias = alias or conf.database()
-    letters = DeadLetter.objects.using(alias).waited_for()
+    # A letter whose key a live job holds (enqueued again) frees nothing if replayed:
+    # its replay is refused, and its waiters wait for that job, its dependents now.
+    held = Job.objects.using(alias).filter(key=OuterRef("key"))
+    letters = DeadLetter.objects.using(alias).waited_for().exclude(Exists(held))
     # One query. The stubs know no annotation: [misc].
     waited = letters.filter(waiting__gt=0).order_by("-waiting", "dead_at", "id")  # type: ignore[misc]
     rows = list(waited.values_list("id", "waiting"))  # type: ignore[misc]
@@ -217,10 +232,12 @@ def flow_status(alias: str | None = None, now: datetime | None = None) -> list[F
         running = count_by(jobs.running(), "partition")
         starts: dict[str, int] = {}
         if group.rate is not None:
+            # As the claim counts them: the counter of its window, or the release before's.
             windows = FlowWindow.objects.using(alias).filter(
-                key=group.key, window_start=flow.window_start(now, group.rate)
+                key__in=group.counters_read(), window_start=flow.window_start(now, group.rate)
             )
-            starts = dict(windows.values_list("partition", "starts"))
+            for partition, n in windows.values_list("partition", "starts"):
+                starts[partition] = max(starts.get(partition, 0), n)
         by_partition: dict[str, list[int]] = {}
         for partition, n in running.items():
             by_partition.setdefault(partition or "", [0, 0])[0] += n
@@ -277,4 +294,14 @@ def status(alias: str | None = None) -> Status:
         flow=flow_status(alias, now),
         # Without a blocked job no parent is waited for: no query.
         dead_parents=dead_parents(alias) if any(q.blocked for q in queues) else None,
+        cycles=blocked_cycles(alias) if any(q.blocked for q in queues) else [],
     )
+
+
+def blocked_cycles(alias: str | None = None) -> list[CycleStatus]:
+    """Return the cycles of blocked jobs (models.cycles), each with the job that closes it."""
+    alias = alias or conf.database()
+    return [
+        CycleStatus(str(job_id), keys, [str(letter) for letter in letters])
+        for job_id, keys, letters in cycles(alias)
+    ]

@@ -664,7 +664,7 @@ def test_workers_prune_the_counters_of_windows_that_ended_long_ago(handlers):
         ("name:busy", now),
     ):
         FlowWindow.objects.create(key=key, partition="p", window_start=started, starts=3)
-    # The claim of a rate-limited group writes its own row, which stays.
+    # The claim of a rate-limited group writes its own rows (one per window length), which stay.
     enqueue(handlers["rated"], {})
     Worker(burst=True, listen=False).run()
     assert Job.objects.count() == 0
@@ -672,6 +672,9 @@ def test_workers_prune_the_counters_of_windows_that_ended_long_ago(handlers):
         "name:busy",
         "name:hourly",
         "name:tests.flow.rated",
+        "name:tests.flow.rated@1",
+        "name:tests.flow.rated@3600",
+        "name:tests.flow.rated@60",
     ]
     FlowWindow.objects.filter(key="name:hourly").update(window_start=now - kept - timedelta(1))
     assert FlowWindow.objects.prune_ended() == 1

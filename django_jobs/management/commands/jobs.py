@@ -161,6 +161,15 @@ class Command(BaseCommand):
                 "replay them (admin, or `python manage.py replayjobs --id "
                 f"{' --id '.join(dead.ids)}`{f', and {more} more' if more else ''})"
             )
+        for cycle in report.cycles:
+            waits = ", which waits for ".join(repr(k) for k in [*cycle.keys, cycle.keys[0]])
+            self.stdout.write(
+                f"blocked in a cycle: {waits}; nothing can release them (enqueued before "
+                "such cycles were refused). Cancel the job that closes it "
+                f"(`python manage.py jobs cancel {cycle.job}`), then replay the letter of key "
+                f"{cycle.keys[0]!r} (`python manage.py replayjobs --id "
+                f"{' --id '.join(cycle.letters)}`)"
+            )
         if report.flow:
             self.stdout.write("")
             self.stdout.write("Flow limits across the fleet (running now, starts this window)")

@@ -225,6 +225,7 @@ class Command(BaseCommand):
                 ("key held by a live job", report.key_taken),
                 ("key completed since", report.completed),
                 ("no handler registered under its name", report.unknown),
+                ("it would wait for jobs that wait for it: a cycle", report.cycles),
             ):
                 for item in items[:LISTED] if verbosity < 2 else items:
                     self.stdout.write(f"  not replayed ({label}): {item}")
