@@ -123,3 +123,12 @@ def test_the_admin_masks_them_in_payloads_and_results(admin_client_):
     marker = MarkerFactory(result={"nested": [secrets]})
     page = admin_client_.get(url("completionmarker_change", marker.pk)).content.decode()
     assert not [s for s in ("tok-1", "cs-2", "ak-3") if s in page]
+
+
+def test_a_tasks_keyword_arguments_are_masked_its_positional_ones_are_not():
+    # What docs/tasks.md says: a Task's payload is {"args": [...], "kwargs": {...}}.
+    payload = {"args": [42, "s3cr3t", {"api_token": "t-1"}], "kwargs": {"api_token": "t-2"}}
+    assert payloads.mask(payload, DEFAULTS) == {
+        "args": [42, "s3cr3t", {"api_token": payloads.MASK}],
+        "kwargs": {"api_token": payloads.MASK},
+    }
