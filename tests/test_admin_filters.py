@@ -296,3 +296,13 @@ def test_view_only_user_gets_no_worker_stats_either(viewer):
     assert WorkerBeat.objects.exists()
     response = viewer.get(url("workerbeat_changelist"), {"stats__claimed": "7"})
     assert response.status_code == 400
+
+
+def test_the_refusal_shows_a_hostile_key_short_and_escaped(admin_client_, caplog):
+    long_key = "payload__" + "x" * 100_000
+    response = admin_client_.get(f"{url('job_changelist')}?a%0Ab%1B=1&{long_key}=1")
+    assert response.status_code == 400
+    assert len(response.content) < 500
+    assert b"'a\\nb\\x1b'" in response.content
+    logged = [r.getMessage() for r in caplog.records if "DisallowedModelAdminLookup" in r.name]
+    assert logged and "\n" not in logged[0] and len(logged[0]) < 500

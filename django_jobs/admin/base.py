@@ -108,8 +108,9 @@ class UndeclaredFilter(DisallowedModelAdminLookup):
     """A query-string parameter that is none of the list's declared filters."""
 
     def __init__(self, parameters: list[str]) -> None:
-        super().__init__(f"Filtering by {', '.join(parameters)} not allowed")
-        self.parameters = parameters
+        # Each key as a short repr: a query string may hold line breaks, or megabytes.
+        self.shown = ", ".join(limits.shown(key, 80) for key in parameters[:5])
+        super().__init__(f"Filtering by {self.shown} not allowed")
 
 
 class DeclaredFiltersChangeList(ChangeList):
@@ -175,12 +176,11 @@ class GuardedAdmin(AnyModelAdmin):
         try:
             return super().changelist_view(request, extra_context=extra)
         except UndeclaredFilter as exc:
-            security_logger.error(str(exc))
-            shown = ", ".join(limits.shown(key, 80) for key in exc.parameters[:5])
+            security_logger.error("%s", exc)  # as Django logs the lookups it refuses
             message = _(
                 "This list does not filter by %(parameters)s: use the filters it offers, "
                 "or the search box."
-            ) % {"parameters": shown}
+            ) % {"parameters": exc.shown}
             return HttpResponseBadRequest(message, content_type="text/plain; charset=utf-8")
 
     def get_changelist_instance(self, request: HttpRequest) -> Any:
