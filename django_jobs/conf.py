@@ -45,8 +45,22 @@ DEFAULTS: dict[str, Any] = {
     "MAX_PAYLOAD_BYTES": 64 * 1024,
     # Dotted path of a json.JSONEncoder subclass for payloads (e.g. DjangoJSONEncoder).
     "JSON_ENCODER": None,
-    # Payload keys whose values the admin and the logs show as "********".
-    "MASK_KEYS": ["password", "passwd", "secret", "token", "api_key", "apikey", "authorization"],
+    # Secret names: payload and result keys holding one of them as words (access_token,
+    # x-api-key, clientSecret: see payloads.is_secret_key) show as "********" in the admin.
+    "MASK_KEYS": [
+        "password",
+        "passwd",
+        "passphrase",
+        "secret",
+        "token",
+        "api_key",
+        "apikey",
+        "authorization",
+        "credential",
+        "private_key",
+        "cookie",
+        "sessionid",
+    ],
     # ---- operations (schedules, retention, control, metrics) ----
     # Periodic jobs: {"name": {"cron": "0 3 * * *", "job": "app.jobs.nightly", ...}};
     # see schedules.py.

@@ -27,6 +27,21 @@ from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job, Wo
 WINDOW_MINUTES = 60
 
 
+def may_see(user: Any) -> bool:
+    """Say whether user may see the figures: the admin's dashboard and the metrics view.
+
+    One rule for both: an active staff user with any django_jobs permission (a superuser
+    has them all). Staff without one see neither; the metrics token is the metrics view's
+    other way in.
+    """
+    return bool(
+        user is not None
+        and user.is_active
+        and user.is_staff
+        and user.has_module_perms("django_jobs")
+    )
+
+
 @dataclass
 class QueueRow:
     queue: str

@@ -11,8 +11,9 @@ MAINTENANCE_INTERVAL), so nothing needs a port on the workers. Counters carry a
 and increase() handle. ``django_jobs_enqueued_total`` counts the enqueues of the
 process serving the scrape (with DJANGO_JOBS["METRICS"] = True).
 
-Access: a request with ``Authorization: Bearer <METRICS_TOKEN>`` or from a staff
-user; anything else gets 403.
+Access: a request with ``Authorization: Bearer <METRICS_TOKEN>``, or from a user who may
+see the admin's jobs dashboard (dashboard.may_see: active staff with any django_jobs
+permission); anything else gets 403.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 
-from django_jobs import conf, signals, status
+from django_jobs import conf, dashboard, signals, status
 from django_jobs.fleet import DURATION_BUCKETS
 
 logger = logging.getLogger(__name__)
@@ -197,8 +198,7 @@ def _allowed(request: HttpRequest) -> bool:
     header = request.headers.get("Authorization", "")
     if token and header.startswith("Bearer "):
         return hmac.compare_digest(header[len("Bearer ") :].encode(), str(token).encode())
-    user = getattr(request, "user", None)
-    return bool(user is not None and user.is_active and user.is_staff)
+    return dashboard.may_see(getattr(request, "user", None))
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from functools import cache
-from typing import Any
+from functools import cache, lru_cache
+from typing import Any, NamedTuple
 
 from django.core.signals import setting_changed
 from django.db.models import Model
@@ -188,15 +188,92 @@ def storable_text(value: Any, limit: int | None = None) -> str:
     return _UNSTORABLE_CHARS.sub("\ufffd", text)
 
 
+# A key's words: runs of letters or digits, split where the case changes as in camelCase
+# (accessToken, APIKey) and between letters and digits (oauth2token); anything else
+# (_ - . spaces ...) separates. _ASCII_WORD does it in one pass for the usual keys.
+_ASCII_WORD = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
+_NOT_ALPHANUMERIC = re.compile(r"[\W_]+")
+_WORD_BOUNDARY = re.compile(
+    r"(?<=[a-z])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])|(?<=[^\W\d_])(?=\d)|(?<=\d)(?=[^\W\d_])"
+)
+
+
+def key_words(key: str) -> list[str]:
+    """Split a payload key into its words, case-folded: "X-Api-Key" -> ["x", "api", "key"]."""
+    if key.isascii():
+        return [word.lower() for word in _ASCII_WORD.findall(key)]
+    return [
+        word.casefold()
+        for part in _NOT_ALPHANUMERIC.split(key)
+        for word in _WORD_BOUNDARY.split(part)
+        if word
+    ]
+
+
+class _MaskWords(NamedTuple):
+    joined: frozenset[str]  # each mask key's words run together, "apikey"
+    single: frozenset[str]  # the one-word mask keys and their plurals in -s
+    longer: dict[str, list[list[str]]]  # the longer ones' words, by their first word
+
+
+@lru_cache(maxsize=16)
+def _mask_words(keys: frozenset[str]) -> _MaskWords:
+    words = [key_words(key) or [key.casefold()] for key in keys]
+    longer: dict[str, list[list[str]]] = {}
+    for sequence in words:
+        if len(sequence) > 1:
+            longer.setdefault(sequence[0], []).append(sequence)
+    return _MaskWords(
+        joined=frozenset("".join(w) for w in words),
+        single=frozenset(w[0] + plural for w in words if len(w) == 1 for plural in ("", "s")),
+        longer=longer,
+    )
+
+
+def is_secret_key(key: str, keys: frozenset[str]) -> bool:
+    """Say whether a payload key names a secret of MASK_KEYS (see docs/admin.md, Secrets).
+
+    It does when the words of a mask key come in it one after the other ("client_secret",
+    "x-api-key", "accessToken"), or when the key's words run together are a mask key's
+    words run together ("API_KEY", "apiKey" for "apikey"); the last word may take an -s
+    ("accessTokens", "APIKEYS").
+    """
+    if len(key) <= 100:  # payloads repeat their keys (a list of records): ask once
+        return _is_secret_short(key, keys)
+    return _is_secret(key, keys)
+
+
+@lru_cache(maxsize=4096)
+def _is_secret_short(key: str, keys: frozenset[str]) -> bool:
+    return _is_secret(key, keys)
+
+
+def _is_secret(key: str, keys: frozenset[str]) -> bool:
+    mask_words = _mask_words(keys)
+    words = key_words(key)
+    joined = "".join(words)
+    if joined in mask_words.joined or (joined[-1:] == "s" and joined[:-1] in mask_words.joined):
+        return True
+    for i, word in enumerate(words):
+        if word in mask_words.single:
+            return True
+        for sequence in mask_words.longer.get(word, ()):
+            n = len(sequence)
+            last = words[i + n - 1] if i + n <= len(words) else None
+            if words[i : i + n - 1] == sequence[:-1] and last in (sequence[-1], sequence[-1] + "s"):
+                return True
+    return False
+
+
 def mask(value: Any, keys: frozenset[str] | None = None) -> Any:
-    """Return value with the configured secret keys' values replaced by a mask."""
+    """Return value with the values of the keys that name secrets (is_secret_key) masked."""
     if keys is None:
-        keys = frozenset(k.lower() for k in conf.get("MASK_KEYS") or ())
+        keys = frozenset(conf.get("MASK_KEYS") or ())
     if not keys:
         return value
     if isinstance(value, dict):
         return {
-            k: MASK if isinstance(k, str) and k.lower() in keys else mask(v, keys)
+            k: MASK if isinstance(k, str) and is_secret_key(k, keys) else mask(v, keys)
             for k, v in value.items()
         }
     if isinstance(value, list):

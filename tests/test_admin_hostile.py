@@ -243,3 +243,31 @@ def test_a_10_mb_error_is_cut_on_the_list_and_the_page_with_a_note(admin_client_
     page = admin_client_.get(url("deadletter_change", letter.pk)).content.decode()
     assert len(page) < PAGE_LIMIT
     assert f"Cut: the first 65,536 of {MB10 + 21:,} characters are shown." in page
+
+
+# Bidirectional controls (names and keys refuse them) and terminal control characters.
+INVISIBLE = ["\u202e", "\u202d", "\u2066", "\u2067", "\u2068", "\u2069", "\u200f", "\u061c"]
+CONTROLS = ["\x1b", "\x07", "\x7f", "\x85", "\x9b"]
+
+
+@pytest.mark.parametrize("char", INVISIBLE + CONTROLS, ids=lambda c: f"U+{ord(c):04X}")
+def test_bidi_and_control_characters_show_escaped_in_values_and_errors(admin_client_, char):
+    text = f"invoice{char}fdp.exe"
+    letter = DeadLetterFactory(
+        payload=json.dumps({"file": text}, ensure_ascii=False),
+        error=f"builtins.ValueError: {text}",
+        traceback=f"Traceback (most recent call last):\n  {text}\nValueError: {text}",
+        errors=[{"attempt": 1, "message": text, "worker": text, "traceback": text}],
+    )
+    job = JobFactory(payload=json.dumps({"file": text}), errors=[{"message": text}])
+    marker = MarkerFactory(result={"file": text})
+    escaped = f"\\u{ord(char):04x}"
+    for page in (
+        admin_client_.get(url("deadletter_changelist")),
+        admin_client_.get(url("deadletter_change", letter.pk)),
+        admin_client_.get(url("job_change", job.pk)),
+        admin_client_.get(url("completionmarker_change", marker.pk)),
+    ):
+        body = page.content.decode()
+        assert char not in body
+        assert f"invoice{escaped}fdp" in body  # the list breaks lines after the dots

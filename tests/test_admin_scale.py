@@ -226,3 +226,34 @@ def test_workflow_pages_hold_up_with_100_000_steps(admin_client_, capsys):
                 f"[admin scale]   {label:<30} {elapsed * 1000:7.1f} ms  {queries} queries"
                 f"  costliest plan {cost:,.0f}"
             )
+
+
+def test_filters_no_list_declares_scan_nothing_on_a_big_installation(
+    login, big_installation, capsys
+):
+    # Issue 29: as a view-only user, each of these read all 100,041 letters (2 to 5 s).
+    viewer = login("view_deadletter")
+    target = url("deadletter_changelist")
+    _elapsed, plain_queries, plain_cost, _response = measure(viewer, target)
+    _elapsed, facets_queries, facets_cost, _response = measure(viewer, target, {"_facets": "1"})
+    assert facets_queries == plain_queries  # no facet counts
+    figures = [("plain", plain_queries, plain_cost), ("_facets=1", facets_queries, facets_cost)]
+    for params in (
+        {"payload__icontains": "nomatch"},
+        {"errors__icontains": "nomatch"},
+        {"traceback__icontains": "nomatch"},
+        {"payload__icontains": "nomatch", "_facets": "1"},
+    ):
+        with CaptureQueriesContext(connection) as queries:
+            response = viewer.get(target, params)
+        assert response.status_code == 400, params
+        sql = [q["sql"] for q in queries.captured_queries]
+        assert not [s for s in sql if "payload" in s or "traceback" in s or '"errors"' in s]
+        selects = [s for s in sql if s.startswith("SELECT")]
+        cost = max(map(planned_cost, selects), default=0)
+        assert len(sql) <= plain_queries and cost <= plain_cost, (params, len(sql), cost)
+        figures.append(("&".join(params), len(sql), cost))
+    with capsys.disabled():
+        print(f"\n[admin scale] {LETTERS:,} dead letters, as a view-only user")
+        for label, count, cost in figures:
+            print(f"[admin scale]   {label:<40} {count} queries  costliest plan {cost:,.0f}")

@@ -10,6 +10,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 from django.test import Client, override_settings
+from django.urls import reverse
 
 from django_jobs import enqueue, metrics, signals
 from django_jobs.models import WorkerBeat
@@ -25,8 +26,8 @@ TOKEN = "s3cret-token-of-16+chars"
 
 @pytest.fixture
 def staff(login):
-    """A logged-in staff user without any permission (the view asks for staff only)."""
-    return login()
+    """A logged-in staff user with one django_jobs permission (as the dashboard asks)."""
+    return login("view_job")
 
 
 def scrape(client) -> str:
@@ -48,6 +49,31 @@ def test_metrics_need_a_token_or_a_staff_user(status_rows, staff):
         assert response.status_code == 200
         assert response["Content-Type"].startswith("text/plain; version=0.0.4")
     assert staff.get("/metrics/jobs").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("who", "sees"),
+    [
+        ({}, False),  # staff, no django_jobs permission
+        ({"staff": False, "superuser": False}, False),
+        ({"codenames": ["view_deadletter"]}, True),
+        ({"codenames": ["replay_deadletter"]}, True),
+        ({"superuser": True}, True),
+        ({"staff": False, "codenames": ["view_job"]}, False),
+    ],
+)
+def test_the_metrics_and_the_dashboard_have_one_permission_rule(login, who, sees):
+    client = login(
+        *who.get("codenames", ()),
+        superuser=who.get("superuser", False),
+        staff=who.get("staff", True),
+    )
+    metrics = client.get("/metrics/jobs")
+    dashboard = client.get(reverse("admin:django_jobs_dashboard"))
+    assert metrics.status_code == (200 if sees else 403)
+    # The admin sends a user who is not staff to its login page, and refuses staff without
+    # a django_jobs permission.
+    assert dashboard.status_code == (200 if sees else 302 if not who.get("staff", True) else 403)
 
 
 @pytest.mark.django_db(transaction=True)

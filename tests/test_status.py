@@ -14,7 +14,7 @@ from django.utils import timezone
 from django_jobs import enqueue, status
 from django_jobs.models import CompletionMarker, DeadLetter, Job, JobState, WorkerBeat
 from tests.conftest import wait_for
-from tests.factories import JobFactory
+from tests.factories import JobFactory, WorkerBeatFactory
 from tests.testapp import jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -193,3 +193,17 @@ def test_status_names_the_dead_lettered_parents_blocked_jobs_wait_for(capsys):
     assert not Job.objects.exists()
     call_command("jobs", "status")
     assert "dead-lettered parent" not in capsys.readouterr().out
+
+
+def test_status_escapes_terminal_control_characters_of_hand_written_rows(capsys):
+    # A worker row written by hand (or by a hostile process with database access): clear
+    # the screen, set the terminal's title, reverse the text after it.
+    WorkerBeatFactory(host="h\x1b[2J\x1b]0;owned\x07", queues=["de\u202efault", "q\x9b1m"])
+    call_command("jobs", "status")
+    out = capsys.readouterr().out
+    assert not [c for c in out if not c.isprintable() and c != "\n"]
+    assert "h\\u001b[2J\\u001b]0;owned\\u0007" in out
+    assert "de\\u202efault,q\\u009b1m" in out
+    call_command("jobs", "status", "--json")
+    workers = json.loads(capsys.readouterr().out)["workers"]
+    assert workers[0]["host"] == "h\x1b[2J\x1b]0;owned\x07"  # JSON escapes them itself

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Iterable
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, cast
 
 from django.contrib import admin
+from django.contrib.admin import ShowFacets
+from django.contrib.admin.exceptions import DisallowedModelAdminLookup
 from django.contrib.admin.models import LogEntry
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import flatten_fieldsets
+from django.contrib.admin.views.main import ChangeList
 from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import DataError, connections
 from django.db.models import Model, Q, QuerySet
@@ -21,6 +26,7 @@ from django.urls import NoReverseMatch, reverse
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
+from django_jobs import limits
 from django_jobs.admin.display import cell
 from django_jobs.models import CompletionMarker, Job
 
@@ -33,6 +39,9 @@ if TYPE_CHECKING:
 else:
     AnyModelAdmin = admin.ModelAdmin
     _Paginator = Paginator
+
+# Where Django logs the lookups its admin refuses: security monitoring reads it.
+security_logger = logging.getLogger("django.security.DisallowedModelAdminLookup")
 
 # Rows counted exactly before the change lists switch to the planner's estimate.
 EXACT_COUNT_LIMIT = 10_000
@@ -95,8 +104,58 @@ def parse_uuid(text: str) -> uuid.UUID | None:
         return None
 
 
+class UndeclaredFilter(DisallowedModelAdminLookup):
+    """A query-string parameter that is none of the list's declared filters."""
+
+    def __init__(self, parameters: list[str]) -> None:
+        # Each key as a short repr: a query string may hold line breaks, or megabytes.
+        self.shown = ", ".join(limits.shown(key, 80) for key in parameters[:5])
+        super().__init__(f"Filtering by {self.shown} not allowed")
+
+
+class DeclaredFiltersChangeList(ChangeList):
+    """A change list that filters by its declared filters only, never by any lookup asked.
+
+    Django's admin applies every query-string parameter that no list filter takes as a
+    lookup (``?payload__contains=...``): on a masked payload or result, the row count
+    answers yes or no about the secret, and on a text column each such filter reads the
+    whole table. Here, what the list filters, the date hierarchy and (as an exact match)
+    a filtered field's own name do not take is refused before any query runs on it.
+    """
+
+    def get_filters(self, request: HttpRequest) -> Any:
+        asked = self.get_filters_params()  # the query string without Django's own p, o, q ...
+        filters = super().get_filters(request)
+        left = filters[2]  # what the list filters and the date hierarchy did not take
+        exact = set(field_filters(self.model_admin.get_list_filter(request)))
+        undeclared = sorted(key for key in asked if key in left and key not in exact)
+        if undeclared:
+            raise UndeclaredFilter(undeclared)
+        return filters
+
+
+def field_filters(list_filter: Any) -> list[str]:
+    """The field paths of a list_filter's field filters (not its SimpleListFilters)."""
+    paths = []
+    for item in list_filter:
+        field = item[0] if isinstance(item, list | tuple) else item
+        if isinstance(field, str):
+            paths.append(field)
+    return paths
+
+
 class GuardedAdmin(AnyModelAdmin):
-    """Answer hostile query strings and object ids with a 400 or Django's "?e=1", never a 500."""
+    """Answer hostile query strings and object ids with a 400 or Django's "?e=1", never a 500.
+
+    The lists filter only by their declared filters (see DeclaredFiltersChangeList), show
+    no facet counts (one COUNT per filter choice, each over the whole table), and a POST
+    of an action the user is not offered answers 403.
+    """
+
+    show_facets = ShowFacets.NEVER
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return DeclaredFiltersChangeList
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
@@ -106,9 +165,23 @@ class GuardedAdmin(AnyModelAdmin):
             return HttpResponseBadRequest(
                 _("A NUL character is not allowed in a filter or a search.")
             )
+        if request.method == "POST":
+            offered = self.get_actions(request)
+            # Django answers an action it does not offer with the list (200) or "No action
+            # selected": a forged POST should say that it was refused.
+            if any(name and name not in offered for name in request.POST.getlist("action")):
+                raise PermissionDenied
         # Dashboard link on every change list of ours (the template shows it).
         extra = {"django_jobs_dashboard_url": dashboard_url(self), **(extra_context or {})}
-        return super().changelist_view(request, extra_context=extra)
+        try:
+            return super().changelist_view(request, extra_context=extra)
+        except UndeclaredFilter as exc:
+            security_logger.error("%s", exc)  # as Django logs the lookups it refuses
+            message = _(
+                "This list does not filter by %(parameters)s: use the filters it offers, "
+                "or the search box."
+            ) % {"parameters": exc.shown}
+            return HttpResponseBadRequest(message, content_type="text/plain; charset=utf-8")
 
     def get_changelist_instance(self, request: HttpRequest) -> Any:
         try:

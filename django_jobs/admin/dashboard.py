@@ -27,8 +27,8 @@ class DashboardView(AnyModelAdmin):
         return [path("dashboard/", view, name="django_jobs_dashboard"), *super().get_urls()]
 
     def dashboard_view(self, request: HttpRequest) -> HttpResponse:
-        """The queue dashboard, for staff with any django_jobs permission."""
-        if not request.user.has_module_perms(self.opts.app_label):
+        """The queue dashboard, for staff with any django_jobs permission (as the metrics)."""
+        if not dashboard.may_see(request.user):
             raise PermissionDenied
         snap = dashboard.snapshot()
         context = {

@@ -36,11 +36,16 @@ CELL_LIMIT = 60
 TITLE_LIMIT = 1000
 
 # NUL and lone surrogates: storable in JSON text, not in an HTML page encoded as UTF-8.
-_UNSHOWABLE = re.compile(r"[\x00\ud800-\udfff]")
+# Control characters (but tab and line ends) and the bidirectional controls, which names
+# and keys refuse: a right-to-left override (U+202E) would show "exe.txt" for "txt.exe".
+_UNSHOWABLE = re.compile(
+    r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+    r"\ud800-\udfff]"
+)
 
 
 def showable(value: Any) -> str:
-    """Return str(value) with NUL and lone surrogates as their JSON escapes (\\u0000)."""
+    """Return str(value) with NUL, lone surrogates, control and bidi characters as \\u escapes."""
     return _UNSHOWABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", str(value))
 
 

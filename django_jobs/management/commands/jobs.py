@@ -45,7 +45,21 @@ def _when(value: datetime | None, now: datetime, zone: str | None = None) -> str
     return f"{text} ({'in ' + _seconds(delta) if delta >= 0 else _seconds(-delta) + ' ago'})"
 
 
+def _printable(value: object) -> str:
+    """Return str(value) with what a terminal would obey (ESC, bidi controls ...) as \\u escapes.
+
+    A hand-written row (a worker's host, a queue) must not move the cursor, recolour or
+    reorder the operator's terminal: each character str.isprintable() refuses is shown as
+    its JSON escape, as --json prints it.
+    """
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else json.dumps(c)[1:-1] for c in text)
+
+
 def _table(rows: Sequence[Sequence[object]], header: list[str]) -> str:
+    rows = [[_printable(x) for x in row] for row in rows]
     widths = [max(len(str(x)) for x in column) for column in zip(header, *rows, strict=False)]
     lines = ["  ".join(str(x).ljust(w) for x, w in zip(header, widths, strict=True)).rstrip()]
     lines += [
