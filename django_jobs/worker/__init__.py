@@ -30,6 +30,6 @@ shutdown, database retries), ``executor`` (the executor threads), ``settle``
 """
 
 from django_jobs.worker.dispatcher import Worker
-from django_jobs.worker.runs import WorkerStats
+from django_jobs.worker.runs import EXIT_STUCK, HandlersStuck, WorkerStats
 
-__all__ = ["Worker", "WorkerStats"]
+__all__ = ["EXIT_STUCK", "HandlersStuck", "Worker", "WorkerStats"]

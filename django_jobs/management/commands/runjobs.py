@@ -24,7 +24,7 @@ from django_jobs.management.arguments import (
     threads,
 )
 from django_jobs.management.tables import require_job_tables
-from django_jobs.worker import Worker
+from django_jobs.worker import EXIT_STUCK, HandlersStuck, Worker
 
 # -v 0: warnings and errors; -v 1 (the default): one line per job outcome too; -v 2+: debug.
 LOG_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
@@ -139,7 +139,10 @@ class Command(BaseCommand):
         require_job_tables(worker.database)
         self._warn_idle(queues)
         with on_stop(worker.stop):
-            worker.run()
+            try:
+                worker.run()
+            except HandlersStuck as exc:  # logged by the worker; only a restart frees threads
+                raise CommandError(f"{exc}: exiting for a restart", returncode=EXIT_STUCK) from None
 
     def _warn_idle(self, queues: list[str] | None) -> None:
         """Say so when this worker has nothing it could run."""
