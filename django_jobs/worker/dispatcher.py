@@ -35,7 +35,6 @@ from django_jobs.registry import Handler
 from django_jobs.worker.executor import ExecutorThreads, _close_quietly
 from django_jobs.worker.listener import RETRY_MAX, RETRY_MIN, Listener
 from django_jobs.worker.runs import (
-    EXIT_STUCK,
     Extend,
     Finished,
     HandlersStuck,
@@ -46,6 +45,7 @@ from django_jobs.worker.runs import (
     log_extra,
 )
 from django_jobs.worker.settle import DbRefused, Settler, finished_of
+from django_jobs.worker.timeouts import Timeouts
 from django_jobs.worker.upkeep import Upkeep
 
 logger = logging.getLogger("django_jobs.worker")
@@ -72,7 +72,7 @@ _FROM_SETTINGS: Any = None
 
 
 @dataclass
-class Worker(Settler, ExecutorThreads):
+class Worker(Settler, ExecutorThreads, Timeouts):
     """Run jobs until stopped (or, in burst mode, until nothing is due)."""
 
     queues: list[str] = _FROM_SETTINGS
@@ -127,12 +127,10 @@ class Worker(Settler, ExecutorThreads):
         self._held_back: deque[Run] = deque()
         self._by_name: dict[str, int] = {}
         self._timed: set[Run] = set()  # in-flight runs that have a timeout
-        # In-flight runs whose handler outlived its timeout, with the outcome (a
-        # TimeoutError) and duration to settle once it returns: until then the job
-        # stays leased and holds its thread and its slots (docs/worker.md#timeouts).
-        self._abandoned: dict[Run, tuple[Outcome, float]] = {}  # (outcome, abandoned at)
+        # Handlers past their timeout, still running (django_jobs.worker.timeouts).
+        self._abandoned: dict[Run, tuple[Outcome, float]] = {}
         self._stuck_threads: set[threading.Thread] = set()
-        self._all_stuck: str | None = None  # every thread was abandoned: why run() raises
+        self._all_stuck: str | None = None
         self._done: list[tuple[Run, str | None, float]] = []
         self._done_since = 0.0
         self._unsettled: list[tuple[Run, Outcome, float]] = []  # settles that hit a DB error
@@ -403,13 +401,6 @@ class Worker(Settler, ExecutorThreads):
                 )
             self._stopping = True
 
-    def _running_on(self) -> bool:
-        """Whether a run in flight may still report: not abandoned, or within grace of it."""
-        if len(self._inflight) > len(self._abandoned):
-            return True
-        now = time.monotonic()
-        return any(now < at + self.grace for _, at in self._abandoned.values())
-
     def _finished_work(self) -> bool:
         """In burst or max-jobs mode: True once there is nothing left to do."""
         if self._running_on() or self._held_back or self._done or self._to_release:
@@ -672,115 +663,6 @@ class Worker(Settler, ExecutorThreads):
         if not started:
             self._held_back.remove(run)
         self._settle(run, lifecycle.CancelRequested(started=started), 0.0)
-
-    def _expire_timeouts(self, now: float) -> None:
-        """Abandon the runs past their deadline: the attempt has failed with TimeoutError.
-
-        A thread cannot be stopped, so the handler may run on. Until it returns,
-        the run stays in flight: its thread is not replaced, it counts against
-        the handler's `concurrency` here, and its job stays leased (the heartbeat
-        extends it), which is what `global_concurrency` counts across the fleet
-        and what keeps another worker from running the job meanwhile. Once it
-        returns (or the worker exits), the TimeoutError is settled, and whatever
-        the handler returned or committed late is discarded (an atomic handler's
-        transaction is rolled back).
-        """
-        for run in [run for run in self._timed if (d := run.deadline) and now >= d]:
-            job = run.job
-            self._timed.discard(run)
-            run.abandoned = run.timed_out = True
-            assert run.ctx is not None  # a run handed out has one
-            run.ctx.cancel()
-            exc = TimeoutError(f"handler ran longer than its {run.timeout:g}s timeout")
-            self._abandoned[run] = (self._failure(job, exc), now)
-            if run.thread is not None:
-                self._stuck_threads.add(run.thread)
-            self.stats.abandoned = len(self._abandoned)
-            logger.warning(
-                "job %s[%s] attempt %d: its handler ran past its %gs timeout (TimeoutError; "
-                "ctx.cancelled is set). Until it returns, the job stays leased and holds its "
-                "thread and slots: %d of %d thread(s) abandoned",
-                job.name,
-                job.id,
-                job.attempts,
-                run.timeout,
-                len(self._abandoned),
-                self.concurrency,
-                extra=log_extra(job),
-            )
-            self._release_capped(run)
-
-    def _release_capped(self, run: Run) -> None:
-        """Give back the held-back jobs of run's handler if abandoned runs fill its cap.
-
-        They could wait as long as the stuck handler runs; another worker may run
-        them now (this one claims none of them while the cap is full).
-        """
-        cap = run.handler.concurrency if run.handler is not None else None
-        name = run.job.name
-        stuck = sum(1 for r in self._abandoned if r.job.name == name)
-        if not cap or stuck < cap or not self._held_back:
-            return
-        waiting = [r for r in self._held_back if r.job.name == name]
-        for held in waiting:
-            self._held_back.remove(held)
-        self._to_release.extend(waiting)
-
-    def _returned(self, run: Run, took: float) -> None:
-        """An abandoned handler returned: settle its TimeoutError, free its thread and slots."""
-        outcome, at = self._abandoned.pop(run)
-        self._stuck_threads.discard(run.thread)
-        self.stats.abandoned = len(self._abandoned)
-        logger.warning(
-            "job %s[%s] attempt %d: its abandoned handler returned after %.1fs; "
-            "what it returned is discarded",
-            run.job.name,
-            run.job.id,
-            run.job.attempts,
-            took,
-            extra=log_extra(run.job),
-        )
-        self._forget(run)
-        self._settle(run, outcome, at - run.started)
-
-    def _stuck_list(self) -> str:
-        now = time.monotonic()
-        return ", ".join(
-            f"{run.job.name}[{run.job.id}] for {now - run.started:.1f}s" for run in self._abandoned
-        )
-
-    def _give_up_stuck(self) -> None:
-        """Every thread runs an abandoned handler: stop claiming, to exit for a restart."""
-        self._all_stuck = (
-            f"all {self.concurrency} handler thread(s) are stuck in handlers past their "
-            f"timeout: {self._stuck_list()}"
-        )
-        logger.error(
-            "worker %s: %s. It stops claiming, records those attempts as timed out and "
-            "exits (runjobs: exit code %d) for its supervisor to restart it",
-            self.id,
-            self._all_stuck,
-            EXIT_STUCK,
-        )
-        self._stopping = True
-
-    def _settle_abandoned(self) -> None:
-        """At exit: settle the TimeoutError of each handler still running; it dies with us."""
-        if not self._abandoned:
-            return
-        if self._all_stuck is None:
-            logger.warning(
-                "worker %s: exiting with %d handler(s) still running past their timeout: %s; "
-                "their attempts are recorded as timed out",
-                self.id,
-                len(self._abandoned),
-                self._stuck_list(),
-            )
-        for run, (outcome, at) in list(self._abandoned.items()):
-            del self._abandoned[run]
-            self._forget(run)
-            self._settle(run, outcome, at - run.started)
-        self.stats.abandoned = 0
 
     def _release(self, runs: list[Run]) -> None:
         released = self._db(lambda: self._queryset.release(run.job for run in runs))
