@@ -169,12 +169,13 @@ def test_global_concurrency_counts_a_timed_out_handler_until_it_returns(handlers
 def test_a_worker_whose_threads_are_all_stuck_stops_claiming_and_exits_3(handlers, worker_process):
     stuck = [enqueue(handlers["plain"], {"seconds": 600, "label": "plain"}).id for _ in range(2)]
     later = enqueue(jobs.record, {"label": "after-the-stuck-ones"})
-    worker, sampler = _sampled(worker_process, "--concurrency", "2", "--grace", "30")
+    worker, sampler = _sampled(worker_process, "--concurrency", "2", "--grace", "1")
     code = worker.wait(timeout=30)
     sampler.stop()
     log = worker.output()
     assert code == EXIT_STUCK == 3, log[-3000:]
-    assert "all 2 handler thread(s) are stuck in handlers past their timeout" in log
+    assert "the worker exits unless one returns within 1s" in log
+    assert "all 2 handler thread(s) are stuck in handlers past their timeout and the 1s" in log
     assert log.count("tests.stuck.plain[") >= 2  # the error names the stuck handlers
     assert "CommandError:" in log and "exiting for a restart" in log
     # Each stuck attempt is recorded as timed out, its retry due; nothing else ran.
@@ -250,3 +251,26 @@ def test_a_timed_out_attempt_is_retried_only_once_its_handler_returned(handlers,
         assert len(intervals) == 2 and all(end for _, end in intervals.values())
         assert _max_overlap(intervals.values()) == 1  # attempt 2 started after 1 returned
     assert worker.stats.retried == 1 and worker.stats.abandoned == 0
+
+
+@pytest.mark.slow
+def test_a_burst_worker_waits_grace_for_an_abandoned_handler_then_records_its_timeout(
+    handlers, worker_process
+):
+    """A handler back 0.3 s late fills both threads a moment, then frees them: no exit 3."""
+    stuck = enqueue(handlers["plain"], {"seconds": 600, "label": "forever"})
+    late = enqueue(handlers["plain"], {"seconds": 0.6, "label": "late"})
+    others = [enqueue(jobs.record, {"label": f"other-{i}"}).id for i in range(5)]
+    worker, sampler = _sampled(worker_process, "--burst", "--concurrency", "2", "--grace", "1")
+    code = worker.wait(timeout=60)
+    sampler.stop()
+    log = worker.output()
+    assert code == 0, log[-3000:]
+    assert "exiting with 1 handler(s) still running past their timeout" in log
+    letter = DeadLetter.objects.get(id=late.id)  # it returned each time: retried, then dead
+    assert [e["type"] for e in letter.errors] == [TIMEOUT, TIMEOUT]
+    row = Job.objects.get(id=stuck.id)  # held (never run twice) until the worker left
+    assert (row.attempts, row.locked_by, [e["type"] for e in row.errors]) == (1, None, [TIMEOUT])
+    assert len(_intervals("forever")) == 1
+    assert CompletionMarker.objects.filter(job_id__in=others).count() == 5
+    assert sampler.threads <= 2 + 2 and (not POSTGRES or sampler.sessions <= 2 + 2)

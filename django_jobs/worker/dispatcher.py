@@ -289,9 +289,9 @@ class Worker(Settler, ExecutorThreads, Timeouts):
 
             if self._timed:
                 self._expire_timeouts(now)
-                if len(self._abandoned) >= self.concurrency and not self._stopping:
-                    self._give_up_stuck()
-                    grace_deadline = self._begin_shutdown()
+            if self._abandoned and not self._stopping and self._stuck_for_good(now):
+                self._give_up_stuck()
+                grace_deadline = self._begin_shutdown()
             if self._to_release:
                 self._release(self._to_release)
                 self._to_release = []

@@ -10,8 +10,9 @@ and what keeps another worker from running the job meanwhile. When it returns
 (or the worker exits, which ends it), the TimeoutError is settled as the
 lifecycle says (a retry, or a dead letter); what the handler returned or
 committed late is discarded. When abandoned handlers hold every thread, the
-worker stops claiming and exits: Worker.run() raises HandlersStuck and runjobs
-exits with EXIT_STUCK (docs/worker.md#timeouts).
+worker gives them the grace period to return, then stops claiming and exits:
+Worker.run() raises HandlersStuck and runjobs exits with EXIT_STUCK
+(docs/worker.md#timeouts).
 """
 
 from __future__ import annotations
@@ -67,6 +68,12 @@ class Timeouts:
         now = time.monotonic()
         return any(now < at + self.grace for _, at in self._abandoned.values())
 
+    def _stuck_for_good(self, now: float) -> bool:
+        """Whether abandoned handlers have held every thread for the grace period."""
+        if len(self._abandoned) < self.concurrency:
+            return False
+        return now >= max(at for _, at in self._abandoned.values()) + self.grace
+
     def _expire_timeouts(self, now: float) -> None:
         """Abandon the runs past their deadline: their attempts failed with TimeoutError."""
         for run in [run for run in self._timed if (d := run.deadline) and now >= d]:
@@ -80,16 +87,18 @@ class Timeouts:
             if run.thread is not None:
                 self._stuck_threads.add(run.thread)
             self.stats.abandoned = len(self._abandoned)
+            every = len(self._abandoned) >= self.concurrency
             logger.warning(
                 "job %s[%s] attempt %d: its handler ran past its %gs timeout (TimeoutError; "
                 "ctx.cancelled is set). Until it returns, the job stays leased and holds its "
-                "thread and slots: %d of %d thread(s) abandoned",
+                "thread and slots: %d of %d thread(s) abandoned%s",
                 job.name,
                 job.id,
                 job.attempts,
                 run.timeout,
                 len(self._abandoned),
                 self.concurrency,
+                f"; the worker exits unless one returns within {self.grace:g}s" if every else "",
                 extra=log_extra(job),
             )
             self._release_capped(run)
@@ -137,7 +146,7 @@ class Timeouts:
         """Every thread runs an abandoned handler: stop claiming, to exit for a restart."""
         self._all_stuck = (
             f"all {self.concurrency} handler thread(s) are stuck in handlers past their "
-            f"timeout: {self._stuck_list()}"
+            f"timeout and the {self.grace:g}s grace: {self._stuck_list()}"
         )
         logger.error(
             "worker %s: %s. It stops claiming, records those attempts as timed out and "
