@@ -587,7 +587,7 @@ class Worker(Settler, ExecutorThreads, Timeouts):
         run = event.run
         if run.abandoned:
             if run in self._abandoned:
-                self._returned(run, event.duration)
+                self._returned(run, event.outcome, event.duration)
             return  # what an abandoned run reports is never settled
         self._forget(run)
         if type(event.outcome) is lifecycle.Unstarted:

@@ -22,7 +22,7 @@ import threading
 import time
 from collections import deque
 
-from django_jobs.lifecycle import Failed, Outcome
+from django_jobs.lifecycle import Failed, Outcome, SettledAtomically
 from django_jobs.models import ClaimedJob
 from django_jobs.worker.runs import EXIT_STUCK, Run, WorkerStats, log_extra
 
@@ -119,18 +119,22 @@ class Timeouts:
             self._held_back.remove(held)
         self._to_release.extend(waiting)
 
-    def _returned(self, run: Run, took: float) -> None:
+    def _returned(self, run: Run, reported: Outcome, took: float) -> None:
         """An abandoned handler returned: settle its TimeoutError, free its thread and slots."""
         outcome, at = self._abandoned.pop(run)
         self._stuck_threads.discard(run.thread)
         self.stats.abandoned = len(self._abandoned)
+        if type(reported) is SettledAtomically:
+            # Its transaction passed the abandoned check just before the deadline and
+            # committed its marker: the work is done, and the row is gone.
+            outcome = reported
         logger.warning(
-            "job %s[%s] attempt %d: its abandoned handler returned after %.1fs; "
-            "what it returned is discarded",
+            "job %s[%s] attempt %d: its abandoned handler returned after %.1fs; %s",
             run.job.name,
             run.job.id,
             run.job.attempts,
             took,
+            "it had committed" if outcome is reported else "what it returned is discarded",
             extra=log_extra(run.job),
         )
         self._forget(run)
