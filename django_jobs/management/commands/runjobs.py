@@ -91,7 +91,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--grace",
             type=seconds_or_zero,
-            help="Seconds running jobs get to finish at shutdown (default GRACE, 30).",
+            help="Seconds running jobs get to finish at shutdown, and handlers past their "
+            "timeout to return before a worker they all block exits 3 (default GRACE, 30).",
         )
         parser.add_argument(
             "--poll-interval",
