@@ -56,6 +56,9 @@ class WorkerStatus:
     last_seen_at: datetime
     # A dict of counters as workers write it; anything at all in a hand-edited row.
     stats: Any = field(default_factory=dict)
+    # Handlers running past their timeout, each holding a thread until it returns;
+    # the worker exits (code 3) when they fill all `concurrency` threads.
+    abandoned: int = 0
 
 
 @dataclass
@@ -277,9 +280,16 @@ def live_workers(alias: str | None = None) -> list[WorkerStatus]:
             started_at=w.started_at,
             last_seen_at=w.last_seen_at,
             stats=w.stats,
+            abandoned=_count(w.stats, "abandoned"),
         )
         for w in rows
     ]
+
+
+def _count(stats: Any, key: str) -> int:
+    """Return stats[key] if the row holds a count there (a hand-edited row may not), else 0."""
+    value = stats.get(key) if isinstance(stats, dict) else None
+    return value if type(value) is int and value >= 0 else 0
 
 
 def status(alias: str | None = None) -> Status:

@@ -276,11 +276,12 @@ class _InlineWorker(Worker):
                 self._forget(run)
                 self._release([run])
                 raise exc
-        self._on_finished(finished)
         if run.timed_out:
-            # As the dispatcher does at the deadline: fail the attempt with TimeoutError.
-            # (The timer started a moment before the handler did: pass the deadline itself.)
+            # As the dispatcher does at the deadline: fail the attempt with TimeoutError,
+            # which the handler's return (below) settles. (The timer started a moment
+            # before the handler did: pass the deadline itself.)
             self._expire_timeouts(max(time.monotonic(), run.deadline or 0.0))
+        self._on_finished(finished)
         if self._done:
             self._flush_done()
 
@@ -301,9 +302,6 @@ class _InlineWorker(Worker):
         # constraint) is recorded by the worker, and the test's transaction goes on.
         with _shielded():
             return super()._db(operation, settle=settle)
-
-    def _start_executor(self) -> None:
-        """No threads here: a timed-out handler has already returned."""
 
     def _pause(self, seconds: float) -> None:
         """Do not sleep after a database error in a test: the error is reported instead."""

@@ -25,11 +25,12 @@ successes are settled together every few milliseconds.
 
 Modules: ``dispatcher`` (Worker: options, the loop, claiming, leases, timeouts,
 shutdown, database retries), ``executor`` (the executor threads), ``settle``
-(carrying out the lifecycle's transitions), ``listener`` (NOTIFY), ``upkeep``
-(heartbeat row, schedules, pruning, counters), ``runs`` (what they pass each other).
+(carrying out the lifecycle's transitions), ``timeouts`` (handlers that outlive
+their timeout), ``listener`` (NOTIFY), ``upkeep`` (heartbeat row, schedules,
+pruning, counters), ``runs`` (what they pass each other).
 """
 
 from django_jobs.worker.dispatcher import Worker
-from django_jobs.worker.runs import WorkerStats
+from django_jobs.worker.runs import EXIT_STUCK, HandlersStuck, WorkerStats
 
-__all__ = ["Worker", "WorkerStats"]
+__all__ = ["EXIT_STUCK", "HandlersStuck", "Worker", "WorkerStats"]

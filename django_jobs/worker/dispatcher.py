@@ -34,8 +34,18 @@ from django_jobs.payloads import safe_str, storable_text
 from django_jobs.registry import Handler
 from django_jobs.worker.executor import ExecutorThreads, _close_quietly
 from django_jobs.worker.listener import RETRY_MAX, RETRY_MIN, Listener
-from django_jobs.worker.runs import Extend, Finished, Run, Stop, Wake, WorkerStats, log_extra
+from django_jobs.worker.runs import (
+    Extend,
+    Finished,
+    HandlersStuck,
+    Run,
+    Stop,
+    Wake,
+    WorkerStats,
+    log_extra,
+)
 from django_jobs.worker.settle import DbRefused, Settler, finished_of
+from django_jobs.worker.timeouts import Timeouts
 from django_jobs.worker.upkeep import Upkeep
 
 logger = logging.getLogger("django_jobs.worker")
@@ -70,7 +80,7 @@ _FROM_SETTINGS: Any = None
 
 
 @dataclass
-class Worker(Settler, ExecutorThreads):
+class Worker(Settler, ExecutorThreads, Timeouts):
     """Run jobs until stopped (or, in burst mode, until nothing is due)."""
 
     queues: list[str] = _FROM_SETTINGS
@@ -125,6 +135,10 @@ class Worker(Settler, ExecutorThreads):
         self._held_back: deque[Run] = deque()
         self._by_name: dict[str, int] = {}
         self._timed: set[Run] = set()  # in-flight runs that have a timeout
+        # Handlers past their timeout, still running (django_jobs.worker.timeouts).
+        self._abandoned: dict[Run, tuple[Outcome, float]] = {}
+        self._stuck_threads: set[threading.Thread] = set()
+        self._all_stuck: str | None = None
         self._done: list[tuple[Run, str | None, float]] = []
         self._done_since = 0.0
         self._unsettled: list[tuple[Run, Outcome, float]] = []  # settles that hit a DB error
@@ -260,6 +274,8 @@ class Worker(Settler, ExecutorThreads):
             stats.dead,
             "".join(f", {part}" for part in rare),
         )
+        if self._all_stuck is not None:
+            raise HandlersStuck(self._all_stuck)
 
     # ---- what upkeep sees (UpkeepHost) -------------------------------------
 
@@ -287,6 +303,9 @@ class Worker(Settler, ExecutorThreads):
 
             if self._timed:
                 self._expire_timeouts(now)
+            if self._abandoned and not self._stopping and self._stuck_for_good(now):
+                self._give_up_stuck()
+                grace_deadline = self._begin_shutdown()
             if self._to_release:
                 self._release(self._to_release)
                 self._to_release = []
@@ -317,7 +336,7 @@ class Worker(Settler, ExecutorThreads):
 
             if self._stopping:
                 assert grace_deadline is not None  # set above once stopping
-                if not self._inflight or now >= grace_deadline:
+                if not self._inflight or now >= grace_deadline or self._all_stuck is not None:
                     self._finish_shutdown()
                     return
                 continue
@@ -338,6 +357,7 @@ class Worker(Settler, ExecutorThreads):
             self._clear_query_log()
 
             if self._finished_work():
+                self._settle_abandoned()
                 self._flush_done()
                 if not self._unsettled:
                     return
@@ -397,7 +417,7 @@ class Worker(Settler, ExecutorThreads):
 
     def _finished_work(self) -> bool:
         """In burst or max-jobs mode: True once there is nothing left to do."""
-        if self._inflight or self._held_back or self._done or self._to_release:
+        if self._running_on() or self._held_back or self._done or self._to_release:
             return False
         if self.max_jobs is not None and self._claimed_total >= self.max_jobs:
             return True
@@ -580,7 +600,9 @@ class Worker(Settler, ExecutorThreads):
     def _on_finished(self, event: Finished) -> None:
         run = event.run
         if run.abandoned:
-            return
+            if run in self._abandoned:
+                self._returned(run, event.outcome, event.duration)
+            return  # what an abandoned run reports is never settled
         self._forget(run)
         if type(event.outcome) is lifecycle.Unstarted:
             self._settle(run, event.outcome, 0.0)  # released, attempt not counted
@@ -628,7 +650,8 @@ class Worker(Settler, ExecutorThreads):
     # ---- leases, timeouts and shutdown --------------------------------------
 
     def _heartbeat(self) -> None:
-        held = [run for run in self._inflight if not run.abandoned] + list(self._held_back)
+        held = [run for run in self._inflight if not run.abandoned or run.timed_out]
+        held += self._held_back
         if not held:
             return
         leases = self._db(
@@ -657,18 +680,6 @@ class Worker(Settler, ExecutorThreads):
         if not started:
             self._held_back.remove(run)
         self._settle(run, lifecycle.CancelRequested(started=started), 0.0)
-
-    def _expire_timeouts(self, now: float) -> None:
-        for run in [run for run in self._timed if (d := run.deadline) and now >= d]:
-            job = run.job
-            run.abandoned = run.timed_out = True
-            assert run.ctx is not None  # a run handed out has one
-            run.ctx.cancel()
-            self._forget(run)
-            # The thread stays busy until the handler returns: replace it.
-            self._start_executor()
-            exc = TimeoutError(f"handler ran longer than its {run.timeout:g}s timeout")
-            self._settle(run, self._failure(job, exc), now - run.started)
 
     def _release(self, runs: list[Run]) -> None:
         released = self._db(lambda: self._queryset.release(run.job for run in runs))
@@ -701,7 +712,11 @@ class Worker(Settler, ExecutorThreads):
             shown = unfinished[:MAX_NAMED_IN_LOG]
             named = "; ".join(
                 f"job {run.job.id} ({run.job.name}"
-                + (f", running {limits.format_duration(now - run.started)}" if run.started else "")
+                + (
+                    f", running {limits.format_duration(now - run.started)}"
+                    if run.started
+                    else ", not started"
+                )
                 + ")"
                 for run in shown
             )
@@ -715,6 +730,7 @@ class Worker(Settler, ExecutorThreads):
                 named,
                 f"; and {more} more" if more else "",
             )
+        self._settle_abandoned()
         self._inflight.clear()
         self._timed.clear()
         if self._done:

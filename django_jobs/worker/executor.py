@@ -3,7 +3,9 @@
 A thread never raises and never settles: whatever happens in a handler becomes
 an outcome (django_jobs.lifecycle) put on the dispatcher's inbox. Each thread
 has its own connections, opened only if the handler touches the database, and
-kept across jobs.
+kept across jobs. A thread cannot be killed: one whose handler outlives its
+timeout is abandoned by the dispatcher but not replaced, and takes the next run
+once the handler returns (so threads and connections stay within concurrency + 2).
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ class ExecutorThreads:
     """The executor side of Worker (a mixin).
 
     It uses only: database, id, _queryset (complete_atomically), _work (runs to
-    take), _inbox (reports to put), _draining, _closing and _threads.
+    take), _inbox (reports to put), _draining, _closing, _threads and _stuck_threads
+    (threads still running an abandoned handler, not waited for at shutdown).
     """
 
     database: str
@@ -47,6 +50,7 @@ class ExecutorThreads:
     _draining: bool
     _closing: threading.Event
     _threads: list[threading.Thread]
+    _stuck_threads: set[threading.Thread]
 
     def _start_thread(self, target: Callable[[], None], name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -62,6 +66,8 @@ class ExecutorThreads:
             self._work.put(STOP_EXECUTOR)
         deadline = time.monotonic() + 2.0
         for thread in self._threads:
+            if thread in self._stuck_threads:
+                continue  # its handler outlived its timeout: it ends with the process
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         connections[self.database].close()
 
@@ -83,13 +89,12 @@ class ExecutorThreads:
                 # a run stays in flight (and its lease extended) only until then.
                 self._inbox.put(self._execute(run, own))
                 last_job = time.monotonic()
-                if run.timed_out:
-                    return  # a replacement thread took this one's place
         finally:
             connections.close_all()
 
     def _execute(self, run: Run, own: list[Any]) -> Finished:
         """Run one job on this thread and return its report; it never raises."""
+        run.thread = threading.current_thread()
         run.started = time.monotonic()
         try:
             outcome = self.outcome_of(run)

@@ -22,6 +22,7 @@ class Run:
     started: float = 0.0  # set by the executor thread when the handler starts
     abandoned: bool = False  # timed out or released: whatever it reports is ignored
     timed_out: bool = False
+    thread: Any = None  # the executor thread running it (set when the handler starts)
     cancel_requested: bool = False  # an operator cancelled it: if it stops, it is dead-lettered
 
     @property
@@ -58,6 +59,19 @@ class Stop:
 STOP_EXECUTOR = object()
 
 
+class HandlersStuck(RuntimeError):
+    """Every executor thread of the worker runs a handler abandoned past its timeout.
+
+    Worker.run() raises it once it has stopped claiming, recorded those attempts
+    as timed out and released the jobs it had not started: only a new process
+    frees the threads (runjobs exits with EXIT_STUCK for a supervisor to restart it).
+    """
+
+
+# runjobs' exit code when its threads are all stuck in abandoned handlers (docs/worker.md).
+EXIT_STUCK = 3
+
+
 def traceback_tail(error: dict[str, Any]) -> str:
     """The stored traceback of an error entry, as a log line's tail."""
     text = error.get("traceback")
@@ -78,6 +92,9 @@ class WorkerStats:
     skipped: int = 0  # settled as done without running: the key's marker existed
     snoozed: int = 0
     cancelled: int = 0
+    # Not a counter: handlers running now past their timeout, each holding its job,
+    # its slots and its thread until it returns (shown by `jobs status`).
+    abandoned: int = 0
 
 
 def log_extra(job: ClaimedJob) -> dict[str, Any]:

@@ -245,3 +245,9 @@ if os.environ.get("JOBS_TEST_FLOW") == "1":
     from tests.testapp import flow_jobs
 
     flow_jobs.register()
+
+# Handlers that outlive their timeout (issue 22): only in the worker processes that ask.
+if os.environ.get("JOBS_TEST_STUCK"):
+    from tests.testapp import stuck_jobs
+
+    stuck_jobs.register(flow=os.environ["JOBS_TEST_STUCK"] == "flow")

@@ -251,6 +251,13 @@ class Command(BaseCommand):
                     ["host", "pid", "queues", "concurrency", "running", "started", "last seen"],
                 )
             )
+            for w in report.workers:
+                if w.abandoned:
+                    self.stdout.write(
+                        f"worker {w.host}:{w.pid}: {w.abandoned} of {w.concurrency} thread(s) "
+                        "run handlers abandoned past their timeout (their jobs stay leased "
+                        "until they return); it exits with code 3 for a restart when all are"
+                    )
 
     def do_pause(self, *, queues: list[str], reason: str, undeclared: bool, **options: Any) -> None:
         unknown = [] if undeclared else control.unknown_queues(queues)

@@ -25,7 +25,7 @@ from django_jobs.management.arguments import (
 )
 from django_jobs.management.tables import require_job_tables
 from django_jobs.models import QueueState
-from django_jobs.worker import Worker
+from django_jobs.worker import EXIT_STUCK, HandlersStuck, Worker
 
 # -v 0: warnings and errors; -v 1 (the default): one line per job outcome too; -v 2+: debug.
 LOG_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
@@ -92,7 +92,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--grace",
             type=seconds_or_zero,
-            help="Seconds running jobs get to finish at shutdown (default GRACE, 30).",
+            help="Seconds running jobs get to finish at shutdown, and handlers past their "
+            "timeout to return before a worker they all block exits 3 (default GRACE, 30).",
         )
         parser.add_argument(
             "--poll-interval",
@@ -141,7 +142,10 @@ class Command(BaseCommand):
         self._warn_idle(queues)
         self._warn_paused(worker)
         with on_stop(worker.stop):
-            worker.run()
+            try:
+                worker.run()
+            except HandlersStuck as exc:  # logged by the worker; only a restart frees threads
+                raise CommandError(f"{exc}: exiting for a restart", returncode=EXIT_STUCK) from None
 
     def _warn_idle(self, queues: list[str] | None) -> None:
         """Say so when this worker has nothing it could run."""
