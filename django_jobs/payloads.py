@@ -107,8 +107,9 @@ def nesting(value: Any, limit: int = limits.MAX_NESTING) -> int:
 
 def encode(payload: Any) -> str:
     """Return payload as JSON text, or raise InvalidPayload naming what is wrong."""
+    payload_encoder = encoder()
     try:
-        text = encoder().encode(payload)
+        text = payload_encoder.encode(payload)
     except RecursionError as exc:
         raise InvalidPayload(_too_deep("payload")) from exc
     except (TypeError, ValueError) as exc:
@@ -119,7 +120,7 @@ def encode(payload: Any) -> str:
         raise InvalidPayload(f"payload is not JSON-serialisable: {exc}") from exc
     if isinstance(payload, _NESTED):
         _check_keys(payload)
-    if type(encoder()) is not _StrictEncoder:  # a custom encoder may nest what it writes out
+    if type(payload_encoder) is not _StrictEncoder:  # a custom encoder may nest what it writes
         try:
             deep = nesting(decode(text)) > limits.MAX_NESTING
         except ValueError as exc:
