@@ -40,6 +40,12 @@ MAX_REASON_LENGTH = 200
 FINGERPRINT_LENGTH = 64
 # PostgreSQL stores at most 1 GB in one text value.
 MAX_PAYLOAD_BYTES = 2**30
+# How deep lists and objects may nest in a payload (a Task's arguments included) or a
+# handler's result ({"a": [1]} is 2 deep). MariaDB's JSON columns refuse values 32 deep
+# (10.11), and every engine holds the same rule. The admin masks and shows values this
+# deep and does not show deeper ones (only a hand-written row holds one); json's own
+# encoder and decoder give up near 1,000 levels, PostgreSQL's jsonb near 10,000.
+MAX_NESTING = 30
 
 # Run times (run_at at enqueue, a Task's run_after, a replay's run-at): years 1000 to
 # 8999 in UTC. Nearer datetime.min or max, a time has no local time in some zones

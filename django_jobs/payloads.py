@@ -18,7 +18,7 @@ from django.db.models import Model
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
-from django_jobs import conf
+from django_jobs import conf, limits
 from django_jobs.exceptions import InvalidPayload, UnstorableResult
 
 MASK = "********"
@@ -58,37 +58,80 @@ def _clear_encoder(*, setting: str, **kwargs: Any) -> None:
         encoder.cache_clear()
 
 
+_NESTED = (dict, list, tuple)
+
+
 def _check_keys(value: Any) -> None:
     # json.dumps turns {1: "a"} into {"1": "a"}: the handler would not get what was sent.
-    # Called after json encoded the value, so it holds no cycle.
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            for key, child in item.items():
-                if not isinstance(key, str):
-                    raise InvalidPayload(
-                        f"payload dict keys must be strings, got {type(key).__name__} {key!r}"
-                    )
-                stack.append(child)
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
+    # Called after json encoded the value, so it holds no cycle. One level at a time,
+    # to refuse what nests deeper than the admin shows (limits.MAX_NESTING).
+    level, depth = [value], 0
+    while level:
+        depth += 1
+        if depth > limits.MAX_NESTING:
+            raise InvalidPayload(_too_deep("payload"))
+        below: list[Any] = []
+        for item in level:
+            if isinstance(item, dict):
+                for key, child in item.items():
+                    if not isinstance(key, str):
+                        raise InvalidPayload(
+                            f"payload dict keys must be strings, got {type(key).__name__} {key!r}"
+                        )
+                    if isinstance(child, _NESTED):
+                        below.append(child)
+            else:
+                below.extend(child for child in item if isinstance(child, _NESTED))
+        level = below
+
+
+def _too_deep(what: str) -> str:
+    return (
+        f"{what} nests lists and objects more than {limits.MAX_NESTING} levels deep "
+        "(the limit, limits.MAX_NESTING)"
+    )
+
+
+def nesting(value: Any, limit: int = limits.MAX_NESTING) -> int:
+    """Return how deep lists and dicts nest in a JSON value (0 for a scalar), at most limit + 1.
+
+    One level at a time, without recursion: any depth is measured, and counting
+    stops past limit (so that a cycle, which JSON cannot hold, ends too).
+    """
+    level = [value] if isinstance(value, _NESTED) else []
+    depth = 0
+    while level and depth <= limit:
+        depth += 1
+        below: list[Any] = []
+        for item in level:
+            children = item.values() if isinstance(item, dict) else item
+            below.extend(child for child in children if isinstance(child, _NESTED))
+        level = below
+    return depth
 
 
 def encode(payload: Any) -> str:
     """Return payload as JSON text, or raise InvalidPayload naming what is wrong."""
+    payload_encoder = encoder()
     try:
-        text = encoder().encode(payload)
+        text = payload_encoder.encode(payload)
     except RecursionError as exc:
-        raise InvalidPayload("payload is nested too deeply") from exc
+        raise InvalidPayload(_too_deep("payload")) from exc
     except (TypeError, ValueError) as exc:
         if isinstance(exc, ValueError) and "Out of range float" in str(exc):
             raise InvalidPayload("payload holds NaN or Infinity, which JSON cannot carry") from exc
         if isinstance(exc, ValueError) and "Circular reference" in str(exc):
             raise InvalidPayload("payload holds a circular reference") from exc
         raise InvalidPayload(f"payload is not JSON-serialisable: {exc}") from exc
-    if isinstance(payload, dict | list | tuple):
+    if isinstance(payload, _NESTED):
         _check_keys(payload)
+    if type(payload_encoder) is not _StrictEncoder:  # a custom encoder may nest what it writes
+        try:
+            deep = nesting(decode(text)) > limits.MAX_NESTING
+        except ValueError as exc:
+            raise InvalidPayload(f"the payload's JSON does not decode: {exc}") from exc
+        if deep:
+            raise InvalidPayload(_too_deep("payload"))
     limit = conf.get("MAX_PAYLOAD_BYTES")
     try:
         size = len(text.encode("utf-8"))
@@ -145,10 +188,19 @@ def encode_result(value: Any) -> str | None:
         return None
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False, cls=type(encoder()))
+    except RecursionError as exc:
+        raise UnstorableResult(_too_deep("the handler returned a value that")) from exc
     except Exception as exc:  # noqa: BLE001 - whatever the value's own methods raise
         raise UnstorableResult(
             f"the handler returned a value that is not JSON: {safe_str(exc)}"
         ) from exc
+    # What the marker stores, as the admin will read it back (a custom encoder may nest).
+    try:
+        shown = value if type(encoder()) is _StrictEncoder else decode(text)
+    except ValueError as exc:
+        raise UnstorableResult(f"the handler's result does not decode: {exc}") from exc
+    if isinstance(shown, _NESTED) and nesting(shown) > limits.MAX_NESTING:
+        raise UnstorableResult(_too_deep("the handler returned a value that"))
     # Cheap checks on the encoded text, not a walk of the value: ASCII text holds no
     # surrogate, and json escapes a NUL in a string as \u0000.
     if not text.isascii():
@@ -266,16 +318,28 @@ def _is_secret(key: str, keys: frozenset[str]) -> bool:
 
 
 def mask(value: Any, keys: frozenset[str] | None = None) -> Any:
-    """Return value with the values of the keys that name secrets (is_secret_key) masked."""
+    """Return value with the values of the keys that name secrets (is_secret_key) masked.
+
+    A copy made without recursion: a value nested any depth is masked all through.
+    """
     if keys is None:
         keys = frozenset(conf.get("MASK_KEYS") or ())
-    if not keys:
+    if not keys or not isinstance(value, dict | list):
         return value
-    if isinstance(value, dict):
-        return {
-            k: MASK if isinstance(k, str) and is_secret_key(k, keys) else mask(v, keys)
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [mask(v, keys) for v in value]
-    return value
+    masked: Any = {} if isinstance(value, dict) else []
+    stack = [(value, masked)]  # (a dict or list to copy, its copy, still empty)
+    while stack:
+        source, copy = stack.pop()
+        items = source.items() if isinstance(source, dict) else enumerate(source)
+        for k, v in items:
+            if isinstance(source, dict) and isinstance(k, str) and is_secret_key(k, keys):
+                v = MASK
+            elif isinstance(v, dict | list):
+                child: Any = {} if isinstance(v, dict) else []
+                stack.append((v, child))
+                v = child
+            if isinstance(copy, dict):
+                copy[k] = v
+            else:
+                copy.append(v)
+    return masked

@@ -221,7 +221,9 @@ def test_hand_edited_rows_render_bounded_pages(admin_client_, model, column, nam
     page = detail.content.decode()
     if "surrogate" in name:
         assert "\\ud800" in page  # shown as its escape, not dropped
-    if name.startswith("10 MB") and column != "queues":  # a worker's queues: one cut line
+    if column == "payload" and name in {"10 MB one line", "malformed JSON", "nested too deep"}:
+        assert "Not shown, as its secrets cannot be masked" in page  # not JSON: may hold any
+    elif name.startswith("10 MB") and column != "queues":  # a worker's queues: one cut line
         assert "characters are shown" in page  # cut, and says so
 
 

@@ -20,14 +20,15 @@ from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import DataError, connections
-from django.db.models import Model, Q, QuerySet
+from django.db.models import JSONField, Model, Q, QuerySet, TextField
+from django.db.models.functions import Cast, Length
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.urls import NoReverseMatch, reverse
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
 from django_jobs import limits
-from django_jobs.admin.display import cell
+from django_jobs.admin.display import Unreadable, cell
 from django_jobs.models import CompletionMarker, Job
 
 if TYPE_CHECKING:
@@ -195,7 +196,29 @@ class GuardedAdmin(AnyModelAdmin):
     def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
         if "\x00" in object_id:
             return None  # no row has it, and PostgreSQL refuses it in a query
-        return super().get_object(request, object_id, from_field)
+        try:
+            return super().get_object(request, object_id, from_field)
+        except RecursionError:
+            # A JSON column nested past what json decodes (jsonb holds thousands of
+            # levels; only a hand edit writes them): the row without it, and no 500.
+            return _without_unreadable_json(self.get_queryset(request), object_id, from_field)
+
+
+def _without_unreadable_json(queryset: QuerySet[Any], object_id: str, from_field: Any) -> Any:
+    """The row, each JSON column json cannot decode replaced by an Unreadable (its size)."""
+    meta = queryset.model._meta
+    field = meta.pk if from_field is None else meta.get_field(from_field)
+    row = queryset.filter(**{field.name: field.to_python(object_id)})
+    columns = [f.name for f in meta.concrete_fields if isinstance(f, JSONField)]
+    sizes = {f"_{name}_size": Length(Cast(name, TextField())) for name in columns}
+    obj = row.defer(*columns).annotate(**sizes).first()
+    for name in columns if obj is not None else ():
+        try:
+            value = row.values_list(name, flat=True).first()
+        except RecursionError:
+            value = Unreadable(getattr(obj, f"_{name}_size"))
+        setattr(obj, name, value)
+    return obj
 
 
 def dashboard_url(model_admin: admin.ModelAdmin[Any]) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +16,7 @@ from django.utils.html import conditional_escape, format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext_lazy as _
 
-from django_jobs import payloads
+from django_jobs import limits, payloads
 from django_jobs.attempts import error_summary
 
 if TYPE_CHECKING:
@@ -86,43 +87,82 @@ def cell(value: Any, limit: int = CELL_LIMIT, *, name: bool = False) -> SafeStri
 _BREAK_AFTER = re.compile(r"([._\-:/])")
 
 
+@dataclass(frozen=True)
+class Unreadable:
+    """A JSON column's value that json could not decode (nested past Python's recursion limit).
+
+    Only a hand-written row holds one; the admin's get_object puts this in its place.
+    """
+
+    size: int | None  # characters of its text
+
+
 def json_text(value: Any) -> str:
     """Return a decoded JSON value as indented text with the MASK_KEYS masked."""
     return json.dumps(payloads.mask(value), indent=2, ensure_ascii=False, default=str)
 
 
-def pretty_payload(text: Any) -> SafeString:
-    """Return a payload as indented JSON with the MASK_KEYS masked, in a <pre>."""
-    try:
-        shown = json_text(payloads.decode(text))
-    except (ValueError, TypeError, RecursionError):
-        return format_html(
-            '<p class="errornote">{}</p>{}',
-            _("Not valid JSON (shown as stored):"),
-            bounded_pre(text, css="django-jobs-json"),
-        )
-    return bounded_pre(shown, css="django-jobs-json")
+def not_shown(why: Any, size: int | None = None) -> SafeString:
+    """Say that a value that may hold secrets is not shown, why, and its size; never the value."""
+    if size is None:
+        note = _("Not shown, as its secrets cannot be masked: %(why)s.") % {"why": why}
+    else:
+        note = _("Not shown, as its secrets cannot be masked: %(why)s (%(size)s characters).") % {
+            "why": why,
+            "size": f"{size:,}",
+        }
+    return format_html('<p class="errornote django-jobs-not-shown">{}</p>', note)
 
 
-def pretty_json(value: Any) -> SafeString | str:
-    """Return a decoded JSON field (a result, worker stats) like a payload."""
-    if value is None:
-        return EMPTY
+def _too_deep() -> str:
+    return str(_("nested more than %(n)s levels deep") % {"n": limits.MAX_NESTING})
+
+
+def _masked(value: Any, size: int | None, limit: int) -> SafeString:
+    """A decoded JSON value masked in a <pre>, or not_shown() when masking cannot be trusted."""
+    if payloads.nesting(value) > limits.MAX_NESTING:
+        return not_shown(_too_deep(), size)
     try:
         shown = json_text(value)
     except (ValueError, TypeError, RecursionError):
-        shown = str(value)
-    return bounded_pre(shown, css="django-jobs-json")
+        return not_shown(_("it cannot be written as JSON"), size)
+    return bounded_pre(shown, limit, css="django-jobs-json")
+
+
+def pretty_payload(text: Any) -> SafeString:
+    """Return a payload as indented JSON with the MASK_KEYS masked, in a <pre>.
+
+    Text that is not JSON, or nests deeper than limits.MAX_NESTING (a hand-written
+    row: enqueue refuses both), is not shown: only why, and its size.
+    """
+    size = len(text) if isinstance(text, str) else None
+    try:
+        value = payloads.decode(text)
+    except (ValueError, TypeError) as exc:
+        # json's messages say where, never what: "Expecting value: line 1 column 5 (char 4)".
+        return not_shown(_("not valid JSON (%(error)s)") % {"error": showable(exc)}, size)
+    return _masked(value, size, DETAIL_LIMIT)
+
+
+def pretty_json(value: Any, limit: int = DETAIL_LIMIT) -> SafeString | str:
+    """Return a decoded JSON field (a result, worker stats) like a payload."""
+    if value is None:
+        return EMPTY
+    if isinstance(value, Unreadable):
+        return not_shown(_too_deep(), value.size)
+    return _masked(value, None, limit)
 
 
 def attempt_history(errors: Any) -> SafeString | str:
     """Return every attempt's error as a table, tracebacks folded (no script needed)."""
     if not errors:
         return EMPTY
-    if not isinstance(errors, list):  # a hand-edited row: show what is there
+    if isinstance(errors, Unreadable) or payloads.nesting(errors) > limits.MAX_NESTING:
+        return pretty_json(errors)  # not shown: only a hand edit nests entries this deep
+    if not isinstance(errors, list):  # a hand-edited row: show what is there, masked
         return format_html(
             '<p class="errornote">{}</p>{}',
-            _("Not a list of attempts (shown as stored):"),
+            _("Not a list of attempts:"),
             pretty_json(errors),
         )
     hidden = max(0, len(errors) - ATTEMPTS_SHOWN)
@@ -150,10 +190,11 @@ def attempt_history(errors: Any) -> SafeString | str:
     return format_html('<p class="help">{}</p>{}', note, table)
 
 
-def _attempt_row(error: Any) -> tuple[Any, ...]:
+def _attempt_row(entry: Any) -> tuple[Any, ...]:
     limit = ATTEMPT_TEXT_LIMIT
-    if not isinstance(error, dict):
-        return ("?", EMPTY, EMPTY, bounded_pre(error, limit), EMPTY)
+    if not isinstance(entry, dict):
+        return ("?", EMPTY, EMPTY, pretty_json(entry, limit), EMPTY)
+    error = {key: _entry_text(entry.get(key)) for key in _ENTRY_KEYS if key in entry}
     traceback = error.get("traceback")
     return (
         showable(error.get("attempt", ""))[:40],
@@ -168,6 +209,21 @@ def _attempt_row(error: Any) -> tuple[Any, ...]:
         if traceback
         else EMPTY,
     )
+
+
+# The fields of an attempt's error entry that the table shows (attempts.error_entry's).
+_ENTRY_KEYS = ("attempt", "at", "worker", "type", "message", "traceback")
+
+
+def _entry_text(value: Any) -> Any:
+    """A field of a hand-edited entry that is a list or an object: as masked JSON text."""
+    if not isinstance(value, dict | list):
+        return value
+    if payloads.nesting(value) > limits.MAX_NESTING:
+        return str(
+            _("[not shown, as its secrets cannot be masked: %(why)s]") % {"why": _too_deep()}
+        )
+    return json.dumps(payloads.mask(value), ensure_ascii=False, default=str)
 
 
 def _format_when(value: Any) -> str:

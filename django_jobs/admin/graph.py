@@ -3,8 +3,11 @@
 A step's layer is one more than the highest layer of its parents (roots are layer 1),
 so every edge points to the right. Within a layer, steps are ordered by where their
 parents sit (the mean of their rows), which keeps a diamond a diamond and most
-edges short. Like the dashboard's charts: presentation attributes only (no style
-attribute, no script), every text escaped by format_html.
+edges short. At most EDGE_LIMIT edges are drawn: first each step's edge from the
+parent that sets its layer, then the others as given; the drawing says how many it
+left out (the page's table lists every step's parents). Like the dashboard's charts:
+presentation attributes only (no style attribute, no script), every text escaped by
+format_html.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
+from django.utils.translation import gettext as _
 
 # Fill and text colours per state: readable on white, told apart without the label too.
 COLORS: dict[str, tuple[str, str]] = {
@@ -32,6 +36,10 @@ NODE_W, NODE_H = 176, 42
 GAP_X, GAP_Y = 56, 14
 PAD = 8
 LABEL_CHARS = 24  # of the handler's name, at 12 px in a 176 px box
+# Edges drawn at most (about 200 bytes of SVG each): 300 steps that each wait for all
+# the earlier ones have 44,850 edges, once 9.3 MB of SVG that no one could read.
+EDGE_LIMIT = 1000
+NOTE_H = 22  # the line saying how many edges are not drawn
 
 
 @dataclass
@@ -85,16 +93,34 @@ def layers(keys: Iterable[Hashable], edges: Iterable[tuple[Hashable, Hashable]])
 
 
 def draw(
-    nodes: Sequence[Node], edges: Iterable[tuple[Hashable, Hashable]], title: str
+    nodes: Sequence[Node],
+    edges: Iterable[tuple[Hashable, Hashable]],
+    title: str,
+    layer: dict[Any, int] | None = None,
 ) -> SafeString:
-    """Return the SVG of the graph: one linked box per node, an arrow per edge."""
-    edge_list = [(p, c) for p, c in dict.fromkeys(edges)]
-    layer = layers([n.key for n in nodes], edge_list)
-    by_key = {n.key: n for n in nodes}
+    """Return the SVG of the graph: one linked box per node, an arrow per drawn edge.
+
+    `layer`: the nodes' layers when the caller has them (layers() of these edges).
+    """
+    # Edges between list positions first, as layers() does: 44,850 edges of UUIDs would
+    # hash each UUID a few times over.
+    keys = [n.key for n in nodes]
+    numbered = {key: i for i, key in enumerate(keys)}
+    pairs = []
+    for parent, child in edges:
+        p, c = numbered.get(parent), numbered.get(child)
+        if p is not None and c is not None:
+            pairs.append((p, c))
+    pairs = list(dict.fromkeys(pairs))
+    if layer is None:
+        layer = layers(keys, [(keys[p], keys[c]) for p, c in pairs])
+    left_out = max(0, len(pairs) - EDGE_LIMIT)
+    if left_out:
+        pairs = bounded_edges(pairs, [layer[key] for key in keys])
+    drawn = [(keys[p], keys[c]) for p, c in pairs]
     parents: dict[Any, list[Any]] = defaultdict(list)
-    for parent, child in edge_list:
-        if parent in by_key and child in by_key:
-            parents[child].append(parent)
+    for parent, child in drawn:  # a row near the parents drawn: the others are not seen
+        parents[child].append(parent)
     columns: dict[int, list[Node]] = defaultdict(list)
     for node in nodes:
         columns[layer[node.key]].append(node)
@@ -110,6 +136,8 @@ def draw(
     tallest = max((len(c) for c in columns.values()), default=0)
     width = PAD * 2 + len(columns) * NODE_W + max(len(columns) - 1, 0) * GAP_X
     height = PAD * 2 + tallest * NODE_H + max(tallest - 1, 0) * GAP_Y
+    if left_out:
+        height += NOTE_H
     position: dict[Any, tuple[float, float]] = {}
     for number, column in columns.items():
         # Each column centred on the tallest one.
@@ -138,9 +166,7 @@ def draw(
             '<path d="M0,0 L10,5 L0,10 z" fill="#888888"/></marker></defs>'
         ),
     ]
-    for parent, child in edge_list:
-        if parent not in position or child not in position:
-            continue
+    for parent, child in drawn:
         (px, py), (cx, cy) = position[parent], position[child]
         x1, y1 = px + NODE_W, py + NODE_H / 2
         x2, y2 = cx, cy + NODE_H / 2
@@ -195,8 +221,41 @@ def draw(
             parts.append(
                 format_html('<g class="django-jobs-node" data-state="{}">{}</g>', node.state, box)
             )
+    if left_out:
+        note = _(
+            "%(n)s more edges not drawn: each step's edge from its latest parent is; "
+            "the table lists every parent."
+        ) % {"n": f"{left_out:,}"}
+        parts.append(
+            format_html(
+                '<text class="django-jobs-graph-note" x="{}" y="{}" font-size="12" '
+                'fill="#555555">{}</text>',
+                PAD,
+                _n(height - PAD),
+                note,
+            )
+        )
     parts.append(mark_safe("</svg>"))  # noqa: S308 - a constant
     return mark_safe("".join(str(p) for p in parts))  # noqa: S308 - every part is escaped above
+
+
+def bounded_edges(
+    edges: Sequence[tuple[int, int]], layer: Sequence[int], limit: int = EDGE_LIMIT
+) -> list[tuple[int, int]]:
+    """At most limit of the edges between node numbers, in their order: first each child's
+    edge from its parent in the highest layer (the one that sets the child's layer), then
+    the others as given. `layer` holds each node number's layer."""
+    first: dict[int, int] = {}  # child -> index of its edge from its latest parent
+    for index, (parent, child) in enumerate(edges):
+        best = first.get(child)
+        if best is None or layer[parent] > layer[edges[best][0]]:
+            first[child] = index
+    chosen = set(sorted(first.values())[:limit])
+    for index in range(len(edges)):
+        if len(chosen) >= limit:
+            break
+        chosen.add(index)
+    return [edges[index] for index in sorted(chosen)]
 
 
 def short_name(name: str) -> str:

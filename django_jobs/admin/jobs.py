@@ -312,7 +312,8 @@ class RunningJobAdmin(CancelPermission, NameQueueColumns, OperationsAdmin):
     cancel_requested_at_time = when_field(Job, "cancel_requested_at")
 
     def get_queryset(self, request: HttpRequest) -> Any:
-        return cast(JobQuerySet, super().get_queryset(request)).running()
+        # Neither is shown here, and a hand-edited errors column may be past json's depth.
+        return cast(JobQuerySet, super().get_queryset(request)).running().defer("payload", "errors")
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
