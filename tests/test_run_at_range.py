@@ -22,7 +22,7 @@ from django_jobs import enqueue, enqueue_many, enqueue_on_commit, limits, workfl
 from django_jobs.exceptions import InvalidJob
 from django_jobs.models import BLOCKED_UNTIL, DeadLetter, Job
 from tests.admin_fixtures import messages_of, url
-from tests.factories import DeadLetterFactory, JobFactory
+from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory, WorkerBeatFactory
 from tests.testapp import jobs as handlers
 
 pytestmark = pytest.mark.django_db
@@ -68,6 +68,26 @@ def test_the_running_jobs_pages_show_hand_written_out_of_range_times(
     page = admin_client_.get(url("runningjob_change", job.pk))
     assert page.status_code == 200
     assert at.strftime("%Y-%m-%d") in page.content.decode()
+
+
+@pytest.mark.parametrize("zone", ZONES)
+@pytest.mark.parametrize("at", OUT_OF_RANGE, ids=lambda at: at.isoformat())
+def test_the_letter_marker_and_worker_pages_show_hand_written_out_of_range_times(
+    admin_client_, settings, zone, at
+):
+    settings.TIME_ZONE = zone
+    letter = DeadLetterFactory(name="tests.edge", enqueued_at=at, started_at=at, dead_at=at)
+    marker = MarkerFactory(name="tests.edge", enqueued_at=at, started_at=at, completed_at=at)
+    beat = WorkerBeatFactory(id="edge:1:aa", started_at=at, last_seen_at=at)
+    for listing, page in [
+        ("deadletter_changelist", url("deadletter_change", letter.pk)),
+        ("completionmarker_changelist", url("completionmarker_change", marker.pk)),
+        ("workerbeat_changelist", url("workerbeat_change", beat.pk)),
+    ]:
+        assert admin_client_.get(url(listing)).status_code == 200, listing
+        shown = admin_client_.get(page)
+        assert shown.status_code == 200, page
+        assert at.strftime("%Y-%m-%d") in shown.content.decode(), page
 
 
 # ---- refused where they enter -------------------------------------------------------------

@@ -23,6 +23,7 @@ from django.db import DataError, connections
 from django.db.models import JSONField, Model, Q, QuerySet, TextField
 from django.db.models.functions import Cast, Length
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, reverse
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
@@ -175,7 +176,16 @@ class GuardedAdmin(AnyModelAdmin):
         # Dashboard link on every change list of ours (the template shows it).
         extra = {"django_jobs_dashboard_url": dashboard_url(self), **(extra_context or {})}
         try:
-            return super().changelist_view(request, extra_context=extra)
+            response = super().changelist_view(request, extra_context=extra)
+            if self.date_hierarchy and isinstance(response, TemplateResponse):
+                try:
+                    response.render()
+                except OverflowError:
+                    # Django's date links take the list's first and last times to local
+                    # time: a time written by hand near year 1 or 9999 has none here.
+                    request.django_jobs_no_date_links = True  # type: ignore[attr-defined]
+                    response = super().changelist_view(request, extra_context=extra)
+            return response
         except UndeclaredFilter as exc:
             security_logger.error("%s", exc)  # as Django logs the lookups it refuses
             message = _(
@@ -186,12 +196,15 @@ class GuardedAdmin(AnyModelAdmin):
 
     def get_changelist_instance(self, request: HttpRequest) -> Any:
         try:
-            return super().get_changelist_instance(request)
+            changelist = super().get_changelist_instance(request)
         except (ValueError, OverflowError, DataError) as exc:
             # Django's own filters raise these on values past the limits of their types
             # (?dead_at__year=9999 asks for the year 10000): answer as Django does for an
             # unknown filter, by a redirect to the unfiltered list with ?e=1.
             raise IncorrectLookupParameters(exc) from exc
+        if getattr(request, "django_jobs_no_date_links", False):
+            changelist.date_hierarchy = None
+        return changelist
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
         if "\x00" in object_id:

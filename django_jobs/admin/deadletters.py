@@ -37,6 +37,7 @@ from django_jobs.admin.display import (
     showable,
     when,
     when_column,
+    when_field,
 )
 from django_jobs.admin.workflows import WorkflowFields, parents_list, parents_of
 from django_jobs.models import (
@@ -99,7 +100,7 @@ class DeadLetterAdmin(IdOrTermSearch, WorkflowFields, ReadOnlyAdmin):
                 "fields": [
                     ("name", "queue", "priority"),
                     ("id", "key"),
-                    ("enqueued_at", "started_at", "dead_at"),
+                    ("enqueued_at_time", "started_at_time", "dead_at_time"),
                 ]
             },
         ),
@@ -119,6 +120,10 @@ class DeadLetterAdmin(IdOrTermSearch, WorkflowFields, ReadOnlyAdmin):
         return cell(obj.name, 64, name=True)
 
     dead_at_cell = when_column("dead_at", _("dead at"))
+    # The page's times as the lists show them: never a 500 for a hand-written extreme.
+    enqueued_at_time = when_field(DeadLetter, "enqueued_at")
+    started_at_time = when_field(DeadLetter, "started_at")
+    dead_at_time = when_field(DeadLetter, "dead_at")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         head = Substr("error", 1, TITLE_LIMIT)

@@ -15,7 +15,7 @@ from django.utils.translation import gettext_lazy as _
 from rangefilter.filters import DateRangeFilter
 
 from django_jobs.admin.base import IdOrTermSearch, NameQueueColumns, ReadOnlyAdmin
-from django_jobs.admin.display import EMPTY, cell, pretty_json, when_column
+from django_jobs.admin.display import EMPTY, cell, pretty_json, when_column, when_field
 from django_jobs.models import CompletionMarker, DeadLetter
 
 
@@ -44,9 +44,9 @@ class CompletionMarkerAdmin(IdOrTermSearch, NameQueueColumns, ReadOnlyAdmin):
                     "name",
                     "queue",
                     "attempts",
-                    "enqueued_at",
-                    "started_at",
-                    "completed_at",
+                    "enqueued_at_time",
+                    "started_at_time",
+                    "completed_at_time",
                     "worker_id",
                     "replayed_from",
                 ]
@@ -54,6 +54,10 @@ class CompletionMarkerAdmin(IdOrTermSearch, NameQueueColumns, ReadOnlyAdmin):
         ),
         (_("Result"), {"fields": ["result_json"]}),
     ]
+
+    enqueued_at_time = when_field(CompletionMarker, "enqueued_at")
+    started_at_time = when_field(CompletionMarker, "started_at")
+    completed_at_time = when_field(CompletionMarker, "completed_at")
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # a marker is what keeps its key from running twice

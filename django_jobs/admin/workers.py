@@ -12,7 +12,7 @@ from django.utils.translation import gettext_lazy as _
 
 from django_jobs import conf
 from django_jobs.admin.base import OperationsAdmin
-from django_jobs.admin.display import cell, pretty_json, when_column
+from django_jobs.admin.display import cell, pretty_json, when_column, when_field
 from django_jobs.models import WorkerBeat
 
 
@@ -26,10 +26,12 @@ class WorkerBeatAdmin(OperationsAdmin):
         "queues_cell",
         "concurrency",
         "running",
-        "started_at",
-        "last_seen_at",
+        "started_at_time",
+        "last_seen_at_time",
         "stats_json",
     ]
+    started_at_time = when_field(WorkerBeat, "started_at")
+    last_seen_at_time = when_field(WorkerBeat, "last_seen_at")
 
     @admin.display(description=_("host"), ordering="host")
     def host_cell(self, obj: WorkerBeat) -> SafeString | str:
