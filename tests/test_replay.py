@@ -147,7 +147,7 @@ def test_two_concurrent_replays_of_one_letter_make_one_job(transactional_db, mon
     inside = threading.Event()
     release = threading.Event()
     reports = {}
-    original_insert = JobQuerySet._insert_plain
+    original_insert = JobQuerySet.insert_replays
 
     def slow_insert(self, *args, **kwargs):
         if threading.current_thread().name == "tab-1":
@@ -155,7 +155,7 @@ def test_two_concurrent_replays_of_one_letter_make_one_job(transactional_db, mon
             release.wait(10)  # hold the letter's row lock inside the first replay's transaction
         return original_insert(self, *args, **kwargs)
 
-    monkeypatch.setattr(JobQuerySet, "_insert_plain", slow_insert)
+    monkeypatch.setattr(JobQuerySet, "insert_replays", slow_insert)
 
     def tab(name):
         try:
