@@ -2340,13 +2340,11 @@ def _replay_letters(
         Job.objects.using(alias).insert_replays(list(jobs.values()))
         if copies:
             Dependency.objects.using(alias).bulk_create(copies, batch_size=EDGE_BATCH)
-        if live:  # the live parents the copies wait for count their new dependents
-            Job.objects.using(alias).filter(id__in=list(live)).update(
-                dependents=F("dependents")
-                + Case(
-                    *[When(id=job_id, then=Value(count)) for job_id, count in live.items()],
-                    output_field=models.IntegerField(),
-                )
+        # The live parents the copies wait for (locked) count their new dependents.
+        for part in _chunks(sorted(live), EXISTS_BATCH):
+            counts = {job_id: live[job_id] for job_id in part}
+            Job.objects.using(alias).filter(id__in=part).update(
+                dependents=F("dependents") + _ById("id", counts, models.IntegerField())
             )
         _mark_replayed(alias, jobs, by[:MAX_BY_LENGTH])
         report.replayed.update((letter, job.id) for letter, job in jobs.items())
@@ -2456,7 +2454,9 @@ def _copy_replayed_edges(
         return [], Counter()
     markers = CompletionMarker.objects.using(alias)
     open_keys = {edge.parent_key for edge in edges if edge.satisfied_at is None}
-    finished = set(markers.filter(key__in=open_keys).values_list("key", flat=True))
+    finished: set[str] = set()
+    for part in _chunks(sorted(open_keys), EXISTS_BATCH):
+        finished.update(markers.filter(key__in=part).values_list("key", flat=True))
 
     def parent_of(edge: _Edge) -> Parent | None:
         if edge.satisfied_at is not None or edge.parent_key in finished:
@@ -2513,10 +2513,11 @@ def _find_replayed_parents(alias: str, parents: Collection[Parent]) -> dict[Pare
         by_id = {parent: job_id for parent, job_id in looking.items() if job_id is not None}
         by_key = [parent for parent, job_id in looking.items() if job_id is None]
         looking = {}
-        if by_id:
-            looking.update(_look_by_id(alias, by_id, found))
-        if by_key:
-            looking.update(_look_by_key(alias, by_key, found))
+        # In parts of EXISTS_BATCH: a fan-in step may wait for 100,000 parents.
+        for part in _chunks(list(by_id.items()), EXISTS_BATCH):
+            looking.update(_look_by_id(alias, dict(part), found))
+        for keyed in _chunks(by_key, EXISTS_BATCH):
+            looking.update(_look_by_key(alias, keyed, found))
     found.update(dict.fromkeys(looking))  # still moving after every round: as not found
     return found
 
@@ -2633,26 +2634,26 @@ def _mark_replayed(alias: str, jobs: dict[uuid.UUID, NewJob], by: str) -> None:
     stepped = list(steps.filter(job_id__in=list(jobs)).values_list("job_id", flat=True))
     if stepped:
         steps.filter(job_id__in=stepped).update(
-            job_id=_ByLetter(
+            job_id=_ById(
                 "job_id", {letter: jobs[letter].id for letter in stepped}, models.UUIDField()
             ),
-            key=_ByLetter(
+            key=_ById(
                 "job_id", {letter: jobs[letter].key for letter in stepped}, models.CharField()
             ),
         )
     DeadLetter.objects.using(alias).filter(id__in=list(jobs)).update(
         replayed_at=Now(),
         replayed_by=by,
-        replay_job_id=_ByLetter(
+        replay_job_id=_ById(
             "id", {letter: job.id for letter, job in jobs.items()}, models.UUIDField()
         ),
     )
 
 
-class _ByLetter(models.Expression):
-    """CASE column WHEN letter id THEN value ... END, its pairs as parameters: one UPDATE
-    gives each letter's row its own value (a When() per letter costs the ORM a resolve
-    each, more than the statement itself)."""
+class _ById(models.Expression):
+    """CASE column WHEN id THEN value ... END, its pairs as parameters: one UPDATE gives
+    each row its own value (a When() per row costs the ORM a resolve each, more than
+    the statement itself)."""
 
     def __init__(
         self, column: str, values: Mapping[uuid.UUID, Any], output_field: models.Field[Any, Any]
@@ -2661,14 +2662,14 @@ class _ByLetter(models.Expression):
         self.column = column
         self.values = values
 
-    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, list[Any]]:
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
         key_field = compiler.query.model._meta.get_field(self.column)
         params: list[Any] = []
-        for letter, value in self.values.items():
-            params.append(key_field.get_db_prep_value(letter, connection))
+        for row_id, value in self.values.items():
+            params.append(key_field.get_db_prep_value(row_id, connection))
             params.append(self.output_field.get_db_prep_value(value, connection))
         column = connection.ops.quote_name(key_field.column)
-        return f"CASE {column}{' WHEN %s THEN %s' * len(self.values)} END", params
+        return f"CASE {column}{' WHEN %s THEN %s' * len(self.values)} END", tuple(params)
 
 
 def _letter_fingerprint(letter: _Letter) -> str | None:
@@ -2780,8 +2781,11 @@ class DeadLetterQuerySet(models.QuerySet["DeadLetter"]):
         report = ReplayReport()
         ids = list(self.values_list("id", flat=True))
         done = 0
+        size = REPLAY_BATCH
+        if limit := connections[alias].features.max_query_params:
+            size = max(1, min(size, limit // 3))  # SQLite: a CASE of 2 per letter, an IN of 1
         # Each new job due now wakes listening workers at commit (see JobQuerySet.insert).
-        for chunk in _chunks(ids, REPLAY_BATCH):
+        for chunk in _chunks(ids, size):
             report.add(_replay_chunk(alias, chunk, by, run_at, seconds))
             done += len(chunk)
             if progress is not None:
