@@ -1631,7 +1631,7 @@ def _insert_params(job: NewJob) -> dict[str, Any]:
 
 def _replay_params(jobs: Sequence[NewJob]) -> dict[str, Any]:
     """The arrays of sql.INSERT_REPLAYS: one element per job, in the order of jobs."""
-    columns = {
+    return {
         name: [getattr(job, name) for job in jobs]
         for name in (
             "id",
@@ -1651,7 +1651,6 @@ def _replay_params(jobs: Sequence[NewJob]) -> dict[str, Any]:
             "not_before",
         )
     }
-    return columns
 
 
 def _new_row(job: NewJob, now: datetime) -> Job:
