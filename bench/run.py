@@ -4,7 +4,7 @@
     python3 dev.py bench            # full run: medians of 3, about five minutes
     python3 dev.py bench --quick    # smoke run: a few hundred jobs, one run each
     python3 dev.py bench --compare  # E1, D1, D2: PostgreSQL's fast path, its ORM claim, MariaDB
-    python3 dev.py bench --engine mariadb   # E1, E1a, E2, W1, D1, D2 on MariaDB (mysqlclient)
+    python3 dev.py bench --engine mariadb   # E1, E1a, E2, W1, D1, D2, RP on MariaDB (mysqlclient)
     python3 dev.py bench --claim orm        # every figure with DJANGO_JOBS["CLAIM"] = "orm"
 
 Figures (no-op jobs, as the peers were measured):
@@ -17,6 +17,7 @@ Figures (no-op jobs, as the peers were measured):
        drained by one runjobs process as D1                         (steps/s)
   D2   the same, two runjobs processes                             (jobs/s)
   D1F  D1 with flow limits configured on other handlers of the queue (jobs/s)
+  RP   replay 10,000 dead letters in one call, half of them keyed  (letters/s)
   CAP  a handler capped by global_concurrency=4, 50 ms jobs, 2 workers (% of 80/s)
   CAP0 the same jobs without a limit on one worker of 4 threads, for comparison
   L1   enqueue-commit to handler start at 20 jobs/s, p50 and p99   (ms)
@@ -56,7 +57,7 @@ PG = {
 
 # --engine mariadb (BENCH_ENGINE): only these figures; the others read PostgreSQL's
 # statistics or run its claim statement.
-MARIADB_FIGURES = {"E1", "E1A", "E2", "W1", "D1", "D2"}
+MARIADB_FIGURES = {"E1", "E1A", "E2", "W1", "D1", "D2", "RP"}
 # --compare: these figures for the fast path, the ORM claim, and MariaDB.
 COMPARE = (("postgres", "auto"), ("postgres", "orm"), ("mariadb", "auto"))
 
@@ -271,6 +272,46 @@ def workflow_drain(n: int) -> float:
     assert last.started_at >= others["completed_at__max"], "the final step ran too early"
     span = CompletionMarker.objects.aggregate(first=Min("started_at"), last=Max("completed_at"))
     return (n + 2) / (span["last"] - span["first"]).total_seconds()
+
+
+def replay(n: int) -> float:
+    """Return the letters per second of one replay() of n dead letters (every other keyed).
+
+    The letters are written first (not timed), as a worker leaves them: no edges,
+    no workflow steps; DeadLetterQuerySet.replay makes a job of each.
+    """
+    from django.utils import timezone
+
+    from django_jobs.models import DeadLetter, DeadReason, Job, uuid7
+
+    reset()
+    now = timezone.now()
+    DeadLetter.objects.bulk_create(
+        [
+            DeadLetter(
+                id=uuid7(),
+                name="bench.noop",
+                queue="default",
+                payload=f'{{"i": {i}}}',
+                key=f"bench-{i}" if i % 2 else None,
+                attempts=5,
+                max_attempts=5,
+                reason=DeadReason.ATTEMPTS_EXHAUSTED,
+                error="bench.Error: failed",
+                errors=[],
+                enqueued_at=now,
+                dead_at=now,
+            )
+            for i in range(n)
+        ],
+        batch_size=2_000,
+    )
+    started = time.perf_counter()
+    report = DeadLetter.objects.all().replay(by="bench")
+    elapsed = time.perf_counter() - started
+    assert len(report.replayed) == n, f"replayed {report}"
+    assert Job.objects.count() == n, "a letter without its job"
+    return n / elapsed
 
 
 def capped(n: int, limited: bool = True) -> float:
@@ -598,6 +639,13 @@ def main() -> int:
         "jobs/s",
         "within 10% of D1",
         measure("D1F", drain, size["drain"], 1, True),
+    )
+    add(
+        "RP",
+        f"replay {size['bulk']:,} dead letters",
+        "letters/s",
+        ">= 3,333",
+        measure("RP", replay, size["bulk"]),
     )
     add(
         "CAP",

@@ -25,7 +25,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from django.conf import settings
 from django.core.checks import CheckMessage
@@ -409,6 +409,18 @@ class _KeyCompleted(Exception):
         self.marker = marker
 
 
+class _KeyRaced(Exception):
+    """A key a replay chunk found free was taken, or completed, before its insert."""
+
+
+class _ReplayCycles(Exception):
+    """Letters of a replay chunk whose jobs would wait for their own waiters (_refuse_cycle)."""
+
+    def __init__(self, letters: set[uuid.UUID]) -> None:
+        super().__init__(letters)
+        self.letters = letters
+
+
 class JobQuerySet(models.QuerySet["Job"]):
     """Named state changes of live jobs: every insert, settle and notify of a job row."""
 
@@ -520,6 +532,41 @@ class JobQuerySet(models.QuerySet["Job"]):
                 pass  # a live job holds the key
         live = self.filter(key=job.key).values_list("id", "fingerprint").first()
         return None if live is None else ("live", *live, None)
+
+    def insert_replays(self, jobs: Sequence[NewJob]) -> None:
+        """Write the new jobs of a replay chunk in the open transaction: all of them, or none.
+
+        The caller found their keys free (no marker, no live job) under the
+        letters' row locks; a key taken or completed since raises _KeyRaced, and
+        the caller rolls the chunk back and looks again. One statement on
+        PostgreSQL (sql.INSERT_REPLAYS), whose due jobs wake listening workers at
+        commit; bulk_create elsewhere.
+        """
+        alias = self.db
+        keys = [job.key for job in jobs if job.key is not None]
+        markers = CompletionMarker.objects.using(alias)
+        if _is_postgres(alias):
+            rows = sql.run(alias, sql.INSERT_REPLAYS, _replay_params(jobs))
+            if len(rows) < len(jobs):
+                raise _KeyRaced
+            key_of = {job.id: job.key for job in jobs}
+            recheck = [key_of[job_id] for job_id, _queue, again in rows if again]
+            if recheck and markers.filter(key__in=recheck).exists():
+                raise _KeyRaced
+            notify(alias, {queue for _id, queue, _again in rows if queue is not None})
+            return
+        now = timezone.now()
+        try:
+            with transaction.atomic(using=alias):
+                self.bulk_create([_new_row(job, now) for job in jobs], batch_size=BULK_BATCH)
+        except IntegrityError:
+            if self.filter(key__in=keys).exists() or markers.filter(key__in=keys).exists():
+                raise _KeyRaced from None  # a live job of a key came in since the look
+            raise
+        # The insert may have waited for a live job of a key to settle: its marker
+        # was written after the look (as _insert_keyed looks again).
+        if keys and markers.filter(key__in=keys).exists():
+            raise _KeyRaced
 
     # ---- workflows (docs/workflows.md) -------------------------------------
 
@@ -1762,6 +1809,30 @@ def _insert_params(job: NewJob) -> dict[str, Any]:
     }
 
 
+def _replay_params(jobs: Sequence[NewJob]) -> dict[str, Any]:
+    """The arrays of sql.INSERT_REPLAYS: one element per job, in the order of jobs."""
+    return {
+        name: [getattr(job, name) for job in jobs]
+        for name in (
+            "id",
+            "name",
+            "queue",
+            "payload",
+            "priority",
+            "run_at",
+            "delay",
+            "max_attempts",
+            "key",
+            "fingerprint",
+            "partition",
+            "waiting_for",
+            "dependents",
+            "release_delay",
+            "not_before",
+        )
+    }
+
+
 def _new_row(job: NewJob, now: datetime) -> Job:
     return Job(
         id=job.id,
@@ -2504,9 +2575,469 @@ class ReplayReport:
         return ", ".join(parts)
 
 
-# Dead letters replayed per transaction (each in its own savepoint): few commits
-# and one NOTIFY per queue per batch, without one huge transaction.
-REPLAY_BATCH = 200
+# Dead letters replayed per transaction: few commits and one NOTIFY per queue per
+# batch, without one huge transaction. Each batch is a few statements, whatever
+# its size (_replay_letters).
+REPLAY_BATCH = 1000
+
+
+class _Letter(NamedTuple):
+    """The fields of a dead letter its replay reads (_REPLAYED)."""
+
+    id: uuid.UUID
+    name: str
+    queue: str
+    payload: str
+    priority: int
+    max_attempts: int
+    key: str | None
+    fingerprint: str | None
+    replayed_at: datetime | None
+
+    @property
+    def edge_key(self) -> str:
+        """The key its dependents' edges name it by: its key, or its id as text."""
+        return self.key if self.key is not None else str(self.id)
+
+
+_REPLAYED = _Letter._fields
+
+
+class _Edge(NamedTuple):
+    """A Dependency row as a replay reads it."""
+
+    id: int
+    job_id: uuid.UUID
+    parent_key: str
+    parent_id: uuid.UUID
+    on_parent_dead: str
+    satisfied_at: datetime | None
+
+
+def _replay_chunk(
+    alias: str, chunk: list[uuid.UUID], by: str, run_at: datetime | None, delay: float
+) -> ReplayReport:
+    """Replay the letters of chunk in one transaction, again when it lost a race or a deadlock."""
+    cyclic: set[uuid.UUID] = set()
+    for _round in range(DEDUPE_ROUNDS + len(chunk)):
+        # A replay locks its letters, then their parents: out of id order, so InnoDB
+        # may pick it as a deadlock's victim; its chunk is then tried again whole.
+        rest = [letter for letter in chunk if letter not in cyclic]
+        replay = partial(_replay_letters, alias, rest, by, run_at, delay)
+        try:
+            report = _retrying_deadlocks(alias, replay) if rest else ReplayReport()
+        except _KeyRaced:
+            continue  # a key changed hands between the look and the insert: look again
+        except _ReplayCycles as found:
+            cyclic |= found.letters  # rolled back: the chunk again without them
+            continue
+        report.cycles += sorted(cyclic)
+        return report
+    raise InvalidJob("replay: the keys of these letters keep changing hands; try again")
+
+
+def _replay_letters(
+    alias: str, chunk: list[uuid.UUID], by: str, run_at: datetime | None, delay: float
+) -> ReplayReport:
+    """Replay the letters of chunk in one transaction; return what it did.
+
+    A few statements for the chunk, none per letter: lock the letters (in id
+    order, as every path that locks several rows), read their edges, look their
+    keys up, find the parents of their own edges (only when they have some),
+    insert the jobs, copy the edges, move the workflow steps, mark the letters.
+    """
+    report = ReplayReport()
+    with transaction.atomic(using=alias):
+        rows = (
+            DeadLetter.objects.using(alias)
+            .filter(id__in=chunk)
+            .order_by("id")
+            .select_for_update()
+            .values_list(*_REPLAYED)
+        )
+        letters: list[_Letter] = []
+        for row in rows:
+            letter = _Letter(*row)
+            # Locked, so replayed_at is current: a concurrent replay of it has committed.
+            if letter.replayed_at is not None:
+                report.already.append(letter.id)
+            elif registry.lookup(letter.name) is None:
+                report.unknown.append(letter.id)
+            else:
+                letters.append(letter)
+        if not letters:
+            return report
+        own, waiting = _replay_edges_of(alias, letters)
+        jobs = _replay_jobs(alias, letters, waiting, run_at, delay, report)
+        if not jobs:
+            return report
+        copies, live = _copy_replayed_edges(alias, own, jobs)
+        _refuse_replay_cycles(alias, jobs, copies)
+        Job.objects.using(alias).insert_replays(list(jobs.values()))
+        if copies:
+            Dependency.objects.using(alias).bulk_create(copies, batch_size=EDGE_BATCH)
+        # The live parents the copies wait for (locked) count their new dependents.
+        for part in _chunks(sorted(live), EXISTS_BATCH):
+            counts = {job_id: live[job_id] for job_id in part}
+            Job.objects.using(alias).filter(id__in=part).update(
+                dependents=F("dependents") + _ById("id", counts, models.IntegerField())
+            )
+        _mark_replayed(alias, jobs, by[:MAX_BY_LENGTH])
+        report.replayed.update((letter, job.id) for letter, job in jobs.items())
+    return report
+
+
+def _refuse_replay_cycles(
+    alias: str, jobs: Mapping[uuid.UUID, NewJob], copies: Sequence[Dependency]
+) -> None:
+    """Raise _ReplayCycles for the letters whose replays would wait for their own waiters.
+
+    A job of the key enqueued after one of the letter's waiters (and cancelled,
+    say) left the letter waiting for it: replayed, it would wait for itself.
+    """
+    waited: dict[uuid.UUID, list[str]] = {}
+    for copy in copies:
+        if copy.satisfied_at is None:
+            waited.setdefault(copy.job_id, []).append(copy.parent_key)
+    cyclic = set()
+    for letter, job in jobs.items():
+        if job.key is not None and job.id in waited:
+            try:
+                _refuse_cycle(alias, job.key, waited[job.id].copy, dead_key=True)
+            except _Cycle:
+                cyclic.add(letter)
+    if cyclic:
+        raise _ReplayCycles(cyclic)
+
+
+def _replay_edges_of(
+    alias: str, letters: list[_Letter]
+) -> tuple[dict[uuid.UUID, list[_Edge]], Counter[str]]:
+    """Return the letters' own edges (by letter, in id order) and the unsatisfied edges
+    that wait for each letter's key (by key), in one query.
+
+    Read after the letters are locked: an enqueue that found a letter pending held
+    its lock until its edge committed, so the count sees that edge; later ones
+    follow replay_job_id to the new job.
+    """
+    edges = (
+        Dependency.objects.using(alias)
+        .filter(
+            Q(job_id__in=[letter.id for letter in letters])
+            | Q(parent_key__in=[letter.edge_key for letter in letters], satisfied_at__isnull=True)
+        )
+        .order_by("id")
+        .values_list(*_Edge._fields)
+    )
+    ids = {letter.id for letter in letters}
+    keys = {letter.edge_key for letter in letters}
+    own: dict[uuid.UUID, list[_Edge]] = {}
+    waiting: Counter[str] = Counter()
+    for row in edges:
+        edge = _Edge(*row)
+        if edge.job_id in ids:
+            own.setdefault(edge.job_id, []).append(edge)
+        if edge.satisfied_at is None and edge.parent_key in keys:
+            waiting[edge.parent_key] += 1
+    return own, waiting
+
+
+def _replay_jobs(
+    alias: str,
+    letters: list[_Letter],
+    waiting: Counter[str],
+    run_at: datetime | None,
+    delay: float,
+    report: ReplayReport,
+) -> dict[uuid.UUID, NewJob]:
+    """Return the new job of each letter whose key is free (by letter id, in id order).
+
+    A letter whose key has unsatisfied edges gives its job that key (its id as
+    text, when it has no dedupe key), so that the job's marker satisfies them. A
+    key with a completion marker, or held by a live job or by an earlier letter of
+    the chunk, makes no job: the letter goes to report.completed or key_taken.
+    """
+    jobs: dict[uuid.UUID, NewJob] = {}
+    for letter in letters:
+        count = waiting[letter.edge_key]
+        key, fingerprint = letter.key, letter.fingerprint
+        if count:  # its dependents wait for its key: the new job's marker must carry it
+            key, fingerprint = letter.edge_key, _letter_fingerprint(letter)
+        jobs[letter.id] = NewJob(
+            id=uuid7(),
+            name=letter.name,
+            queue=letter.queue,
+            payload=letter.payload,
+            priority=letter.priority,
+            run_at=run_at,
+            delay=delay,
+            max_attempts=letter.max_attempts,
+            key=key,
+            fingerprint=fingerprint,
+            partition=_partition_of(letter.name, letter.payload),
+            dependents=count,
+        )
+    keys = [job.key for job in jobs.values() if job.key is not None]
+    completed: set[str | None] = set()
+    live: set[str | None] = set()
+    if keys:
+        markers = CompletionMarker.objects.using(alias).filter(key__in=keys)
+        completed = set(markers.values_list("key", flat=True))
+        live = set(Job.objects.using(alias).filter(key__in=keys).values_list("key", flat=True))
+    for letter in letters:
+        key = jobs[letter.id].key
+        if key is None:
+            continue
+        if key in completed or key in live:
+            del jobs[letter.id]
+            (report.completed if key in completed else report.key_taken).append(letter.id)
+        else:
+            live.add(key)  # a later letter of the key finds it held by this one's job
+    return jobs
+
+
+def _copy_replayed_edges(
+    alias: str, own: dict[uuid.UUID, list[_Edge]], jobs: dict[uuid.UUID, NewJob]
+) -> tuple[list[Dependency], Counter[uuid.UUID]]:
+    """Copy the replayed letters' own edges to their new jobs (docs/workflows.md "Replay").
+
+    A parent finished since (its marker, or no trace left) counts as done; the
+    others are found as an enqueue finds them (_find_replayed_parents). A job
+    with unfinished parents is written blocked, with the replay's run_at or delay
+    for its release. The jobs of the chunk count the copies that wait for their
+    keys as dependents. Returns the copies, and the live parents they wait for
+    with how many each.
+    """
+    edges = [edge for letter in jobs for edge in own.get(letter, ())]
+    if not edges:
+        return [], Counter()
+    markers = CompletionMarker.objects.using(alias)
+    open_keys = {edge.parent_key for edge in edges if edge.satisfied_at is None}
+    finished: set[str] = set()
+    for part in _chunks(sorted(open_keys), EXISTS_BATCH):
+        finished.update(markers.filter(key__in=part).values_list("key", flat=True))
+
+    def parent_of(edge: _Edge) -> Parent | None:
+        if edge.satisfied_at is not None or edge.parent_key in finished:
+            return None
+        return Parent(id=edge.parent_id, key=edge.parent_key)
+
+    found = _find_replayed_parents(alias, {p for e in edges if (p := parent_of(e)) is not None})
+    now = timezone.now()
+    copies: list[Dependency] = []
+    live: Counter[uuid.UUID] = Counter()
+    for letter, job in list(jobs.items()):
+        waiting_for = 0
+        for edge in own.get(letter, ()):
+            parent = parent_of(edge)
+            where = found.get(parent) if parent is not None else None
+            unfinished = where is not None and where.state != _DONE
+            copies.append(
+                Dependency(
+                    job_id=job.id,
+                    parent_key=edge.parent_key,
+                    parent_id=edge.parent_id if where is None else where.id,
+                    on_parent_dead=edge.on_parent_dead,
+                    created_at=now,
+                    satisfied_at=None if unfinished else (edge.satisfied_at or now),
+                )
+            )
+            if unfinished:
+                waiting_for += 1
+            if where is not None and where.state == _LIVE:
+                live[where.id] += 1
+        if waiting_for:
+            # The replay's run_at or delay, if given, apply from its release.
+            jobs[letter] = _block(replace(job, waiting_for=waiting_for))
+    holder = {job.key: job for job in jobs.values() if job.key is not None}
+    for copy in copies:
+        if copy.satisfied_at is None and copy.parent_key in holder:
+            holder[copy.parent_key].dependents += 1  # a parent replayed in the same chunk
+    return copies, live
+
+
+def _find_replayed_parents(alias: str, parents: Collection[Parent]) -> dict[Parent, _Found | None]:
+    """Find the parents of replayed edges as _find_parent does, a few statements per round.
+
+    Each round looks up every parent still unfound by id (_look_by_id) or by key
+    (_look_by_key), together; a replayed letter is followed to its replay in the
+    next round. It only locks: the caller counts the new dependents of the live
+    parents it keeps. None: found nowhere (its marker pruned), which counts as done.
+    """
+    found: dict[Parent, _Found | None] = {}
+    looking: dict[Parent, uuid.UUID | None] = {p: p.id for p in parents}  # None: by key
+    for _round in range(2 * DEDUPE_ROUNDS):
+        if not looking:
+            break
+        by_id = {parent: job_id for parent, job_id in looking.items() if job_id is not None}
+        by_key = [parent for parent, job_id in looking.items() if job_id is None]
+        looking = {}
+        # In parts of EXISTS_BATCH: a fan-in step may wait for 100,000 parents.
+        for part in _chunks(list(by_id.items()), EXISTS_BATCH):
+            looking.update(_look_by_id(alias, dict(part), found))
+        for keyed in _chunks(by_key, EXISTS_BATCH):
+            looking.update(_look_by_key(alias, keyed, found))
+    found.update(dict.fromkeys(looking))  # still moving after every round: as not found
+    return found
+
+
+def _look_by_id(
+    alias: str, by_id: Mapping[Parent, uuid.UUID], found: dict[Parent, _Found | None]
+) -> dict[Parent, uuid.UUID | None]:
+    """Find parents by job id: live (locked), then a marker, then a letter (locked), each
+    kind in one statement; return those to look for again (a replay's id, or None: by key)."""
+    rest = set(by_id.values())
+    live = dict(
+        Job.objects.using(alias)
+        .filter(id__in=rest)
+        .order_by("id")  # locked in id order, as every path that locks several rows
+        .select_for_update()
+        .values_list("id", "key")
+    )
+    rest -= live.keys()
+    markers = CompletionMarker.objects.using(alias).filter(job_id__in=rest)
+    marked = dict(markers.values_list("job_id", "key"))
+    rest -= marked.keys()
+    dead = {
+        letter_id: (key, replay)
+        for letter_id, key, replay in DeadLetter.objects.using(alias)
+        .filter(id__in=rest)
+        .order_by("id")
+        .select_for_update()
+        .values_list("id", "key", "replay_job_id")
+    }
+    again: dict[Parent, uuid.UUID | None] = {}
+    for parent, job_id in by_id.items():
+        if job_id in live:
+            own = live[job_id]
+            found[parent] = _Found(_LIVE, own if own is not None else str(job_id), job_id)
+        elif job_id in marked:
+            found[parent] = _Found(_DONE, marked[job_id], job_id)
+        elif job_id in dead:
+            letter_key, replay = dead[job_id]
+            if replay is None:
+                key = letter_key if letter_key is not None else str(job_id)
+                found[parent] = _Found(_DEAD, key, job_id)
+            else:
+                again[parent] = replay  # replayed: its replay is the job to wait for
+        elif parent.key is not None and job_id == parent.id:
+            again[parent] = None  # an id's text given as a string may be a dedupe key too
+        else:
+            found[parent] = None
+    return again
+
+
+def _look_by_key(
+    alias: str, by_key: Sequence[Parent], found: dict[Parent, _Found | None]
+) -> dict[Parent, uuid.UUID | None]:
+    """Find parents by key: a live holder (locked by id alone, as _find_parent does), then a
+    marker, then the latest pending letter (letters locked by id, in id order); return
+    those to look for again (every letter of the key replayed: its job is live or done)."""
+    jobs = Job.objects.using(alias)
+    letters = DeadLetter.objects.using(alias)
+    keys = {cast(str, parent.key) for parent in by_key}
+    holders: dict[str | None, uuid.UUID] = dict(jobs.filter(key__in=keys).values_list("key", "id"))
+    locked = set(
+        jobs.filter(id__in=list(holders.values()))
+        .order_by("id")
+        .select_for_update()
+        .values_list("id", flat=True)
+    )
+    held = {key for key, job_id in holders.items() if job_id in locked}
+    markers = CompletionMarker.objects.using(alias).filter(key__in=keys - held)
+    marked: dict[str, uuid.UUID] = dict(markers.values_list("key", "job_id"))
+    rest = keys - held - marked.keys()
+    letter_ids = list(letters.filter(key__in=rest).order_by().values_list("id", flat=True))
+    of_key: dict[str | None, list[tuple[datetime, uuid.UUID]]] = {}  # pending ones, by key
+    for letter_id, key, replay, dead_at in (
+        letters.filter(id__in=letter_ids, key__in=rest)
+        .order_by("id")
+        .select_for_update()
+        .values_list("id", "key", "replay_job_id", "dead_at")
+    ):
+        of_key.setdefault(key, [])
+        if replay is None:
+            of_key[key].append((dead_at, letter_id))
+    again: dict[Parent, uuid.UUID | None] = {}
+    for parent in by_key:
+        key = cast(str, parent.key)
+        if key in held:
+            found[parent] = _Found(_LIVE, key, holders[key])
+        elif key in marked:
+            found[parent] = _Found(_DONE, key, marked[key])
+        elif of_key.get(key):
+            latest = max(of_key[key], key=lambda letter: (letter[0], -letter[1].int))
+            found[parent] = _Found(_DEAD, key, latest[1])
+        elif key in of_key:
+            again[parent] = None
+        else:
+            found[parent] = None
+    return again
+
+
+def _mark_replayed(alias: str, jobs: dict[uuid.UUID, NewJob], by: str) -> None:
+    """Mark the letters (locked) as replayed by `by` as their new jobs, and move their steps.
+
+    A step has one row: it moves to the job that runs the step now, so the
+    workflow page shows the step once and retention keeps it while that job has
+    a record (pruning the letter no longer takes the step with it). Its
+    created_at stays: the step keeps its place among its workflow's.
+    """
+    if _is_postgres(alias):
+        letters, new = list(jobs), [job.id for job in jobs.values()]
+        sql.run(alias, sql.MARK_REPLAYED, {"by": by, "letters": letters, "jobs": new})
+        keys = [job.key for job in jobs.values()]
+        sql.run(alias, sql.MOVE_REPLAYED_STEPS, {"letters": letters, "jobs": new, "keys": keys})
+        return
+    steps = WorkflowStep.objects.using(alias)
+    stepped = list(steps.filter(job_id__in=list(jobs)).values_list("job_id", flat=True))
+    if stepped:
+        steps.filter(job_id__in=stepped).update(
+            job_id=_ById(
+                "job_id", {letter: jobs[letter].id for letter in stepped}, models.UUIDField()
+            ),
+            key=_ById(
+                "job_id", {letter: jobs[letter].key for letter in stepped}, models.CharField()
+            ),
+        )
+    DeadLetter.objects.using(alias).filter(id__in=list(jobs)).update(
+        replayed_at=Now(),
+        replayed_by=by,
+        replay_job_id=_ById(
+            "id", {letter: job.id for letter, job in jobs.items()}, models.UUIDField()
+        ),
+    )
+
+
+class _ById(models.Expression):
+    """CASE column WHEN id THEN value ... END, its pairs as parameters: one UPDATE gives
+    each row its own value (a When() per row costs the ORM a resolve each, more than
+    the statement itself)."""
+
+    def __init__(
+        self, column: str, values: Mapping[uuid.UUID, Any], output_field: models.Field[Any, Any]
+    ) -> None:
+        super().__init__(output_field=output_field)
+        self.column = column
+        self.values = values
+
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
+        key_field = compiler.query.model._meta.get_field(self.column)
+        params: list[Any] = []
+        for row_id, value in self.values.items():
+            params.append(key_field.get_db_prep_value(row_id, connection))
+            params.append(self.output_field.get_db_prep_value(value, connection))
+        column = connection.ops.quote_name(key_field.column)
+        return f"CASE {column}{' WHEN %s THEN %s' * len(self.values)} END", tuple(params)
+
+
+def _letter_fingerprint(letter: _Letter) -> str | None:
+    if letter.fingerprint is not None:
+        return letter.fingerprint
+    try:
+        return payload_fingerprint(letter.name, letter.payload)
+    except ValueError:  # a hand-edited payload that is no JSON: no fingerprint to compare
+        return None
 
 
 class _IdAsKey(models.Func):
@@ -2595,6 +3126,8 @@ class DeadLetterQuerySet(models.QuerySet["DeadLetter"]):
         new job's id; a letter already replayed (now, or by a concurrent call) is
         left alone, so replaying twice never makes a second job. A letter whose key
         a live job holds, or whose key's work has completed since, is not replayed.
+        Letters are replayed REPLAY_BATCH at a time, each batch in one transaction
+        of a few statements whatever its size (_replay_letters);
         `progress(done, total)` is called after each batch.
         """
         if run_at is not None and delay is not None:
@@ -2609,27 +3142,15 @@ class DeadLetterQuerySet(models.QuerySet["DeadLetter"]):
         report = ReplayReport()
         ids = list(self.values_list("id", flat=True))
         done = 0
+        size = REPLAY_BATCH
+        if limit := connections[alias].features.max_query_params:
+            size = max(1, min(size, limit // 3))  # SQLite: a CASE of 2 per letter, an IN of 1
         # Each new job due now wakes listening workers at commit (see JobQuerySet.insert).
-        for chunk in _chunks(ids, REPLAY_BATCH):
-            # A replay locks each letter, then its parents: out of id order, so InnoDB
-            # may pick it as a deadlock's victim; its chunk is then tried again whole.
-            replay_chunk = partial(self._replay_chunk, alias, chunk, by, run_at, seconds)
-            report.add(_retrying_deadlocks(alias, replay_chunk))
+        for chunk in _chunks(ids, size):
+            report.add(_replay_chunk(alias, chunk, by, run_at, seconds))
             done += len(chunk)
             if progress is not None:
                 progress(done, len(ids))
-        return report
-
-    def _replay_chunk(
-        self, alias: str, chunk: list[uuid.UUID], by: str, run_at: datetime | None, delay: float
-    ) -> ReplayReport:
-        """Replay the letters of chunk in one transaction; return what it did."""
-        report = ReplayReport()
-        with transaction.atomic(using=alias):
-            # In id order, as every path that locks several rows (_find_parents).
-            letters = DeadLetter.objects.using(alias).filter(id__in=chunk).order_by("id")
-            for letter in letters:
-                letter._replay(alias, by, run_at, delay, report)
         return report
 
 
@@ -2944,7 +3465,10 @@ class DeadLetter(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.name} {self.id} ({self.get_reason_display()})"
+        # The reason's label read directly: get_reason_display() rebuilds the choices' map
+        # at each call, which the admin's log of a replay of 10,000 letters calls each.
+        reason = DeadReason(self.reason).label if self.reason in DeadReason else self.reason
+        return f"{self.name} {self.id} ({reason})"
 
     @classmethod
     def check(cls, **kwargs: Any) -> list[CheckMessage]:
@@ -2978,125 +3502,6 @@ class DeadLetter(models.Model):
     @property
     def is_replayed(self) -> bool:
         return self.replayed_at is not None
-
-    def _replay(
-        self, alias: str, by: str, run_at: datetime | None, delay: float, report: ReplayReport
-    ) -> bool:
-        """Replay this letter inside the caller's transaction; note the outcome in report."""
-        if self.replayed_at is not None:
-            report.already.append(self.id)
-            return False
-        if registry.lookup(self.name) is None:
-            report.unknown.append(self.id)
-            return False
-        job = NewJob(
-            id=uuid7(),
-            **definition(self),
-            run_at=run_at,
-            delay=delay,
-            partition=_partition_of(self.name, self.payload),
-        )
-        jobs = Job.objects.using(alias)
-        with transaction.atomic(using=alias):
-            # Conditional on "not replayed yet": of two concurrent replays (two
-            # tabs), the second waits for the first's row lock, then updates nothing.
-            claimed = (
-                DeadLetter.objects.using(alias)
-                .filter(id=self.id, replayed_at__isnull=True)
-                .update(replayed_at=Now(), replayed_by=by[:MAX_BY_LENGTH], replay_job_id=job.id)
-            )
-            if not claimed:
-                report.already.append(self.id)
-                return False
-            try:
-                job = self._replay_edges(alias, job)
-            except _Cycle:
-                transaction.set_rollback(True, using=alias)
-                report.cycles.append(self.id)
-                return False
-            if job.key is None:
-                jobs._insert_plain(job)
-            else:
-                found = jobs._insert_keyed(job)
-                if found is None or found[0] != "inserted":
-                    # The key's work is done, or a live job holds it (enqueued again since).
-                    transaction.set_rollback(True, using=alias)
-                    held = (
-                        report.completed if found and found[0] == "completed" else report.key_taken
-                    )
-                    held.append(self.id)
-                    return False
-            if job.waiting_for or job.dependents:
-                jobs.filter(id=job.id).update(
-                    waiting_for=job.waiting_for, dependents=job.dependents, **_release_timing(job)
-                )
-        report.replayed[self.id] = job.id
-        return True
-
-    def _fingerprint(self) -> str | None:
-        if self.fingerprint is not None:
-            return self.fingerprint
-        try:
-            return payload_fingerprint(self.name, self.payload)
-        except ValueError:  # a hand-edited payload that is no JSON: no fingerprint to compare
-            return None
-
-    def _replay_edges(self, alias: str, job: NewJob) -> NewJob:
-        """The replay of this letter as a workflow sees it (docs/workflows.md "Replay").
-
-        Runs after the letter is claimed for replay: an enqueue that found the
-        letter pending held its lock until its edge committed, so the count below
-        sees that edge; later ones follow replay_job_id to the new job.
-        """
-        own_key = self.key if self.key is not None else str(self.id)
-        edges = Dependency.objects.using(alias)
-        waiting = edges.filter(parent_key=own_key, satisfied_at__isnull=True).count()
-        if waiting:
-            # Its dependents wait for its key: the new job's marker must carry it.
-            job = replace(job, key=own_key, fingerprint=self._fingerprint(), dependents=waiting)
-        own = list(edges.filter(job_id=self.id).order_by("id"))
-        if own:
-            now = timezone.now()
-            copies = []
-            finished = set(
-                CompletionMarker.objects.using(alias)
-                .filter(key__in=[e.parent_key for e in own if e.satisfied_at is None])
-                .values_list("key", flat=True)
-            )
-            for edge in own:
-                found: _Found | None = None
-                if edge.satisfied_at is None and edge.parent_key not in finished:
-                    try:
-                        found = _find_parent(alias, Parent(id=edge.parent_id, key=edge.parent_key))
-                    except InvalidJob:
-                        found = None  # no trace left of the parent (its marker pruned): done
-                unfinished = found is not None and found.state != _DONE
-                copies.append(
-                    Dependency(
-                        job_id=job.id,
-                        parent_key=edge.parent_key,
-                        parent_id=edge.parent_id if found is None else found.id,
-                        on_parent_dead=edge.on_parent_dead,
-                        created_at=now,
-                        satisfied_at=None if unfinished else (edge.satisfied_at or now),
-                    )
-                )
-            edges.bulk_create(copies)
-            job.waiting_for = sum(1 for edge in copies if edge.satisfied_at is None)
-            if job.waiting_for and job.key is not None:
-                # Its waiters may be among its parents (a job of its key enqueued after
-                # them and cancelled, say): replayed, it would wait for itself.
-                waited = [edge.parent_key for edge in copies if edge.satisfied_at is None]
-                _refuse_cycle(alias, job.key, lambda: waited, dead_key=True)
-            if job.waiting_for:
-                # The replay's run_at or delay, if given, apply from its release.
-                job = _block(job)
-        # One row per step: it moves to the job that runs the step now, so the
-        # workflow page shows the step once and retention keeps it while that job
-        # has a record (pruning this letter no longer takes the step with it). Its
-        # created_at stays: the step keeps its place among its workflow's.
-        WorkflowStep.objects.using(alias).filter(job_id=self.id).update(job_id=job.id, key=job.key)
-        return job
 
 
 class RunningJob(Job):

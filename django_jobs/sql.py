@@ -680,6 +680,55 @@ COPY_WORKFLOW_STEPS = """
 COPY django_jobs_workflow_step (job_id, workflow, name, key, created_at) FROM STDIN
 """
 
+# The new jobs of a chunk of replayed dead letters (models.DeadLetterQuerySet.replay),
+# one statement for the chunk: one array per column, one element per job. A key
+# with a completion marker, or held by a live job, makes no row (ON CONFLICT on
+# the partial unique index, as INSERT_KEYED); the caller looked for both under the
+# letters' row locks, and compares the ids returned with those it sent. Returns
+# (id, queue when due now, recheck): recheck as in INSERT_KEYED, a live job held
+# the key as the statement began (it settled while the insert waited for it).
+INSERT_REPLAYS = """
+WITH inserted AS (
+    INSERT INTO django_jobs_job
+        (id, name, queue, payload, priority, run_at, enqueued_at, attempts, max_attempts,
+         key, fingerprint, errors, partition, waiting_for, dependents, release_delay,
+         not_before)
+    SELECT r.id, r.name, r.queue, r.payload, r.priority,
+           COALESCE(r.run_at, statement_timestamp() + r.delay * interval '1 second'),
+           statement_timestamp(), 0, r.max_attempts, r.key, r.fingerprint, '[]',
+           r.partition, r.waiting_for, r.dependents, r.release_delay, r.not_before
+    FROM unnest(%(id)s::uuid[], %(name)s::text[], %(queue)s::text[], %(payload)s::text[],
+                %(priority)s::int[], %(run_at)s::timestamptz[], %(delay)s::float8[],
+                %(max_attempts)s::int[], %(key)s::text[], %(fingerprint)s::text[],
+                %(partition)s::text[], %(waiting_for)s::int[], %(dependents)s::int[],
+                %(release_delay)s::interval[], %(not_before)s::timestamptz[])
+        AS r(id, name, queue, payload, priority, run_at, delay, max_attempts, key,
+             fingerprint, partition, waiting_for, dependents, release_delay, not_before)
+    WHERE r.key IS NULL OR NOT EXISTS (SELECT 1 FROM django_jobs_marker m WHERE m.key = r.key)
+    ON CONFLICT (key) WHERE key IS NOT NULL DO NOTHING
+    RETURNING id, key, queue, run_at <= statement_timestamp() AS due
+)
+SELECT i.id, CASE WHEN i.due THEN i.queue END,
+       i.key IS NOT NULL AND EXISTS (SELECT 1 FROM django_jobs_job j WHERE j.key = i.key)
+FROM inserted i
+"""
+
+# Mark a chunk of replayed letters (locked by the replay) with their new jobs, and
+# move their workflow steps to those jobs, with the jobs' keys: arrays in, one
+# statement each, where a CASE per letter would cost the planner a branch per row.
+MARK_REPLAYED = """
+UPDATE django_jobs_deadletter d
+SET replayed_at = statement_timestamp(), replayed_by = %(by)s, replay_job_id = r.job_id
+FROM unnest(%(letters)s::uuid[], %(jobs)s::uuid[]) AS r(letter, job_id)
+WHERE d.id = r.letter AND d.replayed_at IS NULL
+"""
+MOVE_REPLAYED_STEPS = """
+UPDATE django_jobs_workflow_step s
+SET job_id = r.job_id, key = r.key
+FROM unnest(%(letters)s::uuid[], %(jobs)s::uuid[], %(keys)s::text[]) AS r(letter, job_id, key)
+WHERE s.job_id = r.letter
+"""
+
 # Wake listening workers of a queue (after a replay or "run now", say).
 NOTIFY = "SELECT pg_notify(%s, %s)"
 # Send each payload of an array on a channel, in one round trip (flow control's freed slots).

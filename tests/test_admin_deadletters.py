@@ -8,6 +8,8 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_jobs.models import DeadLetter, DeadReason, Job, uuid7
@@ -235,6 +237,19 @@ def test_replay_action_reports_counts_and_logs_each_replay(admin_client_):
         == f"Replayed as job {letter.replay_job_id}."
     )
     assert letter.replayed_by == response.wsgi_request.user.username
+
+
+def test_the_replay_action_costs_the_same_statements_for_40_letters_as_for_20(admin_client_):
+    def statements(count):
+        ids = [letter.id for letter in DeadLetterFactory.create_batch(count, name="tests.noop")]
+        with CaptureQueriesContext(connection) as ctx:
+            response = action(admin_client_, "deadletter", "replay_selected", ids, post="yes")
+        assert messages_of(response) == [f"{count} replayed."]
+        return len(ctx.captured_queries)
+
+    # One batch of letters, one read of them and one INSERT of their LogEntry rows.
+    assert statements(40) == statements(20)
+    assert LogEntry.objects.filter(action_flag=CHANGE).count() == 60
 
 
 def test_replaying_twice_makes_no_second_job(admin_client_):

@@ -24,5 +24,17 @@ def test_quick_benchmark_runs_and_prints_its_table():
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     table = out.stdout.split("| figure |", 1)[1]
-    for figure in ("E1 ", "E2 ", "D1 ", "WF ", "D2 ", "L1 ", "IDLE ", "SCALE ", "MEM ", "PGB "):
+    for figure in (
+        "E1 ",
+        "E2 ",
+        "D1 ",
+        "WF ",
+        "D2 ",
+        "RP ",
+        "L1 ",
+        "IDLE ",
+        "SCALE ",
+        "MEM ",
+        "PGB ",
+    ):
         assert f"| {figure}" in table, figure

@@ -8,10 +8,22 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection, connections
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_jobs import enqueue
-from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job, JobQuerySet
+from django_jobs.models import (
+    CompletionMarker,
+    DeadLetter,
+    DeadReason,
+    Dependency,
+    Job,
+    JobQuerySet,
+    WorkflowStep,
+    blocked_until,
+    uuid7,
+)
+from tests.conftest import ENGINE
 from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory
 from tests.testapp.models import Audit
 
@@ -147,7 +159,7 @@ def test_two_concurrent_replays_of_one_letter_make_one_job(transactional_db, mon
     inside = threading.Event()
     release = threading.Event()
     reports = {}
-    original_insert = JobQuerySet._insert_plain
+    original_insert = JobQuerySet.insert_replays
 
     def slow_insert(self, *args, **kwargs):
         if threading.current_thread().name == "tab-1":
@@ -155,7 +167,7 @@ def test_two_concurrent_replays_of_one_letter_make_one_job(transactional_db, mon
             release.wait(10)  # hold the letter's row lock inside the first replay's transaction
         return original_insert(self, *args, **kwargs)
 
-    monkeypatch.setattr(JobQuerySet, "_insert_plain", slow_insert)
+    monkeypatch.setattr(JobQuerySet, "insert_replays", slow_insert)
 
     def tab(name):
         try:
@@ -227,6 +239,153 @@ def test_replay_wakes_listening_workers_of_the_queue(transactional_db):
         DeadLetter.objects.filter(pk=letter.pk).replay()
         notes = list(listener.notifies(timeout=2, stop_after=1))
     assert [n.payload for n in notes] == ["emails"]
+
+
+# ---- replay in bulk: statements per batch, keys that change hands -------------
+
+# What a batch of replayed letters may cost at most, savepoints included: a few
+# statements, none per letter (PostgreSQL needs fewer than SQLite and MariaDB).
+STATEMENTS_PER_BATCH = 14
+STATEMENTS_PER_BATCH_WITH_EDGES = 22
+
+
+def bulk_letters(count, *, edges):
+    """Write count letters of tests.noop (every other one keyed); return their ids.
+
+    With edges, each letter is a workflow step that waits for four parents of its
+    own (a live job, a finished one, a pending letter, and a letter replayed as a
+    live job), and a blocked live job waits for it.
+    """
+    now = timezone.now()
+    letters = [
+        DeadLetter(
+            id=uuid7(),
+            name="tests.noop",
+            queue="default",
+            payload=f'{{"i": {i}}}',
+            key=f"bulk-{uuid7()}" if i % 2 else None,
+            attempts=3,
+            max_attempts=3,
+            reason=DeadReason.ATTEMPTS_EXHAUSTED,
+            error="builtins.RuntimeError: boom",
+            enqueued_at=now,
+            dead_at=now,
+        )
+        for i in range(count)
+    ]
+    DeadLetter.objects.bulk_create(letters)
+    if edges:
+        rows = []
+        for letter in letters:
+            live = JobFactory()
+            done = MarkerFactory()
+            pending = DeadLetterFactory()
+            replayed_as = JobFactory()
+            replayed = DeadLetterFactory(replayed_at=now, replay_job_id=replayed_as.id)
+            waiter = JobFactory(waiting_for=1, run_at=blocked_until())
+            key = letter.key if letter.key is not None else str(letter.id)
+            rows.append(Dependency(job_id=waiter.id, parent_key=key, parent_id=letter.id))
+            for parent_key, parent_id in (
+                (str(live.id), live.id),
+                (done.key, done.job_id),
+                (str(pending.id), pending.id),
+                (str(replayed.id), replayed.id),
+            ):
+                rows.append(
+                    Dependency(job_id=letter.id, parent_key=parent_key, parent_id=parent_id)
+                )
+        for row in rows:
+            row.created_at = now
+        Dependency.objects.bulk_create(rows)
+        WorkflowStep.objects.bulk_create(
+            WorkflowStep(job_id=x.id, workflow="bulk", name=x.name, key=x.key, created_at=now)
+            for x in letters
+        )
+    return [letter.id for letter in letters]
+
+
+@pytest.mark.parametrize("edges", [False, True], ids=["plain", "workflow steps"])
+def test_a_replay_runs_a_few_statements_per_batch_whatever_the_batch_holds(monkeypatch, edges):
+    monkeypatch.setattr("django_jobs.models.REPLAY_BATCH", 30)
+
+    def statements(count):
+        ids = bulk_letters(count, edges=edges)
+        with CaptureQueriesContext(connection) as ctx:
+            report = DeadLetter.objects.filter(id__in=ids).replay(by="ops")
+        assert len(report.replayed) == count, str(report)
+        return len(ctx.captured_queries)
+
+    one_batch, three_batches = statements(30), statements(90)
+
+    assert one_batch <= (STATEMENTS_PER_BATCH_WITH_EDGES if edges else STATEMENTS_PER_BATCH)
+    # The selection's ids (one statement), then the same statements for each batch.
+    assert three_batches - 1 == 3 * (one_batch - 1)
+    assert Job.objects.filter(name="tests.noop", attempts=0).count() >= 120
+
+
+def test_a_bulk_replay_of_workflow_steps_is_what_replaying_each_makes():
+    [letter_id] = bulk_letters(1, edges=True)
+    letter = DeadLetter.objects.get(id=letter_id)
+    parents = {e.parent_key: e.parent_id for e in Dependency.objects.filter(job_id=letter_id)}
+
+    report = DeadLetter.objects.filter(id=letter_id).replay(by="ops")
+
+    job = Job.objects.get(id=report.replayed[letter_id])
+    # Waited for by the blocked job: the new job carries the key its edge names.
+    assert job.key == (letter.key or str(letter.id)) and job.dependents == 1
+    # The live parent, the pending letter and the replayed letter's live job are unfinished.
+    assert (job.waiting_for, job.run_at) == (3, blocked_until())
+    copies = {e.parent_key: e for e in Dependency.objects.filter(job_id=job.id)}
+    assert copies.keys() == parents.keys()
+    unfinished = {key for key, e in copies.items() if e.satisfied_at is None}
+    done_key = CompletionMarker.objects.get(job_id__in=parents.values()).key
+    assert unfinished == set(parents) - {done_key}
+    replayed = DeadLetter.objects.get(id__in=parents.values(), replayed_at__isnull=False)
+    assert copies[str(replayed.id)].parent_id == replayed.replay_job_id  # followed to its replay
+    for parent_id in (replayed.replay_job_id, *parents.values()):
+        row = Job.objects.filter(id=parent_id).first()
+        if row is not None:  # the live parents count their new dependent
+            assert row.dependents == 1
+    assert WorkflowStep.objects.get(workflow="bulk").job_id == job.id
+
+
+@pytest.mark.skipif(ENGINE == "sqlite", reason="one writer at a time: nothing comes in between")
+@pytest.mark.parametrize("taken_by", ["live", "completed"])
+def test_a_key_taken_between_the_look_and_the_insert_is_looked_up_again(
+    transactional_db, monkeypatch, taken_by
+):
+    raced = DeadLetterFactory(name="tests.noop", key="raced")
+    other = DeadLetterFactory(name="tests.noop", key="not-raced")
+    plain = DeadLetterFactory(name="tests.noop")
+    original = JobQuerySet.insert_replays
+    tries = []
+
+    def rival():
+        try:
+            if taken_by == "live":
+                enqueue("tests.noop", key="raced")
+            else:
+                MarkerFactory(key="raced")
+        finally:
+            connections.close_all()
+
+    def insert_after_a_rival(self, jobs):
+        if not tries:  # the first try only: another connection takes the key, and commits
+            thread = threading.Thread(target=rival)
+            thread.start()
+            thread.join(20)
+        tries.append(sorted(job.key or "" for job in jobs))
+        return original(self, jobs)
+
+    monkeypatch.setattr(JobQuerySet, "insert_replays", insert_after_a_rival)
+    report = DeadLetter.objects.filter(id__in=[raced.id, other.id, plain.id]).replay()
+
+    assert tries == [["", "not-raced", "raced"], ["", "not-raced"]]
+    assert (report.key_taken if taken_by == "live" else report.completed) == [raced.id]
+    assert set(report.replayed) == {other.id, plain.id}
+    assert DeadLetter.objects.get(id=raced.id).replayed_at is None
+    assert Job.objects.filter(key="raced").count() == (1 if taken_by == "live" else 0)
+    assert Job.objects.count() == (3 if taken_by == "live" else 2)
 
 
 # ---- run now, states ----------------------------------------------------------

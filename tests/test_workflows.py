@@ -39,6 +39,7 @@ from django_jobs.models import (
     Job,
     JobState,
     WorkflowStep,
+    uuid7,
 )
 from django_jobs.testing import drain
 from tests.conftest import ENGINE, POSTGRES
@@ -448,6 +449,40 @@ def test_replaying_a_dead_step_after_its_parent_finished_runs_it():
     assert state_of(new.id) == JobState.WAITING
     [edge] = Dependency.objects.filter(job_id=new.id)
     assert edge.satisfied_at is not None
+
+
+@pytest.mark.parametrize("parent_first", [True, False], ids=["parent first", "child first"])
+def test_a_dead_parent_and_its_dead_step_replayed_together_run_in_order(parent_first):
+    # One replay batch holds both letters, in id order either way round.
+    low, high = sorted([uuid.UUID(int=uuid7().int), uuid.UUID(int=uuid7().int)])
+    parent_id, child_id = (low, high) if parent_first else (high, low)
+    DeadLetterFactory(id=parent_id, name="tests.wf_parents", payload='"parent"', key="both")
+    DeadLetterFactory(
+        id=child_id, name="tests.wf_parents", payload='"child"', reason=DeadReason.PARENT_DEAD
+    )
+    Dependency.objects.create(
+        job_id=child_id,
+        parent_key="both",
+        parent_id=parent_id,
+        on_parent_dead=OnParentDead.DEAD,
+        created_at=timezone.now(),
+    )
+    waiter = enqueue("tests.wf_parents", "waiter", after=["both"])  # blocked on the letter
+
+    report = DeadLetter.objects.filter(id__in=[parent_id, child_id]).replay()
+
+    assert set(report.replayed) == {parent_id, child_id}
+    parent = Job.objects.get(id=report.replayed[parent_id])
+    child = Job.objects.get(id=report.replayed[child_id])
+    # Its unsatisfied edges: the waiter's, the child letter's and that edge's copy.
+    assert parent.key == "both" and parent.dependents == 3
+    assert (child.waiting_for, child.run_at) == (1, BLOCKED_UNTIL)
+    SEEN.clear()
+    drain()
+    assert not Job.objects.exists()
+    assert SEEN[0] == {}  # the parent first, then the two that waited for it
+    assert SEEN[1:] == [{"both": {"step": "parent"}}] * 2
+    assert CompletionMarker.objects.filter(job_id__in=[child.id, waiter.id]).count() == 2
 
 
 # ---- retention -------------------------------------------------------------------------------

@@ -340,12 +340,12 @@ class DeadLetterAdmin(IdOrTermSearch, WorkflowFields, ReadOnlyAdmin):
         )
 
     def _after_replay(self, request: HttpRequest, report: ReplayReport) -> None:
+        # A LogEntry per replayed letter, LOG_BATCH letters per read and per INSERT.
         replayed = list(report.replayed)
-        for start in range(0, len(replayed), 500):
-            letters = DeadLetter.objects.filter(id__in=replayed[start : start + 500]).only(
-                "id", "name", "reason", "replay_job_id"
-            )
-            entries = [(x.pk, str(x), f"Replayed as job {x.replay_job_id}.") for x in letters]
+        for start in range(0, len(replayed), LOG_BATCH):
+            part = replayed[start : start + LOG_BATCH]
+            letters = DeadLetter.objects.filter(id__in=part).only("id", "name", "reason")
+            entries = [(x.pk, str(x), f"Replayed as job {report.replayed[x.pk]}.") for x in letters]
             log_changes(request, DeadLetter, entries, CHANGE)
         complete = len(report.replayed) == report.total and report.total > 0
         self.message_user(request, f"{report}.", messages.SUCCESS if complete else messages.WARNING)
@@ -468,6 +468,9 @@ def _what_waits(jobs: int, letters: int) -> list[str]:
         )
     return said
 
+
+# Replayed letters per read and per INSERT of their LogEntry rows.
+LOG_BATCH = 1000
 
 # The letters a refused delete names, the first ones by how many jobs wait for each.
 WAITED_FOR_LINES = 20
