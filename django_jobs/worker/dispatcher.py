@@ -321,7 +321,9 @@ class Worker(Settler, ExecutorThreads):
                     self._look_everywhere()
                 got, asked = self._claim(settle=settle_with_claim)
                 if asked:
-                    self._more = got >= asked
+                    # A burst worker's short claim may have lost a race for rows: it
+                    # claims again at once, and asks the database only after an empty one.
+                    self._more = got >= asked or (self.burst and got > 0)
                     self._look_again_at = None
                 next_poll = time.monotonic() + self.poll_interval
 
