@@ -9,6 +9,7 @@ engine of the run (PostgreSQL with both claim paths, SQLite, MariaDB).
 from __future__ import annotations
 
 import json
+import threading
 import time
 from datetime import timedelta
 
@@ -20,7 +21,7 @@ from django_jobs import control, enqueue, enqueue_many, job
 from django_jobs.models import CompletionMarker, DeadLetter, Job
 from django_jobs.registry import unregister
 from django_jobs.worker import Worker
-from tests.conftest import ENGINE, POSTGRES
+from tests.conftest import ENGINE, POSTGRES, wait_for
 from tests.factories import JobFactory
 from tests.testapp import flow_jobs
 from tests.testapp import jobs as handlers
@@ -108,6 +109,46 @@ def test_a_burst_worker_leaves_what_is_not_due_for_it_and_exits(worker_process, 
     assert left == {held.id, blocked.id, paused.id, scheduled.id, unknown.id}
     assert Job.objects.get(id=held.id).locked_by == held.locked_by  # not taken over
     print(f"burst worker with nothing due left: exited after {elapsed:.1f}s")
+
+
+@pytest.mark.mariadb
+@pytest.mark.skipif(ENGINE == "sqlite", reason="SQLite has no row locks")
+@pytest.mark.parametrize("claim", CLAIMS)
+def test_a_burst_worker_waits_for_due_rows_another_transaction_holds(worker_process, claim):
+    """Rows another claim (or settle) holds are skipped by the claim: an empty claim then
+    is not "nothing due". The worker runs the free rows, waits, then runs the held ones."""
+    with transaction.atomic():
+        for i in range(20):
+            enqueue(handlers.record, {"label": f"job-{i}"})
+    # The last ten in claim order (MariaDB's claim passes at most a few held rows).
+    order = Job.objects.order_by("-priority", "run_at", "id").values_list("id", flat=True)
+    held = list(order)[10:]
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_rows():
+        try:
+            with transaction.atomic():
+                list(Job.objects.select_for_update().filter(id__in=held))
+                locked.set()
+                release.wait(60)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_rows)
+    holder.start()
+    try:
+        assert locked.wait(30)
+        worker = worker_process("--burst", "--concurrency", "2", extra_env=_claim_env(claim))
+        wait_for(lambda: Audit.objects.count() >= 10, timeout=60, message="the free rows")
+        time.sleep(1.5)  # the worker's claims meet only held rows meanwhile
+        still_running = worker.proc.poll() is None
+    finally:
+        release.set()
+        holder.join()
+    assert worker.wait(timeout=60) == 0, worker.output()[-2000:]
+    assert still_running, "the worker left while due rows were held"
+    assert Audit.objects.count() == 20
+    assert Job.objects.count() == 0
 
 
 # ---- flow limits (PostgreSQL) -----------------------------------------------------

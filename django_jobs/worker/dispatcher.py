@@ -416,11 +416,11 @@ class Worker(Settler, ExecutorThreads):
     def pause_before_looking_again(self) -> float:
         """How long to wait for due work the last claim could not take (burst mode, drain)."""
         looks, self._empty_looks = self._empty_looks, self._empty_looks + 1
-        if not looks:  # the last claim found jobs, and fewer than it asked: look again now
+        if not looks:  # the first empty claim after claims that found jobs: a lost race
             return 0.0
-        # After empty claims, wait longer each time, up to a poll interval: rows another
-        # worker is claiming or running, full slots of a limit.
-        pause = min(self.poll_interval, 0.005 * 2 ** min(looks - 1, 20))
+        # After more empty claims, wait longer each time, up to a poll interval: rows
+        # another worker is claiming or running, full slots of a limit.
+        pause = min(self.poll_interval, 0.005 * 2.0 ** min(looks - 1, 20))
         rates = [g.rate.seconds for g in self._flow_limits if g.rate is not None]
         if rates:
             # A full rate window admits again at the next window's start (the windows
