@@ -180,7 +180,7 @@ def drain(
             if drained.rounds + waits >= max_rounds:
                 if queues and worker.due():
                     due = jobs.due_for(queues=queues, names=worker.names)
-                    raise _too_many_rounds(due, drained, max_rounds)
+                    raise _too_many_rounds(due, drained, max_rounds, waits)
                 return drained
         else:
             limit = mine.filter(claimable).count()
@@ -213,14 +213,19 @@ def _queues(queue: str | Iterable[str] | None) -> list[str] | None:
     return [registry.check_queue(name, allowlist=False) for name in names]
 
 
-def _too_many_rounds(due: Any, drained: Drained, max_rounds: int) -> DrainError:
+def _too_many_rounds(due: Any, drained: Drained, max_rounds: int, waits: int) -> DrainError:
     names = ", ".join(
         f"{row['name']} x{row['n']}"
         for row in due.order_by().values("name").annotate(n=Count("pk")).order_by("-n")[:5]
     )
+    held = (
+        f" {waits} of them found only jobs a flow limit held back and waited for it."
+        if waits
+        else ""
+    )
     return DrainError(
         f"drain() stopped after {max_rounds} rounds (claims of up to {ROUND_SIZE} jobs) "
-        f"with jobs still due: {names}. A handler may be enqueueing jobs without end; "
+        f"with jobs still due: {names}.{held} A handler may be enqueueing jobs without end; "
         f"if this many jobs is intended, pass a larger max_rounds. So far: {drained}.",
         drained,
     )

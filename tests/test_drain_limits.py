@@ -108,7 +108,7 @@ def test_jobs_a_limit_holds_back_past_max_rounds_raise_drain_error(limits_elsewh
     try:
         enqueue(hourly, {"n": 1})
         enqueue(hourly, {"n": 2})
-        with pytest.raises(DrainError, match=r"tests\.drain\.hourly x1") as caught:
+        with pytest.raises(DrainError, match=r"tests\.drain\.hourly x1\. 3 of them") as caught:
             drain(max_rounds=4)
     finally:
         unregister("tests.drain.hourly")
