@@ -1523,6 +1523,28 @@ class JobQuerySet(models.QuerySet["Job"]):
         their lease)."""
         return self.filter(_waiting(Now()))
 
+    def due_for(self, *, queues: Sequence[str], names: Sequence[str] | None) -> JobQuerySet:
+        """The jobs a claim of `queues` and `names` (None: any name) may take now.
+
+        The database's view, row locks and flow limits aside: a job is due when it
+        is waiting (unleased with its run time reached, or leased past its lease),
+        of an unpaused queue of `queues` and, unless `names` is None, of a name in
+        it. A job under a live lease, a scheduled or a blocked one (a blocked
+        step's run_at is BLOCKED_UNTIL) is not. The one end condition of a
+        `--burst` worker and of testing.drain() (through any_due): a claim that
+        came back short because another claim held the rows, a lock race or a
+        limit is not "nothing due".
+        """
+        paused = QueueState.objects.using(self.db).filter(paused=True, name__in=list(queues))
+        due = self.filter(_waiting(Now()), queue__in=list(queues)).exclude(
+            queue__in=paused.values("name")
+        )
+        return due if names is None else due.filter(name__in=list(names))
+
+    def any_due(self, *, queues: Sequence[str], names: Sequence[str] | None) -> bool:
+        """Whether due_for(queues=queues, names=names) holds a job."""
+        return bool(queues) and self.due_for(queues=queues, names=names).exists()
+
     def names_unknown_to(self, known: Iterable[str]) -> models.QuerySet[Any, Mapping[str, Any]]:
         """Per name not in `known`: the number of its claimable jobs (`jobs`).
 

@@ -48,7 +48,6 @@ from django_jobs.models import (
     CompletionMarker,
     DeadLetter,
     Job,
-    QueueState,
     uuid7,
 )
 from django_jobs.registry import Handler
@@ -169,29 +168,33 @@ def drain(
     drained = Drained()
     worker = _InlineWorker(queues=fixed or [conf.get("DEFAULT_QUEUE")], concurrency=1)
     claimable = Q(locked_by__isnull=True, run_at__lte=Now()) | Q(lease_expires_at__lt=Now())
+    waits = 0  # claims that found due jobs held back (a flow limit) and waited
     while True:
         queues = fixed or sorted(set(jobs.values_list("queue", flat=True).distinct()))
         mine = jobs.filter(queue__in=queues)
         if run_scheduled:
             mine.run_now()
+        worker.queues = queues
         if until_empty:
             limit = ROUND_SIZE
-            if drained.rounds >= max_rounds:
-                paused = QueueState.objects.using(conf.database()).filter(paused=True)
-                due = mine.filter(claimable, name__in=worker.names).exclude(
-                    queue__in=paused.values("name")
-                )
-                if due.exists():
-                    raise _too_many_rounds(due, drained, max_rounds)
+            if drained.rounds + waits >= max_rounds:
+                if queues and worker.due():
+                    due = jobs.due_for(queues=queues, names=worker.names)
+                    raise _too_many_rounds(due, drained, max_rounds, waits)
                 return drained
         else:
             limit = mine.filter(claimable).count()
         if not queues or not limit:
             return drained
-        worker.queues = queues
         attempts = worker.round(limit, raise_errors=raise_errors)
         if not worker.claimed_last:
-            return drained
+            # Nothing claimed: done, unless the database still holds due jobs that a
+            # limit held back (full slots, a rate window's starts): wait for it to admit.
+            if not until_empty or not worker.due():
+                return drained
+            waits += 1
+            time.sleep(worker.pause_before_looking_again())
+            continue
         drained.rounds += 1
         drained.attempts += attempts
         if not until_empty:
@@ -210,14 +213,19 @@ def _queues(queue: str | Iterable[str] | None) -> list[str] | None:
     return [registry.check_queue(name, allowlist=False) for name in names]
 
 
-def _too_many_rounds(due: Any, drained: Drained, max_rounds: int) -> DrainError:
+def _too_many_rounds(due: Any, drained: Drained, max_rounds: int, waits: int) -> DrainError:
     names = ", ".join(
         f"{row['name']} x{row['n']}"
         for row in due.order_by().values("name").annotate(n=Count("pk")).order_by("-n")[:5]
     )
+    held = (
+        f" {waits} of them found only jobs a flow limit held back and waited for it."
+        if waits
+        else ""
+    )
     return DrainError(
         f"drain() stopped after {max_rounds} rounds (claims of up to {ROUND_SIZE} jobs) "
-        f"with jobs still due: {names}. A handler may be enqueueing jobs without end; "
+        f"with jobs still due: {names}.{held} A handler may be enqueueing jobs without end; "
         f"if this many jobs is intended, pass a larger max_rounds. So far: {drained}.",
         drained,
     )
@@ -244,6 +252,9 @@ class _InlineWorker(Worker):
         self._report = []
         self.batch = self._target = limit
         try:
+            # Every round is a poll: every limited group and the other jobs (the worker's
+            # state between polls would skip what the last round found too few of).
+            self._look_everywhere()
             self.claimed_last, _ = self._claim()
             while not self._work.empty():
                 self._run_here(self._work.get_nowait(), raise_errors)

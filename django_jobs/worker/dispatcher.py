@@ -175,6 +175,11 @@ class Worker(Settler, ExecutorThreads, Timeouts):
         # that found fewer than it asked for, until a poll or wake-up: a worker whose
         # limited slot frees then claims that group's jobs alone.
         self._others_due = True
+        # Burst mode: a claim came back short but the database still holds due work
+        # (rows another claim held, a lock race, a limit): when to look again, and how
+        # many such looks in a row found nothing (the pause doubles with each).
+        self._look_again_at: float | None = None
+        self._empty_looks = 0
         self._ops = Upkeep(self)  # heartbeat row, schedules, pruning, counters
 
     def _limits(self) -> list[flow.Limit]:
@@ -342,13 +347,17 @@ class Worker(Settler, ExecutorThreads, Timeouts):
                 continue
 
             self._ops.tick(now)
+            if self._look_again_at is not None and now >= self._look_again_at:
+                next_poll = now  # burst mode: due work the last claim could not take
             if settle_with_claim or self._want_claim(now >= next_poll) or self._ops.beat_due(now):
                 if now >= next_poll:
-                    self._flow_due = {g.key for g in self._flow_limits}
-                    self._others_due = True
+                    self._look_everywhere()
                 got, asked = self._claim(settle=settle_with_claim)
                 if asked:
-                    self._more = got >= asked
+                    # A burst worker's short claim may have lost a race for rows: it
+                    # claims again at once, and asks the database only after an empty one.
+                    self._more = got >= asked or (self.burst and got > 0)
+                    self._look_again_at = None
                 next_poll = time.monotonic() + self.poll_interval
 
             if self.heartbeat and now >= next_heartbeat:
@@ -376,6 +385,8 @@ class Worker(Settler, ExecutorThreads, Timeouts):
             deadlines.append(self._next_unsettled_retry)
         if grace_deadline is not None:
             deadlines.append(grace_deadline)
+        if self._look_again_at is not None:
+            deadlines.append(self._look_again_at)
         deadlines.extend(d for run in self._timed if (d := run.deadline))
         return max(0.0, min(deadlines) - now)
 
@@ -402,8 +413,8 @@ class Worker(Settler, ExecutorThreads, Timeouts):
                     self._more = True
                     self._flow_due.add(key)
             elif event.queue is None or event.queue in self.queues:
-                self._more = self._others_due = True
-                self._flow_due = {g.key for g in self._flow_limits}
+                self._more = True
+                self._look_everywhere()
         elif isinstance(event, Extend):
             run = event.run
             if run in self._inflight and not run.abandoned:
@@ -421,7 +432,41 @@ class Worker(Settler, ExecutorThreads, Timeouts):
             return False
         if self.max_jobs is not None and self._claimed_total >= self.max_jobs:
             return True
-        return self.burst and not self._more
+        if not self.burst or self._more or self._look_again_at is not None:
+            return False
+        # The last claim came back short: only the database can say whether that was
+        # "nothing due" or due work it could not take now (rows another claim held, a
+        # lock race, a limit's full slots or window). Then wait, and look again.
+        due = self._db(self.due)
+        if due is False:
+            return True
+        self._look_again_at = time.monotonic() + self.pause_before_looking_again()
+        return False
+
+    def due(self) -> bool:
+        """Whether the database holds a job due for this worker, row locks and limits aside."""
+        return self._queryset.any_due(queues=self.queues, names=self.names)
+
+    def pause_before_looking_again(self) -> float:
+        """How long to wait for due work the last claim could not take (burst mode, drain)."""
+        looks, self._empty_looks = self._empty_looks, self._empty_looks + 1
+        if not looks:  # the first empty claim after claims that found jobs: a lost race
+            return 0.0
+        # After more empty claims, wait longer each time, up to a poll interval: rows
+        # another worker is claiming or running, full slots of a limit.
+        pause = min(self.poll_interval, 0.005 * 2.0 ** min(looks - 1, 20))
+        rates = [g.rate.seconds for g in self._flow_limits if g.rate is not None]
+        if rates:
+            # A full rate window admits again at the next window's start (the windows
+            # are the database clock's; a skewed local clock costs a pause at most).
+            now = time.time()
+            pause = min(pause, min(s - now % s for s in rates) + 0.002)
+        return pause
+
+    def _look_everywhere(self) -> None:
+        """Make the next claim look at every limited group and at the other jobs."""
+        self._flow_due = {g.key for g in self._flow_limits}
+        self._others_due = True
 
     # ---- claiming ---------------------------------------------------------
 
@@ -489,15 +534,17 @@ class Worker(Settler, ExecutorThreads, Timeouts):
         if jobs is None:
             return asked, asked  # the database is away: try again, do not conclude "idle"
         got = len(jobs)
+        if got:
+            self._empty_looks = 0
         if self._flow_limits:
             looked_everywhere = self._others_due and len(self._flow_due) == len(self._flow_limits)
             self._flow_due = {key for job in jobs if (key := self._group_of(job))}
             # The other half found fewer than asked: none left until a poll or wake-up.
             self._others_due = self._others_due and got >= asked
             if self.burst and got < asked and not looked_everywhere:
-                # Before a burst worker concludes "nothing due", every group is looked at.
-                self._flow_due = {g.key for g in self._flow_limits}
-                self._others_due = True
+                # Before a burst worker asks the database whether anything is due,
+                # every group is looked at.
+                self._look_everywhere()
                 got = asked
         self._claimed_total += len(jobs)
         self.stats.claimed += len(jobs)
