@@ -1,5 +1,7 @@
 """The Quickstart (docs/quickstart.md), copied top to bottom into a fresh startproject.
 
+Then docs/celery.md's examples and docs/testing.md's tests, in the same project.
+
 Each code block of the page follows an HTML comment that says what to do with it:
 `<!-- quickstart: run -->` (shell commands, run one by one), `write PATH` (the whole
 file), `append PATH`, `postgres append PATH` (only on PostgreSQL), `output` (what the
@@ -169,6 +171,12 @@ def test_the_quickstart_runs_in_a_fresh_project(tmp_path, engine):
     assert check.stdout.strip() == "True ['Your book is on its way']"
     if vendor == "postgres":
         assert "postgresql" in (project / "mysite" / "settings.py").read_text()
+
+    # docs/celery.md's examples continue the same project.
+    celery = follow(ROOT / "docs" / "celery.md", project, vendor, database)
+    ran = celery["python manage.py runjobs --burst"]
+    assert ran.count("attempt 1 ran") == 4, ran  # one now, and the workflow's three
+    assert ran.count(": succeeded") == 4, ran
 
     # docs/testing.md's examples are tests of this same app, and pass in it.
     tested = follow(ROOT / "docs" / "testing.md", project, vendor, database, every_block=False)
