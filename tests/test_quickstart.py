@@ -23,8 +23,6 @@ import pytest
 
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.slow
-
 BLOCK = re.compile(r"<!-- quickstart: ([^>]*?) -->\n```(\w+)\n(.*?)\n```\n", re.DOTALL)
 
 
@@ -134,6 +132,7 @@ def follow(
     return outputs
 
 
+@pytest.mark.slow
 def test_the_quickstart_runs_in_a_fresh_project(tmp_path, engine):
     vendor, database = engine
     out = follow(ROOT / "docs" / "quickstart.md", tmp_path, vendor, database)
@@ -187,3 +186,19 @@ def test_the_quickstart_runs_in_a_fresh_project(tmp_path, engine):
         " 1 passed"
         in tested["python -m pytest --ds=mysite.settings -p no:cacheprovider shop/test_orders.py"]
     )
+
+
+GUIDES = ["quickstart.md", "celery.md", "deployment.md", "faq.md"]
+# What the guides pass to other commands: pip, pip wheel, systemctl, `jobs status`.
+OTHER_COMMANDS_OPTIONS = {"--no-cache-dir", "--no-deps", "--now", "--json"}
+
+
+@pytest.mark.parametrize("page", GUIDES)
+def test_every_option_a_guide_names_is_a_runjobs_option(page):
+    from django_jobs.management.commands.runjobs import Command
+
+    parser = Command().create_parser("manage.py", "runjobs")
+    options = {option for action in parser._actions for option in action.option_strings}
+    text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+    named = set(re.findall(r"(?<![\w-])--[a-z][-a-z]*", text)) - OTHER_COMMANDS_OPTIONS
+    assert sorted(named - options) == []
