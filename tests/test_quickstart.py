@@ -202,3 +202,18 @@ def test_every_option_a_guide_names_is_a_runjobs_option(page):
     text = (ROOT / "docs" / page).read_text(encoding="utf-8")
     named = set(re.findall(r"(?<![\w-])--[a-z][-a-z]*", text)) - OTHER_COMMANDS_OPTIONS
     assert sorted(named - options) == []
+
+
+def test_the_readme_example_is_the_quickstarts_code():
+    """Every statement of the README's first example is a line of the Quickstart."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    example = readme[readme.index("```python\n") + 10 :].split("\n```", 1)[0]
+    quickstart = (ROOT / "docs" / "quickstart.md").read_text(encoding="utf-8")
+    lines = {line.split("  #")[0].strip() for line in quickstart.splitlines()}
+    statements = [
+        line.split("  #")[0].strip()
+        for line in example.splitlines()
+        if line.strip() and not line.lstrip().startswith(("#", "from ", "import "))
+    ]
+    assert len(statements) > 8
+    assert [s for s in statements if s not in lines] == []
