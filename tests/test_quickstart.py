@@ -84,7 +84,9 @@ def engine(request):
         yield "postgres", name
     finally:
         with psycopg.connect(**params) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            # And the test database of testing.md's run, should that run have died.
+            for database in (name, f"test_{name}"):
+                admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
 
 
 def follow(
