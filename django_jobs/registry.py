@@ -151,7 +151,8 @@ class Handler(Generic[P, R]):
                 raise AttributeError(
                     f"{self.name!r} is a django-jobs handler, not a Celery task: it has no "
                     f".{attribute}(); use {self.func.__name__}.enqueue_on_commit(payload, "
-                    "delay=..., run_at=...) (written in your transaction, see docs/enqueue.md)"
+                    "delay=..., run_at=...) (written in your transaction; each Celery idiom and "
+                    "what to write instead: docs/celery.md)"
                     f"{_CELERY_CALLS[attribute]}"
                 )
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {attribute!r}")

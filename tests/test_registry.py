@@ -165,4 +165,5 @@ def test_a_celery_call_on_a_handler_says_what_to_call_instead(call):
         message
     )
     assert "use noop.enqueue_on_commit(payload, delay=..., run_at=...)" in message
+    assert "docs/celery.md" in message  # the migration guide
     assert not hasattr(jobs.noop, "no_such_thing")
