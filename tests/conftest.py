@@ -194,6 +194,29 @@ def worker_process(tmp_path):
         proc.stop()
 
 
+@contextlib.contextmanager
+def throwaway_postgres_database(name, also_drop=()):
+    """Create PostgreSQL database `name` (never migrated); drop it, and `also_drop`, after."""
+    import psycopg
+
+    params = {
+        "host": os.environ.get("PGHOST", "127.0.0.1"),
+        "port": os.environ.get("PGPORT", "5432"),
+        "user": os.environ.get("PGUSER", "postgres"),
+        "password": os.environ.get("PGPASSWORD", ""),
+        "dbname": "postgres",
+        "autocommit": True,
+    }
+    with psycopg.connect(**params) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield name
+    finally:
+        with psycopg.connect(**params) as admin:
+            for database in (name, *also_drop):
+                admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+
+
 def faketime_env(offset: str) -> dict[str, str]:
     """Environment that runs a subprocess on a clock `offset` away ("+10m"), monotonic time kept."""
     libraries = glob.glob("/usr/lib/*/faketime/libfaketime.so.1")

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from tests.conftest import ENGINE, POSTGRES, ROOT
+from tests.conftest import ENGINE, POSTGRES, ROOT, throwaway_postgres_database
 
 pytestmark = pytest.mark.slow
 
@@ -22,24 +22,8 @@ def fresh_database(tmp_path):
     if not POSTGRES:
         yield str(tmp_path / "fresh.sqlite3")
         return
-    import psycopg
-
-    name = f"django_jobs_fresh_{uuid.uuid4().hex[:12]}"
-    params = {
-        "host": os.environ.get("PGHOST", "127.0.0.1"),
-        "port": os.environ.get("PGPORT", "5432"),
-        "user": os.environ.get("PGUSER", "postgres"),
-        "password": os.environ.get("PGPASSWORD", ""),
-        "dbname": "postgres",
-        "autocommit": True,
-    }
-    with psycopg.connect(**params) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
+    with throwaway_postgres_database(f"django_jobs_fresh_{uuid.uuid4().hex[:12]}") as name:
         yield name
-    finally:
-        with psycopg.connect(**params) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def manage(database, *args, timeout=60, extra_env=None):

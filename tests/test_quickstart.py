@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, throwaway_postgres_database
 
 BLOCK = re.compile(r"<!-- quickstart: ([^>]*?) -->\n```(\w+)\n(.*?)\n```\n", re.DOTALL)
 
@@ -67,26 +67,10 @@ def engine(request):
     if request.param == "sqlite":
         yield "sqlite", None
         return
-    import psycopg
-
     name = f"{os.environ.get('JOBS_TEST_DB', 'django_jobs')}_quickstart_{uuid.uuid4().hex[:8]}"
-    params = {
-        "host": os.environ.get("PGHOST", "127.0.0.1"),
-        "port": os.environ.get("PGPORT", "5432"),
-        "user": os.environ.get("PGUSER", "postgres"),
-        "password": os.environ.get("PGPASSWORD", ""),
-        "dbname": "postgres",
-        "autocommit": True,
-    }
-    with psycopg.connect(**params) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
+    # And the test database of testing.md's run, should that run have died.
+    with throwaway_postgres_database(name, also_drop=[f"test_{name}"]):
         yield "postgres", name
-    finally:
-        with psycopg.connect(**params) as admin:
-            # And the test database of testing.md's run, should that run have died.
-            for database in (name, f"test_{name}"):
-                admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
 
 
 def follow(
