@@ -41,7 +41,10 @@ def test_default_verbosity_logs_one_line_per_outcome(worker_process):
 # The log lines the docs quote, as they quote them (whitespace folded): each must be the
 # shape of a line a real worker logs.
 QUOTED = [
-    ("README.md", "job shop.jobs.send_confirmation[0190…] attempt 1 ran 0.012345s: succeeded"),
+    (
+        "docs/quickstart.md",
+        "job shop.jobs.send_confirmation[0190…] attempt 1 ran 0.012345s: succeeded",
+    ),
     ("docs/worker.md", "job NAME[ID] attempt N ran 0.012345s: succeeded"),
     ("docs/worker.md", "job NAME[ID] attempt N: dead"),
     ("docs/worker.md", "job NAME[ID] attempt 1/8 failed (...); retrying in 1.8s"),
