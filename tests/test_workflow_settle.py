@@ -37,8 +37,12 @@ def claim_path(request, settings):
 
 
 def _blocked(handler=jobs.noop, payload=None, *, queue=None) -> uuid.UUID:
-    """Write a blocked job (no parents yet: _wait adds them)."""
-    child = enqueue(handler, payload or {}, run_at=BLOCKED_UNTIL, queue=queue)
+    """Write a blocked job (no parents yet: _wait adds them), by hand as the store would.
+
+    Enqueue refuses a run time this far (limits.LATEST_RUN_AT): only the store writes it.
+    """
+    child = enqueue(handler, payload or {}, queue=queue)
+    Job.objects.filter(id=child.id).update(run_at=BLOCKED_UNTIL)
     return child.id
 
 
