@@ -180,9 +180,10 @@ class GuardedAdmin(AnyModelAdmin):
             if self.date_hierarchy and isinstance(response, TemplateResponse):
                 try:
                     response.render()
-                except OverflowError:
+                except (OverflowError, ValueError):
                     # Django's date links take the list's first and last times to local
-                    # time: a time written by hand near year 1 or 9999 has none here.
+                    # time: a time written by hand near year 1 or 9999 has none here
+                    # (OverflowError; MySQL's CONVERT_TZ gives NULL: ValueError).
                     request.django_jobs_no_date_links = True  # type: ignore[attr-defined]
                     response = super().changelist_view(request, extra_context=extra)
             return response
