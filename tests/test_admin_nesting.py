@@ -236,7 +236,7 @@ def test_odd_error_entries_are_masked(viewer, model):
     assert change.count("********") >= 4
 
 
-@pytest.mark.skipif(ENGINE == "mariadb", reason="MariaDB's JSON columns refuse it")
+@pytest.mark.skipif(ENGINE == "mariadb", reason="not on MariaDB: its JSON columns refuse it")
 def test_running_jobs_with_errors_past_what_json_reads_are_listed(admin_client_):
     running = JobFactory(leased=True)
     depth = FAR if POSTGRES else 1_500
