@@ -3,13 +3,16 @@
 
     python3 dev.py demo     # install, then watch the example project work (SQLite)
     python3 dev.py test     # install, then run the test suite (PostgreSQL, then SQLite,
-                            # then MariaDB, then Django 5.2 on PostgreSQL, then through PgBouncer)
+                            # MariaDB and Django 5.2 on PostgreSQL side by side, then
+                            # through PgBouncer)
     python3 dev.py test-mariadb     # only the MariaDB run (127.0.0.1:3306, root), a subset:
                             # -m "not slow or mariadb": the tests not marked slow, and the
                             # slow ones marked mariadb (3 worker processes x 5,000 atomic
                             # jobs exactly once, SIGKILL rescue after the lease)
-    python3 dev.py test-django52    # only the Django 5.2 run (.venv-django52), without the
-                            # chaos suite, the wheel build and the bench smoke run
+    python3 dev.py test-sqlite      # only the SQLite run
+    python3 dev.py test-django52    # only the Django 5.2 run (.venv-django52): the MariaDB
+                            # run's selection, without the chaos suite, the wheel build
+                            # and the bench smoke run
     python3 dev.py test-pgbouncer   # only the PgBouncer (transaction pooling) run
     python3 dev.py bench    # install, then run the benchmarks (PostgreSQL)
     python3 dev.py docs     # build the documentation site into docs/_build/html (strict)
@@ -42,6 +45,7 @@ VENV_DJANGO52 = os.path.join(ROOT, ".venv-django52")
 MINIMUM = (3, 12)
 # Test files whose outcome cannot depend on the Django version (see test_django52).
 DJANGO_INDEPENDENT = ("test_packaging.py", "test_bench_smoke.py")
+DJANGO52_PINS = ("django>=5.2,<5.3",)
 
 
 def say(message: str) -> None:
@@ -218,18 +222,47 @@ def test(args: list[str]) -> int:
     code = postgres_run(python, base_env, args, "postgres", "PostgreSQL")
     if code:
         return code
-    say("running the tests on SQLite")
-    env = {**base_env, "TEST_DB": "sqlite"}
-    code, _ = pytest_run(python, env, args, os.path.join(ROOT, "reports", "sqlite.xml"))
-    if code:
-        return code
-    code = test_mariadb(args)
-    if code:
-        return code
-    code = test_django52(args)
+    # The venvs the next stages use are made now, one pip at a time.
+    ensure_mysqlclient()
+    ensure_venv("test", VENV_DJANGO52, DJANGO52_PINS)
+    # Only the PostgreSQL run above restarts PostgreSQL (its chaos tests); these three
+    # share no database and no file of the tree, so they run side by side.
+    code = side_by_side(["test-sqlite", "test-mariadb", "test-django52"], args, base_env)
     if code:
         return code
     return test_pgbouncer(args)
+
+
+def test_sqlite(args: list[str]) -> int:
+    """Run the suite on SQLite (the tests marked postgres skip)."""
+    python = ensure_venv("test")
+    say("running the tests on SQLite")
+    env = {**os.environ, "TEST_DB": "sqlite"}
+    code, _ = pytest_run(python, env, args, os.path.join(ROOT, "reports", "sqlite.xml"))
+    return code
+
+
+def side_by_side(stages: list[str], args: list[str], env: dict[str, str]) -> int:
+    """Run `dev.py STAGE args` for each stage at once; print each log whole, in order."""
+    say("running side by side: " + ", ".join(stages) + " (logs in reports/)")
+    running = []
+    for stage in stages:
+        log = os.path.join(ROOT, "reports", f"{stage}.log")
+        with open(log, "w") as out:
+            command = [sys.executable, os.path.abspath(__file__), stage, *args]
+            process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=out)
+        running.append((stage, log, process, time.monotonic()))
+    codes = []
+    for stage, log, process, started in running:
+        code = process.wait()
+        codes.append(code)
+        say(f"{stage}: exit {code} after {time.monotonic() - started:.0f} s")
+    for (stage, log, _, _), code in zip(running, codes, strict=True):
+        say(f"--- {stage} (exit {code}) ---")
+        with open(log) as f:
+            sys.stdout.write(f.read())
+        sys.stdout.flush()
+    return next((code for code in codes if code), 0)
 
 
 def postgres_run(python: str, env: dict[str, str], args: list[str], report: str, label: str) -> int:
@@ -248,12 +281,17 @@ def postgres_run(python: str, env: dict[str, str], args: list[str], report: str,
 
 def test_django52(args: list[str]) -> int:
     """Run the suite on the oldest supported Django (5.2) against PostgreSQL."""
-    python = ensure_venv("test", VENV_DJANGO52, ("django>=5.2,<5.3",))
+    python = ensure_venv("test", VENV_DJANGO52, DJANGO52_PINS)
     # django.tasks (Django >= 6.0) tests skip here by design; their skip reasons name no PostgreSQL.
-    # Without arguments, everything but what cannot differ between Django versions (fault
-    # injection against our own processes, building the wheel, the benchmark's smoke run):
-    # the Django 6 run covers those, and CI has 45 minutes for all its runs.
-    subset = ["-m", "not chaos", *(f"--ignore=tests/{name}" for name in DJANGO_INDEPENDENT)]
+    # Without arguments, the MariaDB stage's selection (the slow tests are two thirds of the
+    # PostgreSQL run's time, and drive the same code through more processes, not other
+    # Django APIs; the slow ones marked mariadb stay), without the wheel build and the
+    # benchmark's smoke run: the Django 6 run covers those, and CI has 45 minutes in all.
+    subset = [
+        "-m",
+        f"({MARIADB_SELECTION}) and not chaos",
+        *(f"--ignore=tests/{name}" for name in DJANGO_INDEPENDENT),
+    ]
     return postgres_run(
         python, dict(os.environ), args or subset, "postgres-django52", "PostgreSQL, Django 5.2"
     )
@@ -473,6 +511,7 @@ def docs(args: list[str]) -> int:
 COMMANDS = {
     "demo": demo,
     "test": test,
+    "test-sqlite": test_sqlite,
     "test-django52": test_django52,
     "test-pgbouncer": test_pgbouncer,
     "test-mariadb": test_mariadb,
