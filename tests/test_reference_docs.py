@@ -148,7 +148,8 @@ def parameters_of(code: str) -> list[tuple[str, str, object]]:
     if args.vararg:
         found.append((args.vararg.arg, "VAR_POSITIONAL", inspect.Parameter.empty))
     found += [
-        (a.arg, "KEYWORD_ONLY", literal(d)) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)
+        (a.arg, "KEYWORD_ONLY", literal(d))
+        for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)
     ]
     if args.kwarg:
         found.append((args.kwarg.arg, "VAR_KEYWORD", inspect.Parameter.empty))
@@ -160,9 +161,7 @@ def parameters_in_code(obj: Any) -> list[tuple[str, str, object]]:
         # A default the page cannot write as a literal (a module constant) is shown by value.
         return p.default
 
-    return [
-        (p.name, p.kind.name, default(p)) for p in inspect.signature(obj).parameters.values()
-    ]
+    return [(p.name, p.kind.name, default(p)) for p in inspect.signature(obj).parameters.values()]
 
 
 def fields_in_code(cls: type) -> list[str]:
@@ -215,7 +214,9 @@ def test_parameters_of_reads_each_kind() -> None:
 
 # ---- docs/monitoring.md -------------------------------------------------------------
 
-METRIC_ROW = re.compile(r"^\| `(django_jobs_[a-z_]+)` \| (\w+) \| [^|]* \| ([^|]+) \|$", re.MULTILINE)
+METRIC_ROW = re.compile(
+    r"^\| `(django_jobs_[a-z_]+)` \| (\w+) \| [^|]* \| ([^|]+) \|$", re.MULTILINE
+)
 
 
 @pytest.mark.django_db
@@ -228,9 +229,13 @@ def test_the_monitoring_page_lists_exactly_the_metrics_a_scrape_exports() -> Non
     families = [*metrics.JobsCollector().collect(), *metrics._process_registry.collect()]
     exported = {f.name: f.type for f in families}
     # And every name the module spells, should a family be yielded only on some data.
-    spelled = set(re.findall(r'"(django_jobs_[a-z_]+)"', (ROOT / "django_jobs/metrics.py").read_text()))
+    spelled = set(
+        re.findall(r'"(django_jobs_[a-z_]+)"', (ROOT / "django_jobs/metrics.py").read_text())
+    )
     assert set(exported) == spelled
-    rows = {name: (kind, meaning) for name, kind, meaning in METRIC_ROW.findall(page("monitoring.md"))}
+    rows = {
+        name: (kind, meaning) for name, kind, meaning in METRIC_ROW.findall(page("monitoring.md"))
+    }
     # prometheus_client adds _total to a counter's name; the page writes what a scrape shows.
     documented = {name.removesuffix("_total"): kind for name, (kind, _) in rows.items()}
     assert documented == exported
