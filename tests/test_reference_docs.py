@@ -222,11 +222,14 @@ METRIC_ROW = re.compile(
 @pytest.mark.django_db
 def test_the_monitoring_page_lists_exactly_the_metrics_a_scrape_exports() -> None:
     pytest.importorskip("prometheus_client")
-    from django_jobs import metrics
+    from django_jobs import metrics, signals
 
     metrics.install()
-    # What a scrape serves: the collector's families, and the process's enqueue counter.
-    families = [*metrics.JobsCollector().collect(), *metrics._process_registry.collect()]
+    try:
+        # What a scrape serves: the collector's families, and the process's enqueue counter.
+        families = [*metrics.JobsCollector().collect(), *metrics._process_registry.collect()]
+    finally:  # install() connects a receiver: leave no receiver to the tests after this one
+        signals.job_enqueued.disconnect(dispatch_uid="django_jobs.metrics.enqueued")
     exported = {f.name: f.type for f in families}
     # And every name the module spells, should a family be yielded only on some data.
     spelled = set(
