@@ -49,12 +49,38 @@ QUOTED = [
     ("docs/worker.md", "job NAME[ID] attempt N: dead"),
     ("docs/worker.md", "job NAME[ID] attempt 1/8 failed (...); retrying in 1.8s"),
     ("docs/worker.md", "job NAME[ID] dead-lettered (fatal) after 1 attempt(s): ..."),
+    ("docs/monitoring.md", "concurrency=4 batch=100 lease=30s"),
+    ("docs/monitoring.md", "stopped: 1520 succeeded, 3 retried, 1 dead"),
+    (
+        "docs/monitoring.md",
+        "job shop.jobs.send_confirmation[0190…] attempt 1 ran 0.012345s: succeeded",
+    ),
+    ("docs/monitoring.md", "job shop.jobs.charge_card[0190…] attempt 2 ran 0.230000s: retried"),
+    ("docs/monitoring.md", "job shop.jobs.charge_card[0190…] attempt 5: dead"),
+    (
+        "docs/monitoring.md",
+        "job shop.jobs.charge_card[0190…] attempt 1/8 failed (builtins.ConnectionError: timed out);"
+        " retrying in 1.8s",
+    ),
+    (
+        "docs/monitoring.md",
+        "job shop.jobs.charge_card[0190…] dead-lettered (fatal) after 1 attempt(s):"
+        " django_jobs.exceptions.FatalError: card declined",
+    ),
 ]
 _PLACEHOLDERS = re.compile(
-    r"(?P<name>[\w.]+(?=\[))|(?P<id>(?<=\[)(?:ID|[0-9a-f]+…)(?=\]))|(?P<any>\.\.\.)"
+    # An exception as the worker names it: "builtins.ConnectionError: timed out".
+    r"(?P<error>(?<![\w.])[a-z_.]+\.[A-Z]\w*: [^);]+)"
+    r"|(?P<name>[\w.]+(?=\[))|(?P<id>(?<=\[)(?:ID|[0-9a-f]+…)(?=\]))|(?P<any>\.\.\.)"
     r"|(?P<number>(?<![\w.])(?:N|\d+(?:\.\d+)?)(?!\d|\.\d))"
 )
-_SHAPES = {"name": r"[\w.]+", "id": r"[0-9a-f-]{36}", "any": r".+", "number": r"\d+(?:\.\d+)?"}
+_SHAPES = {
+    "error": r"[\w.]+\.[A-Z]\w*: .+",
+    "name": r"[\w.]+",
+    "id": r"[0-9a-f-]{36}",
+    "any": r".+",
+    "number": r"\d+(?:\.\d+)?",
+}
 
 
 def _shape(quoted: str) -> str:

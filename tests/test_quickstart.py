@@ -172,6 +172,29 @@ def test_the_quickstart_runs_in_a_fresh_project(tmp_path, engine):
     assert "\nOK" in ran, ran
     assert " 1 passed" in tested["python -m pytest --ds=mysite.settings shop/test_orders.py"]
 
+    # docs/monitoring.md's signal receiver, in the same app, for an order that cannot succeed.
+    follow(ROOT / "docs" / "monitoring.md", project, vendor, database, every_block=False)
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    post = "from django.test import Client; Client(SERVER_NAME='localhost').post('/orders/',"
+    post += " {'email': 'ada@example.com', 'item': 'discontinued'})"
+    for argv in (["shell", "-v", "0", "-c", post], ["runjobs", "--burst"]):
+        done = subprocess.run(
+            [sys.executable, "manage.py", *argv],
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+    printed = re.findall(
+        r"^job shop\.jobs\.charge_card\[[0-9a-f-]{36}\] dead-lettered: .*$", done.stdout, re.M
+    )
+    assert printed, done.stdout + done.stderr
+    page = " ".join((ROOT / "docs" / "monitoring.md").read_text(encoding="utf-8").split())
+    shown = re.sub(r"\[[0-9a-f-]{36}\]", "[0190…]", printed[0])
+    assert f"`{shown}`" in page, (shown, printed)
+
 
 GUIDES = ["quickstart.md", "celery.md", "deployment.md", "faq.md"]
 # What the guides pass to other commands: pip, pip wheel, systemctl, `jobs status`.
