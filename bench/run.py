@@ -282,7 +282,8 @@ def replay(n: int) -> float:
     """
     from django.utils import timezone
 
-    from django_jobs.models import DeadLetter, DeadReason, Job, uuid7
+    from django_jobs.models import DeadLetter, DeadReason, Job
+    from django_jobs.rows import uuid7
 
     reset()
     now = timezone.now()

@@ -25,18 +25,10 @@ from django.utils import timezone
 from django_jobs import conf, flow, limits, registry, signals
 from django_jobs import payloads as codec  # enqueue_many takes a parameter named payloads
 from django_jobs.exceptions import IdempotencyConflict, InvalidJob, InvalidPayload
-from django_jobs.models import EnqueueResult as EnqueueResult  # public: django_jobs.EnqueueResult
-from django_jobs.models import (
-    Job,
-    JobQuerySet,
-    NewJob,
-    OnParentDead,
-    Parent,
-    Step,
-    check_parents_exist,
-    uuid7,
-)
+from django_jobs.models import Job, JobQuerySet, OnParentDead, check_parents_exist
 from django_jobs.registry import Handler
+from django_jobs.rows import EnqueueResult as EnqueueResult  # public: django_jobs.EnqueueResult
+from django_jobs.rows import NewJob, Parent, Step, uuid7
 from django_jobs.schema import migrate_command
 
 logger = logging.getLogger(__name__)

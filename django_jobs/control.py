@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 from django_jobs import conf, limits, registry
 from django_jobs.exceptions import InvalidJob
-from django_jobs.models import CancelReport, Job, QueueState
+from django_jobs.models import Job, QueueState
+from django_jobs.rows import CancelReport
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,14 +43,9 @@ from django_jobs.api import _prepare
 from django_jobs.context import JobContext
 from django_jobs.exceptions import InvalidJob, InvalidPayload
 from django_jobs.lifecycle import Failed
-from django_jobs.models import (
-    ClaimedJob,
-    CompletionMarker,
-    DeadLetter,
-    Job,
-    uuid7,
-)
+from django_jobs.models import CompletionMarker, DeadLetter, Job
 from django_jobs.registry import Handler
+from django_jobs.rows import ClaimedJob, uuid7
 from django_jobs.worker import Worker
 from django_jobs.worker.executor import _call
 

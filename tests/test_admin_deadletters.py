@@ -12,7 +12,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_jobs.models import DeadLetter, DeadReason, Job, uuid7
+from django_jobs.models import DeadLetter, DeadReason, Job
+from django_jobs.rows import uuid7
 from tests.admin_fixtures import action, messages_of, url
 from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory
 

@@ -26,8 +26,8 @@ from django_jobs.models import (
     Job,
     OnParentDead,
     WorkflowStep,
-    uuid7,
 )
+from django_jobs.rows import uuid7
 from tests.admin_fixtures import messages_of, url
 from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory
 

@@ -8,7 +8,8 @@ import pytest
 from django.db import transaction
 
 from django_jobs import enqueue
-from django_jobs.models import CompletionMarker, DeadLetter, Job, Leases
+from django_jobs.models import CompletionMarker, DeadLetter, Job
+from django_jobs.rows import Leases
 from tests.conftest import ENGINE, wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Audit

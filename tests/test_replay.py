@@ -21,8 +21,8 @@ from django_jobs.models import (
     JobQuerySet,
     WorkflowStep,
     blocked_until,
-    uuid7,
 )
+from django_jobs.rows import uuid7
 from tests.conftest import ENGINE
 from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory
 from tests.testapp.models import Audit

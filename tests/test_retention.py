@@ -17,7 +17,8 @@ from django.test import override_settings
 from django.utils import timezone
 
 from django_jobs import enqueue, retention, workflow
-from django_jobs.models import CompletionMarker, DeadLetter, Dependency, Job, WorkflowStep, uuid7
+from django_jobs.models import CompletionMarker, DeadLetter, Dependency, Job, WorkflowStep
+from django_jobs.rows import uuid7
 from django_jobs.testing import drain
 from tests.conftest import wait_for
 from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory

@@ -15,7 +15,8 @@ from django.utils import timezone
 
 from django_jobs import enqueue
 from django_jobs.exceptions import LeaseLost
-from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job, Leases
+from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job
+from django_jobs.rows import Leases
 from django_jobs.signals import job_dead_lettered, job_finished, job_started
 from django_jobs.worker import Worker
 from django_jobs.worker.dispatcher import _refused

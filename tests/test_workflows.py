@@ -39,8 +39,8 @@ from django_jobs.models import (
     Job,
     JobState,
     WorkflowStep,
-    uuid7,
 )
+from django_jobs.rows import uuid7
 from django_jobs.testing import drain
 from tests.conftest import ENGINE, POSTGRES
 from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory

@@ -40,14 +40,8 @@ from django_jobs.admin.display import (
     when_field,
 )
 from django_jobs.admin.workflows import WorkflowFields, parents_list, parents_of
-from django_jobs.models import (
-    CompletionMarker,
-    DeadLetter,
-    DeadLetterQuerySet,
-    DeadReason,
-    Job,
-    ReplayReport,
-)
+from django_jobs.models import CompletionMarker, DeadLetter, DeadLetterQuerySet, DeadReason, Job
+from django_jobs.rows import ReplayReport
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise

@@ -26,12 +26,13 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
 from django_jobs import conf, flow, lifecycle, limits, registry
-from django_jobs.attempts import MAX_MESSAGE, lease_token, type_name
+from django_jobs.attempts import MAX_MESSAGE, DeadReason, lease_token, type_name
 from django_jobs.context import JobContext
 from django_jobs.lifecycle import Outcome
-from django_jobs.models import ClaimedJob, Job, JobQuerySet, notify_freed
+from django_jobs.models import Job, JobQuerySet, notify_freed
 from django_jobs.payloads import safe_str, storable_text
 from django_jobs.registry import Handler
+from django_jobs.rows import ClaimedJob
 from django_jobs.worker.executor import ExecutorThreads, _close_quietly
 from django_jobs.worker.listener import RETRY_MAX, RETRY_MIN, Listener
 from django_jobs.worker.runs import (
@@ -612,7 +613,7 @@ class Worker(Settler, ExecutorThreads, Timeouts):
             self._names_generation = -1  # claim by the registry's names from now on
         else:
             assert isinstance(transition, lifecycle.DeadLetter)  # what on_claim has left
-            if transition.reason == lifecycle.MALFORMED:
+            if transition.reason == DeadReason.MALFORMED:
                 job.make_storable()
             self._carry_out(Run(job, None, None), transition, 0.0)
 

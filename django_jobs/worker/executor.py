@@ -25,8 +25,9 @@ from django_jobs.attempts import error_entry
 from django_jobs.context import JobContext
 from django_jobs.exceptions import FatalError, JobCancelled, LeaseLost, Snooze
 from django_jobs.lifecycle import Outcome
-from django_jobs.models import ClaimedJob, JobQuerySet
+from django_jobs.models import JobQuerySet
 from django_jobs.registry import Handler
+from django_jobs.rows import ClaimedJob
 from django_jobs.worker.runs import STOP_EXECUTOR, Finished, Run
 
 # A thread idle longer than this checks its connection before the next handler

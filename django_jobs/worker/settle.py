@@ -13,11 +13,12 @@ import time
 from typing import Any
 
 from django_jobs import conf, lifecycle, signals
-from django_jobs.attempts import MAX_MESSAGE, error_entry, error_summary, type_name
+from django_jobs.attempts import MAX_MESSAGE, DeadReason, error_entry, error_summary, type_name
 from django_jobs.lifecycle import Outcome
-from django_jobs.models import ClaimedJob, JobQuerySet, Settled
+from django_jobs.models import JobQuerySet
 from django_jobs.payloads import safe_str, storable_text
 from django_jobs.registry import Backoff
+from django_jobs.rows import ClaimedJob, Settled
 from django_jobs.worker.runs import Run, WorkerStats, log_extra, traceback_tail
 
 logger = logging.getLogger("django_jobs.worker")
@@ -122,7 +123,7 @@ class Settler:
             if written is None and outcome is not None:
                 # (A letter decided at claim is not kept: the lease brings the job back.)
                 self._unsettled.append((run, outcome, duration))
-            elif written and transition.reason == lifecycle.CANCELLED:
+            elif written and transition.reason == DeadReason.CANCELLED:
                 self.stats.cancelled += 1
         elif isinstance(transition, lifecycle.SnoozeFor):
             self._snooze(run, transition, duration, outcome)

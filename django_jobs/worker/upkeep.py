@@ -54,7 +54,8 @@ from django.utils import timezone
 
 from django_jobs import conf, registry, retention, schedules, signals, sql
 from django_jobs.fleet import DURATION_BUCKETS, unknown_name_grace
-from django_jobs.models import Beat, FlowWindow, Job, QueueState, UnknownName, WorkerBeat
+from django_jobs.models import FlowWindow, Job, QueueState, UnknownName, WorkerBeat
+from django_jobs.rows import Beat
 from django_jobs.worker import ticker
 from django_jobs.worker.runs import WorkerStats
 
