@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import time
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -305,3 +305,15 @@ class ClaimRequest(NamedTuple):
     flow_limits: Sequence[flow.Limit] = ()
     flow_claim: Collection[str] | None = None
     others: bool = True
+
+
+class ReplayRequest(NamedTuple):
+    """What a replay of dead letters is asked (JobStore.replay; control.replay makes it)."""
+
+    by: str  # who replays: written on each letter
+    run_at: datetime | None  # the new jobs' run time (None: `delay` from now)
+    delay: float  # seconds from now, on the database clock
+    # The handlers registered, by name: each one's partition_by (None: no partitions). A
+    # letter of a name not here is not replayed (ReplayReport.unknown).
+    partition_by: Mapping[str, Any]
+    progress: Callable[[int, int], None] | None = None  # (done, total) after each batch

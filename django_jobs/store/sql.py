@@ -1,8 +1,8 @@
 """PostgreSQL statements of the hot path, each one round trip and one transaction.
 
 Kept here, named and commented, so that the SQL the worker runs thousands of
-times a second can be read in one place. ``models.JobQuerySet`` runs them on
-PostgreSQL (through ``run``) and falls back to the ORM elsewhere. Times come
+times a second can be read in one place. The PostgreSQL engine
+(``store/postgres.py``) runs them through ``run``; the other engines use the ORM. Times come
 from the database clock, never the worker's: ``statement_timestamp()``, as in
 enqueue and Django's ``Now()``. In the worker's single-statement transactions it
 equals ``now()``; inside a longer transaction (a ``TestCase``'s, under
@@ -583,9 +583,6 @@ SELECT (SELECT count(*) FROM deleted), (SELECT count(*) FROM marked),
 
 COMPLETE_ATOMIC = _complete_atomic(lock=False)
 COMPLETE_ATOMIC_LOCKING = _complete_atomic(lock=True)
-
-# MySQL and MariaDB: the longest statement the server takes (models._max_packet).
-MAX_ALLOWED_PACKET = "SELECT @@max_allowed_packet"
 
 # Heartbeat: push the leases of the jobs this worker still holds (never shortening
 # one a handler extended further itself), and say which of them an operator
