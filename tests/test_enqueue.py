@@ -22,13 +22,12 @@ from django_jobs import (
     enqueue,
     enqueue_on_commit,
     job,
-    sql,
 )
 from django_jobs.models import CompletionMarker, DeadLetter, Job
 from django_jobs.registry import unregister
 from django_jobs.rows import ClaimRequest, Finished
 from django_jobs.signals import job_enqueued
-from django_jobs.store import JobStore
+from django_jobs.store import JobStore, sql
 from tests.conftest import POSTGRES
 from tests.factories import MarkerFactory
 from tests.testapp import jobs

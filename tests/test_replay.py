@@ -18,12 +18,12 @@ from django_jobs.models import (
     DeadReason,
     Dependency,
     Job,
-    JobQuerySet,
     WorkflowStep,
     blocked_until,
 )
 from django_jobs.rows import uuid7
 from django_jobs.store import JobStore
+from django_jobs.store.engine import engine
 from tests.conftest import ENGINE
 from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory
 from tests.testapp.models import Audit
@@ -160,7 +160,8 @@ def test_two_concurrent_replays_of_one_letter_make_one_job(transactional_db, mon
     inside = threading.Event()
     release = threading.Event()
     reports = {}
-    original_insert = JobQuerySet.insert_replays
+    engine_class = type(engine(DeadLetter.objects.db))  # its insert_replays, this database's
+    original_insert = engine_class.insert_replays
 
     def slow_insert(self, *args, **kwargs):
         if threading.current_thread().name == "tab-1":
@@ -168,7 +169,7 @@ def test_two_concurrent_replays_of_one_letter_make_one_job(transactional_db, mon
             release.wait(10)  # hold the letter's row lock inside the first replay's transaction
         return original_insert(self, *args, **kwargs)
 
-    monkeypatch.setattr(JobQuerySet, "insert_replays", slow_insert)
+    monkeypatch.setattr(engine_class, "insert_replays", slow_insert)
 
     def tab(name):
         try:
@@ -362,7 +363,8 @@ def test_a_key_taken_between_the_look_and_the_insert_is_looked_up_again(
     raced = DeadLetterFactory(name="tests.noop", key="raced")
     other = DeadLetterFactory(name="tests.noop", key="not-raced")
     plain = DeadLetterFactory(name="tests.noop")
-    original = JobQuerySet.insert_replays
+    engine_class = type(engine(DeadLetter.objects.db))  # its insert_replays, this database's
+    original = engine_class.insert_replays
     tries = []
 
     def rival():
@@ -374,15 +376,15 @@ def test_a_key_taken_between_the_look_and_the_insert_is_looked_up_again(
         finally:
             connections.close_all()
 
-    def insert_after_a_rival(self, jobs):
+    def insert_after_a_rival(self, queryset, jobs):
         if not tries:  # the first try only: another connection takes the key, and commits
             thread = threading.Thread(target=rival)
             thread.start()
             thread.join(20)
         tries.append(sorted(job.key or "" for job in jobs))
-        return original(self, jobs)
+        return original(self, queryset, jobs)
 
-    monkeypatch.setattr(JobQuerySet, "insert_replays", insert_after_a_rival)
+    monkeypatch.setattr(engine_class, "insert_replays", insert_after_a_rival)
     report = control.replay(DeadLetter.objects.filter(id__in=[raced.id, other.id, plain.id]))
 
     assert tries == [["", "not-raced", "raced"], ["", "not-raced"]]

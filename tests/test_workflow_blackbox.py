@@ -507,11 +507,11 @@ def test_wait_stays_blocked_until_the_parents_letter_is_replayed_and_succeeds():
     assert DeadLetter.objects.get(id=parent.id).reason == "fatal"
     assert is_blocked(child) and ran("ship") == 0
     # A second replay of a still-failing parent keeps it blocked.
-    DeadLetter.objects.pending().replay(by="test")
+    control.replay(DeadLetter.objects.pending(), by="test")
     drain()
     assert is_blocked(child)
     Audit.objects.create(label="bbheal|charge")
-    report = DeadLetter.objects.pending().replay(by="test")
+    report = control.replay(DeadLetter.objects.pending(), by="test")
     assert len(report.replayed) == 1
     drain()
     assert Audit.objects.filter(label="bb|ship|0").count() == 1
@@ -524,7 +524,7 @@ def test_wait_on_an_unkeyed_parent_is_released_by_its_replay():
     child = enqueue(STEP, {"label": "after-nokey"}, after=[parent])
     drain()
     Audit.objects.create(label="bbheal|nokey")
-    DeadLetter.objects.pending().replay(by="test")
+    control.replay(DeadLetter.objects.pending(), by="test")
     drain()
     assert ran("after-nokey") == 1
     # Replayed, a parent without a key is still named by its handler.

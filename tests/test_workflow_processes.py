@@ -302,7 +302,7 @@ def test_dead_parents_block_wait_steps_and_kill_dead_steps_until_replayed(worker
     )
     assert DeadLetter.objects.pending().filter(id=results["dead-1-dead"].id).exists()
     Audit.objects.create(label="heal|exhausted")
-    DeadLetter.objects.pending().replay()  # exhausted, dead-1-dead, mixed
+    control.replay(DeadLetter.objects.pending())  # exhausted, dead-1-dead, mixed
     wait_for(
         lambda: Job.objects.count() == 0 and CompletionMarker.objects.count() == 9 + 6,
         timeout=30,
