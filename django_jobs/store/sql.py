@@ -232,6 +232,34 @@ _WINDOW_START = (
 _PART = "CASE WHEN %(partitioned)s::boolean THEN COALESCE(partition, '') ELSE '' END"
 
 
+def _limited_room(column: str) -> str:
+    """The first CTEs of CLAIM_LIMITED: the worker's unpaused queues, the group's running
+    jobs and starts in the current window, and its room (see _claim_limited)."""
+    return f"""WITH active AS MATERIALIZED (
+    SELECT q.name FROM unnest(%(queues)s::text[]) AS q(name)
+    WHERE NOT EXISTS (SELECT 1 FROM django_jobs_queue AS s WHERE s.name = q.name AND s.paused)
+),
+running AS MATERIALIZED (
+    SELECT {_PART} AS part, count(*) AS n
+    FROM django_jobs_job
+    WHERE locked_by IS NOT NULL AND lease_expires_at >= statement_timestamp()
+      AND {column} = %(value)s AND name <> ALL(%(limited)s::text[])
+    GROUP BY 1
+),
+flow_window AS MATERIALIZED (
+    SELECT partition AS part, max(starts) AS starts FROM django_jobs_flow_window
+    WHERE key = ANY(%(window_keys)s::text[]) AND window_start = {_WINDOW_START}
+    GROUP BY partition
+),
+room AS MATERIALIZED (
+    SELECT CASE WHEN %(partitioned)s::boolean THEN %(scan)s::int ELSE GREATEST(0, LEAST(
+        %(limit)s::int,
+        %(cap)s::int - (SELECT COALESCE(sum(n), 0) FROM running),
+        %(rate)s::int - (SELECT COALESCE(sum(starts), 0) FROM flow_window)))::int END AS n
+),
+"""  # noqa: S608 - spliced: constants of this module, no input
+
+
 def _claim_limited(column: str) -> str:
     # One limited group (its handler's name or its queue, `column` = %(value)s),
     # under the group's FLOW_LOCK, which must be granted before this statement
@@ -255,29 +283,7 @@ def _claim_limited(column: str) -> str:
     #   window, whatever the claimer's own limit.
     # A queue's group leaves out the names that have limits of their own (%(limited)s).
     return f"""
-WITH active AS MATERIALIZED (
-    SELECT q.name FROM unnest(%(queues)s::text[]) AS q(name)
-    WHERE NOT EXISTS (SELECT 1 FROM django_jobs_queue AS s WHERE s.name = q.name AND s.paused)
-),
-running AS MATERIALIZED (
-    SELECT {_PART} AS part, count(*) AS n
-    FROM django_jobs_job
-    WHERE locked_by IS NOT NULL AND lease_expires_at >= statement_timestamp()
-      AND {column} = %(value)s AND name <> ALL(%(limited)s::text[])
-    GROUP BY 1
-),
-flow_window AS MATERIALIZED (
-    SELECT partition AS part, max(starts) AS starts FROM django_jobs_flow_window
-    WHERE key = ANY(%(window_keys)s::text[]) AND window_start = {_WINDOW_START}
-    GROUP BY partition
-),
-room AS MATERIALIZED (
-    SELECT CASE WHEN %(partitioned)s::boolean THEN %(scan)s::int ELSE GREATEST(0, LEAST(
-        %(limit)s::int,
-        %(cap)s::int - (SELECT COALESCE(sum(n), 0) FROM running),
-        %(rate)s::int - (SELECT COALESCE(sum(starts), 0) FROM flow_window)))::int END AS n
-),
-candidates AS MATERIALIZED (
+{_limited_room(column)}candidates AS MATERIALIZED (
     SELECT c.* FROM active AS q CROSS JOIN LATERAL (
         (SELECT id, {_PART} AS part, true AS expired, priority, run_at
          FROM django_jobs_job
