@@ -250,7 +250,7 @@ def test_a_replay_of_letters_while_an_enqueue_waits_for_them_does_not_deadlock()
             Side(atomic_enqueue, "tests.noop", after=[older, newer], queue="children")
         )
         replaying = start_until_waiting(
-            Side(DeadLetter.objects.filter(id__in=[older, newer]).replay)
+            Side(control.replay, DeadLetter.objects.filter(id__in=[older, newer]))
         )
     child, report = finish(enqueuing, replaying)
     assert set(report.replayed) == {older, newer}
@@ -270,7 +270,7 @@ def test_an_enqueue_naming_a_parent_by_key_while_its_settle_holds_the_row():
     assert str(parent) < str(child) < str(other)
     claimed = claim("parents")
     with held(Job, child):
-        settling = start_until_waiting(Side(Job.objects.complete, finished(claimed)))
+        settling = start_until_waiting(Side(JobStore().complete, finished(claimed)))
         enqueuing = start_until_waiting(
             Side(atomic_enqueue, "tests.noop", after=["p"], queue="grandchildren")
         )
@@ -295,7 +295,7 @@ def test_a_settle_does_not_wait_for_a_row_outside_its_batch():
     claimed = claim("parents")
     assert sorted(job.id for job in claimed) == batch
     with held(Job, unrelated):
-        settling = Side(Job.objects.complete, finished(claimed))
+        settling = Side(JobStore().complete, finished(claimed))
         settling.start()
         settling.join(20)
         assert not settling.is_alive(), "the settle waits for a row it does not settle"
@@ -341,7 +341,7 @@ def test_a_replay_that_loses_a_deadlock_to_an_enqueue_is_tried_again():
     )
     with held(Job, parents[0]):
         enqueuing = start_until_waiting(Side(enqueue, "tests.noop", after=[*parents, letter]))
-        replaying = start_until_waiting(Side(DeadLetter.objects.filter(id=letter).replay))
+        replaying = start_until_waiting(Side(control.replay, DeadLetter.objects.filter(id=letter)))
     child, report = finish(enqueuing, replaying)
     assert list(report.replayed) == [letter]
     assert Job.objects.get(id=child.id).waiting_for == 4
