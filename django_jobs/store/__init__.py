@@ -39,14 +39,13 @@ from django_jobs.store.engine import engine
 class JobStore:
     """The state changes of one database alias's jobs: ``JobStore(alias).claim(request)``."""
 
-    __slots__ = ("alias",)
+    __slots__ = ("alias", "jobs")
 
     def __init__(self, alias: str | None = None) -> None:
-        self.alias = alias or conf.database()  # None: DJANGO_JOBS["DATABASE"]
-
-    @property
-    def jobs(self) -> JobQuerySet:
-        return Job.objects.using(self.alias)
+        self.alias: str = alias or conf.database()  # None: DJANGO_JOBS["DATABASE"]
+        # The live jobs of the alias: never evaluated itself (each use filters a clone),
+        # so one per store, as the worker keeps one store: no queryset built per call.
+        self.jobs = JobQuerySet(Job, using=self.alias)
 
     # ---- enqueue (store/enqueue.py) ----------------------------------------
 

@@ -232,6 +232,30 @@ _WINDOW_START = (
 _PART = "CASE WHEN %(partitioned)s::boolean THEN COALESCE(partition, '') ELSE '' END"
 
 
+# CLAIM_LIMITED's ranking of its candidates per partition, and the rows it takes
+# within each partition's room (see _claim_limited).
+_LIMITED_PICK = """ranked AS MATERIALIZED (
+    SELECT c.id, c.expired, c.priority, c.run_at,
+           row_number() OVER (
+               PARTITION BY c.part ORDER BY c.expired DESC, c.priority DESC, c.run_at, c.id
+           ) AS rank,
+           LEAST(COALESCE(%(cap)s::int - COALESCE(r.n, 0), %(limit)s::int),
+                 COALESCE(%(rate)s::int - COALESCE(w.starts, 0), %(limit)s::int)) AS room
+    FROM candidates AS c
+    LEFT JOIN running AS r ON r.part = c.part
+    LEFT JOIN flow_window AS w ON w.part = c.part
+),
+picked AS MATERIALIZED (
+    SELECT j.id
+    FROM ranked JOIN django_jobs_job AS j ON j.id = ranked.id
+    WHERE ranked.rank <= ranked.room
+    ORDER BY ranked.expired DESC, ranked.priority DESC, ranked.run_at, ranked.id
+    LIMIT %(limit)s
+    FOR UPDATE OF j SKIP LOCKED
+),
+"""
+
+
 def _limited_room(column: str) -> str:
     """The first CTEs of CLAIM_LIMITED: the worker's unpaused queues, the group's running
     jobs and starts in the current window, and its room (see _claim_limited)."""
@@ -304,26 +328,7 @@ def _claim_limited(column: str) -> str:
          LIMIT (SELECT n FROM room))
     ) AS c
 ),
-ranked AS MATERIALIZED (
-    SELECT c.id, c.expired, c.priority, c.run_at,
-           row_number() OVER (
-               PARTITION BY c.part ORDER BY c.expired DESC, c.priority DESC, c.run_at, c.id
-           ) AS rank,
-           LEAST(COALESCE(%(cap)s::int - COALESCE(r.n, 0), %(limit)s::int),
-                 COALESCE(%(rate)s::int - COALESCE(w.starts, 0), %(limit)s::int)) AS room
-    FROM candidates AS c
-    LEFT JOIN running AS r ON r.part = c.part
-    LEFT JOIN flow_window AS w ON w.part = c.part
-),
-picked AS MATERIALIZED (
-    SELECT j.id
-    FROM ranked JOIN django_jobs_job AS j ON j.id = ranked.id
-    WHERE ranked.rank <= ranked.room
-    ORDER BY ranked.expired DESC, ranked.priority DESC, ranked.run_at, ranked.id
-    LIMIT %(limit)s
-    FOR UPDATE OF j SKIP LOCKED
-),
-claimed AS (
+{_LIMITED_PICK}claimed AS (
     UPDATE django_jobs_job AS j{_LEASE}
     FROM picked
     WHERE j.id = picked.id

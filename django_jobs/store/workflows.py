@@ -73,8 +73,8 @@ def _insert_after(
     alias = jobs.db
     with transaction.atomic(using=alias):
         located = find_parents(alias, dict.fromkeys(after, 1))  # locked in id order
-        found = distinct([located[parent] for parent in after])  # edges in after= order
-        not_after_itself(job, found)
+        found = _distinct([located[parent] for parent in after])  # edges in after= order
+        _not_after_itself(job, found)
         if job.key is not None:
             refuse_cycle(alias, job.key, lambda: [f.key for f in found if f.state != DONE])
         unfinished = sum(1 for f in found if f.state != DONE)
@@ -155,14 +155,14 @@ def _plan_steps(
     results: list[EnqueueResult] = []
     held: dict[int, Found] = {}  # keyed steps a live or done job holds: that job
     for index, step in enumerate(steps):
-        parents = distinct(
+        parents = _distinct(
             [
                 found[parent] if not isinstance(parent, int) else seen[parent]
                 for parent in step.parents
             ]
         )
         job = step.job
-        not_after_itself(job, parents)
+        _not_after_itself(job, parents)
         if job.key is not None and step.parents:
             refuse_cycle(alias, job.key, partial(_outside_ancestors, steps, index, found, held))
         key = job.key if job.key is not None else str(job.id)
@@ -325,7 +325,7 @@ def _uuid_or_none(text: str) -> uuid.UUID | None:
         return None
 
 
-def not_after_itself(job: NewJob, found: Iterable[Found]) -> None:
+def _not_after_itself(job: NewJob, found: Iterable[Found]) -> None:
     """Refuse a job that would wait for its own key (a dead letter of it): it never runs."""
     if job.key is not None and any(f.key == job.key and f.state == DEAD for f in found):
         raise InvalidJob(
@@ -358,7 +358,7 @@ def _outside_ancestors(
     return keys
 
 
-def distinct(found: Iterable[Found]) -> list[Found]:
+def _distinct(found: Iterable[Found]) -> list[Found]:
     """One edge per parent key (a job named twice, by id and by key, say)."""
     return list({f.key: f for f in found}.values())
 
