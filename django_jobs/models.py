@@ -353,7 +353,7 @@ class Job(models.Model):
         help_text=_("Jobs registered as waiting for this one (their settle releases them)."),
     )
     # A blocked job's own delay or run_at, applied when its last parent finishes
-    # (sql._release, JobQuerySet.release_dependents). NULL, as in rows written by
+    # (sql._release, JobStore.release_dependents). NULL, as in rows written by
     # raw SQL or by an earlier release during a deploy: due at once when released.
     release_delay = models.DurationField(
         null=True,

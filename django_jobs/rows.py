@@ -125,7 +125,7 @@ class EnqueueResult:
 
 @dataclass(slots=True)  # not frozen: frozen dataclasses cost a setattr call per field
 class NewJob:
-    """A validated job row to insert (the enqueue API builds it, JobQuerySet.insert writes it)."""
+    """A validated job row to insert (the enqueue API builds it, JobStore.insert writes it)."""
 
     id: uuid.UUID
     name: str
@@ -159,7 +159,7 @@ def definition(job: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Leases:
-    """What JobQuerySet.extend_leases() found of the leases it was asked to extend."""
+    """What JobStore.extend_leases() found of the leases it was asked to extend."""
 
     # Each job still held, mapped to whether an operator asked to cancel it.
     held: dict[uuid.UUID, bool]
@@ -168,7 +168,7 @@ class Leases:
 
 
 class Settled(set[int]):
-    """The positions JobQuerySet.complete() settled; `woke`: it made waiting jobs due."""
+    """The positions JobStore.complete() settled; `woke`: it made waiting jobs due."""
 
     woke: bool = False
 
@@ -190,7 +190,7 @@ class Parent:
 
 @dataclass(slots=True)
 class Step:
-    """A validated workflow step (api.Workflow makes them, JobQuerySet.insert_workflow writes them).
+    """A validated workflow step (api.Workflow makes them, JobStore.insert_workflow writes them).
 
     `parents` holds the index of an earlier step of the same workflow, or a
     Parent outside it.
@@ -207,7 +207,7 @@ def _plural(count: int, one: str, many: str) -> str:
 
 @dataclass
 class CancelReport:
-    """What JobQuerySet.cancel did, job ids by outcome."""
+    """What JobStore.cancel did, job ids by outcome."""
 
     cancelled: list[uuid.UUID] = field(default_factory=list)
     blocked: int = 0  # of the cancelled: workflow steps waiting for their parents
@@ -226,7 +226,7 @@ class CancelReport:
 
 @dataclass
 class ReplayReport:
-    """What DeadLetterQuerySet.replay did, dead-letter ids by outcome."""
+    """What a replay (control.replay) did, dead-letter ids by outcome."""
 
     replayed: dict[uuid.UUID, uuid.UUID] = field(default_factory=dict)  # letter -> new job
     already: list[uuid.UUID] = field(default_factory=list)  # replayed before

@@ -70,7 +70,7 @@ _CLAIMED_FIELDS = (
 
 
 class _KeyCompleted(Exception):
-    """Rolls back an insert whose key's marker appeared meanwhile (JobQuerySet._insert_keyed)."""
+    """Rolls back an insert whose key's marker appeared meanwhile (Portable.insert_keyed)."""
 
     def __init__(self, marker: tuple[uuid.UUID, str | None]) -> None:
         self.marker = marker

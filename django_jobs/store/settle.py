@@ -22,7 +22,7 @@ from django_jobs.store import workflows
 from django_jobs.store.engine import engine
 
 # A dead letter's payload longer than this (in characters) is copied from its job's row
-# on the database server rather than sent with the letter (JobQuerySet.dead_letter()).
+# on the database server rather than sent with the letter (dead_letter() below).
 LETTER_PAYLOAD_SENT = 64 * 1024
 
 

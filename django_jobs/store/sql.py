@@ -464,7 +464,7 @@ woken AS (
 # Two CTEs: `kin`, the jobs %(ids)s (an `ids` query) and the jobs their settle
 # may release (the open edges on the keys of those with dependents), and
 # `family`, those locked in id order, as an enqueue after several parents locks
-# them (models._find_parents). A settle that locked its batch, then the jobs it
+# them (store/parents.py, find_parents). A settle that locked its batch, then the jobs it
 # releases, could meet an enqueue naming one of each and deadlock, but only when
 # a released job's id sorts before a batch job's: with `crossed_only` nothing is
 # locked otherwise (the batch and then the released jobs are then in id order
@@ -668,7 +668,7 @@ COPY django_jobs_job
 FROM STDIN
 """
 
-# The steps of a workflow (models.JobQuerySet.insert_workflow): COPY_JOBS with the
+# The steps of a workflow (store/workflows.py, insert_workflow): COPY_JOBS with the
 # counts of parents not finished and of dependents in the same workflow, and a
 # blocked step's own timing for its release.
 COPY_STEPS = """
@@ -678,7 +678,7 @@ COPY django_jobs_job
 FROM STDIN
 """
 
-# A workflow's edges and its steps' rows (models.JobQuerySet.insert_workflow).
+# A workflow's edges and its steps' rows (store/workflows.py, insert_workflow).
 COPY_EDGES = """
 COPY django_jobs_dependency
     (job_id, parent_key, parent_id, on_parent_dead, created_at, satisfied_at)
@@ -688,7 +688,7 @@ COPY_WORKFLOW_STEPS = """
 COPY django_jobs_workflow_step (job_id, workflow, name, key, created_at) FROM STDIN
 """
 
-# The new jobs of a chunk of replayed dead letters (models.DeadLetterQuerySet.replay),
+# The new jobs of a chunk of replayed dead letters (store/replay.py),
 # one statement for the chunk: one array per column, one element per job. A key
 # with a completion marker, or held by a live job, makes no row (ON CONFLICT on
 # the partial unique index, as INSERT_KEYED); the caller looked for both under the
