@@ -282,7 +282,8 @@ def replay(n: int) -> float:
     """
     from django.utils import timezone
 
-    from django_jobs.models import DeadLetter, DeadReason, Job, uuid7
+    from django_jobs.models import DeadLetter, DeadReason, Job
+    from django_jobs.rows import uuid7
 
     reset()
     now = timezone.now()
@@ -306,8 +307,10 @@ def replay(n: int) -> float:
         ],
         batch_size=2_000,
     )
+    from django_jobs import control
+
     started = time.perf_counter()
-    report = DeadLetter.objects.all().replay(by="bench")
+    report = control.replay(DeadLetter.objects.all(), by="bench")
     elapsed = time.perf_counter() - started
     assert len(report.replayed) == n, f"replayed {report}"
     assert Job.objects.count() == n, "a letter without its job"
@@ -436,7 +439,7 @@ def idle(seconds: float) -> tuple[float, float]:
 def claim_at_scale(scheduled: int, due: int, samples: int) -> tuple[float, float, float]:
     from django.db import connection
 
-    from django_jobs import sql
+    from django_jobs.store import sql
 
     def median_claim() -> float:
         times = []

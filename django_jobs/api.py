@@ -25,19 +25,12 @@ from django.utils import timezone
 from django_jobs import conf, flow, limits, registry, signals
 from django_jobs import payloads as codec  # enqueue_many takes a parameter named payloads
 from django_jobs.exceptions import IdempotencyConflict, InvalidJob, InvalidPayload
-from django_jobs.models import EnqueueResult as EnqueueResult  # public: django_jobs.EnqueueResult
-from django_jobs.models import (
-    Job,
-    JobQuerySet,
-    NewJob,
-    OnParentDead,
-    Parent,
-    Step,
-    check_parents_exist,
-    uuid7,
-)
+from django_jobs.models import OnParentDead
 from django_jobs.registry import Handler
+from django_jobs.rows import EnqueueResult as EnqueueResult  # public: django_jobs.EnqueueResult
+from django_jobs.rows import NewJob, Parent, Step, uuid7
 from django_jobs.schema import migrate_command
+from django_jobs.store import JobStore
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +98,7 @@ def enqueue_on_commit(
         raise InvalidJob(f"commit_of names no database alias in DATABASES: {commit_of!r}")
     if parents:
         # Now, while the caller's transaction on commit_of can still roll back.
-        check_parents_exist(alias, parents)
+        JobStore(alias).check_parents_exist(parents)
     transaction.on_commit(partial(_write, job, alias, parents, mode), using=commit_of)
     return EnqueueResult(job.id, None, job.name, job.queue)
 
@@ -237,7 +230,7 @@ def enqueue_many(
         return []
     alias = conf.database()
     try:
-        results = JobQuerySet(Job, using=alias).insert_many(jobs)
+        results = JobStore(alias).insert_many(jobs)
     except Exception as exc:  # COPY raises psycopg's own errors, not Django's
         _explain_missing_tables(exc, alias)
         raise
@@ -300,8 +293,8 @@ def _write(
     """Insert job (after `parents`, when given) and send job_enqueued at commit."""
     try:
         # The queryset built directly: a manager's using() clones twice (~10 µs per enqueue).
-        jobs = JobQuerySet(Job, using=alias)
-        result = jobs.insert_after(job, parents, mode) if parents else jobs.insert(job)
+        store = JobStore(alias)
+        result = store.insert_after(job, parents, mode) if parents else store.insert(job)
     except DatabaseError as exc:
         _explain_missing_tables(exc, alias)
         raise
@@ -430,7 +423,7 @@ class Workflow:
             return
         alias = conf.database()
         try:
-            self.results = JobQuerySet(Job, using=alias).insert_workflow(self.name, self._steps)
+            self.results = JobStore(alias).insert_workflow(self.name, self._steps)
         except Exception as exc:  # COPY raises psycopg's own errors, not Django's
             _explain_missing_tables(exc, alias)
             raise

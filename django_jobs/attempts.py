@@ -1,9 +1,10 @@
 """What a job row records of its attempts: the lease token of the running one, failed ones' errors.
 
 A leaf: the store, the worker and the admin build and read these through the
-functions here only. ``sql.CLAIM`` builds the lease-expired entry in SQL from the
-same constants, and ``sql.py``'s ``split_part(locked_by, '#', 1)`` is the SQL
-twin of ``worker_of`` (tests pin both).
+functions here only; why a job died (``DeadReason``) is listed here once.
+``sql.CLAIM`` builds the lease-expired entry in SQL from the same constants, and
+``sql.py``'s ``split_part(locked_by, '#', 1)`` is the SQL twin of ``worker_of``
+(tests pin both).
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import traceback as tb
 from datetime import datetime
 from typing import Any
 
+from django.db import models
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 from django_jobs.payloads import safe_str, storable_text
 
@@ -28,6 +31,21 @@ LEASE_EXPIRED = "django_jobs.LeaseExpired"
 LEASE_EXPIRED_MESSAGE = (
     "the lease expired before the attempt settled (worker killed, hung or cut off)"
 )
+
+
+class DeadReason(models.TextChoices):
+    """Why a job went to the dead letters (DeadLetter.reason): the one list of them."""
+
+    INVALID_PAYLOAD = "invalid_payload", _("invalid payload")
+    UNKNOWN_NAME = "unknown_name", _("unknown name")
+    ATTEMPTS_EXHAUSTED = "attempts_exhausted", _("attempts exhausted")
+    FATAL = "fatal", _("fatal error")
+    CANCELLED = "cancelled", _("cancelled")
+    # A workflow step whose parent died, when the step asked for on_parent_dead="dead".
+    PARENT_DEAD = "parent_dead", _("parent dead")
+    # A hand-edited column the worker cannot use, or a row the database refused to update.
+    MALFORMED = "malformed", _("malformed row")
+
 
 # A lease token is "<worker id>#<claim number>": the worker id holds no "#".
 _SEPARATOR = "#"

@@ -1,10 +1,13 @@
-"""Control: pause and resume queues, cancel jobs. Called by the admin, the `jobs` command and you.
+"""Control: pause and resume queues, cancel jobs, replay dead letters. Called by the admin,
+the commands and you.
 
 The operator's side of the enqueue API: named operations over the store's
 querysets (QueueState, Job), one layer above it, like django_jobs.api.
 
 - A paused queue is not claimed by any worker (each refreshes the paused set once
   per poll interval); jobs already running finish normally.
+- ``replay`` gives selected dead letters new jobs (docs/admin.md): the letters of a
+  name no handler is registered under are left alone (``ReplayReport.unknown``).
 - ``cancel_workflow`` does the same to the steps of a workflow not finished yet.
 - Cancelling a job no worker holds moves it to the dead letters at once
   (``reason="cancelled"``). Cancelling a running job flags it; its worker sees the
@@ -17,12 +20,16 @@ querysets (QueueState, Job), one layer above it, like django_jobs.api.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from django_jobs import conf, limits, registry
 from django_jobs.exceptions import InvalidJob
-from django_jobs.models import CancelReport, Job, QueueState
+from django_jobs.models import DeadLetterQuerySet, Job, QueueState
+from django_jobs.rows import CancelReport, ReplayReport
+from django_jobs.store import JobStore
+from django_jobs.store.replay import replay_request
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +85,9 @@ def paused_queues(alias: str | None = None) -> set[str]:
 def cancel(job_ids: Sequence[uuid.UUID | str], *, by: str = "") -> CancelResult:
     """Cancel jobs: dead-letter the waiting ones now, flag the running ones for their workers."""
     ids = [uuid.UUID(str(i)) for i in job_ids]
-    report = Job.objects.filter(id__in=ids).cancel(by=by)
-    requested = Job.objects.filter(id__in=report.running).request_cancel()
+    store = JobStore(conf.database())
+    report = store.cancel(Job.objects.filter(id__in=ids), by=by)
+    requested = store.request_cancel(Job.objects.filter(id__in=report.running))
     return _result(report, requested)
 
 
@@ -91,10 +99,35 @@ def cancel_workflow(name: str, by: str = "") -> CancelResult:
     for their workers, as ``cancel`` does.
     """
     name = limits.workflow_name(name, error=InvalidJob)
-    alias = conf.database()
-    report = Job.objects.using(alias).cancel_workflow(name, by=by)
-    requested = Job.objects.using(alias).filter(id__in=report.running).request_cancel()
+    store = JobStore(conf.database())
+    report = store.cancel_workflow(name, by=by)
+    requested = store.request_cancel(Job.objects.filter(id__in=report.running))
     return _result(report, requested)
+
+
+def replay(
+    letters: DeadLetterQuerySet,
+    *,
+    by: str = "",
+    run_at: datetime | None = None,
+    delay: float | timedelta | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> ReplayReport:
+    """Give each selected letter one new live job: same name, payload, queue, priority, key.
+
+    The new job starts with no attempts, due now (or at `run_at`, or `delay`
+    from now on the database clock). The letter records when, by whom, and the
+    new job's id; a letter already replayed (now, or by a concurrent call) is
+    left alone, so replaying twice never makes a second job. A letter whose key
+    a live job holds, whose key's work has completed since, or whose name no
+    handler is registered under, is not replayed (the report says which).
+    `progress(done, total)` is called after each batch of letters.
+    """
+    handlers = {name: h.partition_by for name, h in registry.all_handlers().items()}
+    request = replay_request(
+        by=by, run_at=run_at, delay=delay, partition_by=handlers, progress=progress
+    )
+    return JobStore(letters.db).replay(letters, request)
 
 
 def _result(report: CancelReport, requested: int) -> CancelResult:

@@ -1,7 +1,7 @@
 """Flow control: limits that hold across the fleet (global concurrency, rate limits, partitions).
 
 Pure values and their validation; the claim enforces them (sql.CLAIM_LIMITED,
-models.JobQuerySet.claim) and docs/flow-control.md says how.
+store/postgres.py, Postgres.claim_flow) and docs/flow-control.md says how.
 """
 
 from __future__ import annotations

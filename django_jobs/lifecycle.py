@@ -18,15 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from django_jobs import limits
-from django_jobs.attempts import LEASE_EXPIRED, error_summary
+from django_jobs.attempts import LEASE_EXPIRED, DeadReason, error_summary
 from django_jobs.exceptions import JobCancelled, Snooze
-
-# Dead-letter reasons (the values of models.DeadReason; a test keeps them equal).
-INVALID_PAYLOAD = "invalid_payload"
-ATTEMPTS_EXHAUSTED = "attempts_exhausted"
-FATAL = "fatal"
-CANCELLED = "cancelled"
-MALFORMED = "malformed"
 
 
 class JobView(Protocol):
@@ -240,7 +233,7 @@ def on_claim(job: JobView, *, has_handler: bool) -> Transition:
     if problem is not None:
         # A hand-edited row: say so in its letter instead of tripping over it.
         return DeadLetter(
-            MALFORMED,
+            DeadReason.MALFORMED,
             Cause(
                 job.attempts,
                 "django_jobs.MalformedJob",
@@ -252,7 +245,7 @@ def on_claim(job: JobView, *, has_handler: bool) -> Transition:
         # The previous attempt was lost with its worker (killed, OOM, os._exit).
         last = job.errors[-1] if job.errors else {}
         return DeadLetter(
-            ATTEMPTS_EXHAUSTED,
+            DeadReason.ATTEMPTS_EXHAUSTED,
             Cause(
                 job.attempts - 1,
                 last.get("type", LEASE_EXPIRED),
@@ -302,17 +295,19 @@ def on_outcome(
     if isinstance(outcome, Unstarted):
         return Release()
     if isinstance(outcome, Invalid):
-        return DeadLetter(INVALID_PAYLOAD, outcome.error)
+        return DeadLetter(DeadReason.INVALID_PAYLOAD, outcome.error)
     if isinstance(outcome, Snoozed):
         if cancel_requested:
             exc = Snooze(outcome.seconds)
-            return DeadLetter(CANCELLED, exc, exc=exc)
+            return DeadLetter(DeadReason.CANCELLED, exc, exc=exc)
         return SnoozeFor(outcome.seconds)
     if isinstance(outcome, CancelRequested):
         if outcome.started:
             return Interrupt()
         return DeadLetter(
-            CANCELLED, JobCancelled("cancelled before it started"), attempts=job.attempts - 1
+            DeadReason.CANCELLED,
+            JobCancelled("cancelled before it started"),
+            attempts=job.attempts - 1,
         )
     if isinstance(outcome, Refused):
         return _on_refused(job, outcome, policy=policy, cancel_requested=cancel_requested)
@@ -325,11 +320,11 @@ def _on_failure(
     job: JobView, outcome: Failed, *, policy: Policy, cancel_requested: bool
 ) -> Transition:
     if cancel_requested:  # the handler stopped after an operator cancelled it
-        reason = CANCELLED
+        reason = DeadReason.CANCELLED
     elif outcome.fatal:
-        reason = FATAL
+        reason = DeadReason.FATAL
     elif job.attempts >= job.max_attempts:
-        reason = ATTEMPTS_EXHAUSTED
+        reason = DeadReason.ATTEMPTS_EXHAUSTED
     else:
         delay = retry_delay(policy.get_backoff(), job.attempts)
         return Retry(delay, outcome.error, exc=outcome.exc)
@@ -349,7 +344,7 @@ def _on_refused(
         # rather than leave the job to its lease (and the next worker to the same end).
         original = outcome.original or {}
         return DeadLetter(
-            MALFORMED,
+            DeadReason.MALFORMED,
             Cause(
                 original.get("attempt", job.attempts),
                 original.get("type", ""),

@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from datetime import datetime, timedelta
     from typing import TypedDict, Unpack
 
-    from django_jobs.api import EnqueueResult
     from django_jobs.context import JobContext
+    from django_jobs.rows import EnqueueResult
 
     class EnqueueOptions(TypedDict, total=False):
         """The keyword arguments of django_jobs.enqueue."""

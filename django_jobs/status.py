@@ -24,8 +24,8 @@ from django_jobs.models import (
     QueueState,
     UnknownName,
     WorkerBeat,
-    cycles,
 )
+from django_jobs.store import JobStore
 from django_jobs.worker.ticker import db_now
 
 RECENT = timedelta(hours=1)
@@ -309,9 +309,9 @@ def status(alias: str | None = None) -> Status:
 
 
 def blocked_cycles(alias: str | None = None) -> list[CycleStatus]:
-    """Return the cycles of blocked jobs (models.cycles), each with the job that closes it."""
+    """Return the cycles of blocked jobs (JobStore.cycles), each with the job that closes it."""
     alias = alias or conf.database()
     return [
         CycleStatus(str(job_id), keys, [str(letter) for letter in letters])
-        for job_id, keys, letters in cycles(alias)
+        for job_id, keys, letters in JobStore(alias).cycles()
     ]

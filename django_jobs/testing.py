@@ -43,14 +43,10 @@ from django_jobs.api import _prepare
 from django_jobs.context import JobContext
 from django_jobs.exceptions import InvalidJob, InvalidPayload
 from django_jobs.lifecycle import Failed
-from django_jobs.models import (
-    ClaimedJob,
-    CompletionMarker,
-    DeadLetter,
-    Job,
-    uuid7,
-)
+from django_jobs.models import CompletionMarker, DeadLetter, Job
 from django_jobs.registry import Handler
+from django_jobs.rows import ClaimedJob, uuid7
+from django_jobs.store import JobStore
 from django_jobs.worker import Worker
 from django_jobs.worker.executor import _call
 
@@ -173,7 +169,7 @@ def drain(
         queues = fixed or sorted(set(jobs.values_list("queue", flat=True).distinct()))
         mine = jobs.filter(queue__in=queues)
         if run_scheduled:
-            mine.run_now()
+            JobStore(jobs.db).run_now(mine)
         worker.queues = queues
         if until_empty:
             limit = ROUND_SIZE

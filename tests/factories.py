@@ -5,7 +5,8 @@ from datetime import timedelta
 import factory
 from django.utils import timezone
 
-from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job, WorkerBeat, uuid7
+from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job, WorkerBeat
+from django_jobs.rows import uuid7
 
 
 def _in(seconds: float):

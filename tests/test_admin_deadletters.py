@@ -12,7 +12,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_jobs.models import DeadLetter, DeadReason, Job, uuid7
+from django_jobs import control
+from django_jobs.models import DeadLetter, DeadReason, Job
+from django_jobs.rows import uuid7
 from tests.admin_fixtures import action, messages_of, url
 from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory
 
@@ -198,7 +200,7 @@ def test_detail_page_is_read_only_with_masked_pretty_payload_and_every_error(adm
 
 def test_detail_page_links_the_replayed_job_then_its_marker_or_its_new_letter(admin_client_):
     letter = DeadLetterFactory()
-    DeadLetter.objects.filter(pk=letter.pk).replay(by="ada")
+    control.replay(DeadLetter.objects.filter(pk=letter.pk), by="ada")
     letter.refresh_from_db()
     job_id = letter.replay_job_id
 

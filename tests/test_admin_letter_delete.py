@@ -8,9 +8,10 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from django_jobs import enqueue
+from django_jobs import control, enqueue
 from django_jobs.admin.deadletters import WAITED_FOR_LINES
 from django_jobs.models import DeadLetter, Dependency, Job, JobState
+from django_jobs.store import JobStore
 from django_jobs.testing import drain
 from tests.admin_fixtures import url
 from tests.factories import DeadLetterFactory
@@ -77,7 +78,7 @@ def test_a_letter_nobody_waits_for_deletes(admin_client_):
 
 def test_a_letter_a_cancelled_dependent_waits_for_deletes_only_with_that_letter(admin_client_):
     parent, waiting = dead_parent_and_child()
-    Job.objects.filter(id=waiting.id).cancel(by="ops")
+    JobStore().cancel(Job.objects.filter(id=waiting.id), by="ops")
 
     # Its dependent is a letter now (cancelled), which would wait again if replayed.
     [line] = refused(admin_client_.post(url("deadletter_delete", parent.id), {"post": "yes"}))
@@ -105,10 +106,12 @@ def test_a_letter_deletes_once_its_dependents_letter_is_gone(admin_client_):
 def test_a_letter_deletes_once_its_replay_completed(admin_client_):
     parent = enqueue("tests.noop")
     child = enqueue("tests.noop", after=[parent])
-    Job.objects.filter(id=parent.id).cancel(by="ops")  # the parent dies: a pending letter
+    JobStore().cancel(
+        Job.objects.filter(id=parent.id), by="ops"
+    )  # the parent dies: a pending letter
     assert refused(admin_client_.get(url("deadletter_delete", parent.id)))
 
-    DeadLetter.objects.filter(id=parent.id).replay()
+    control.replay(DeadLetter.objects.filter(id=parent.id))
     drain()
     assert not Job.objects.filter(id=child.id).exists()  # released, and run
     assert not Dependency.objects.filter(job_id=child.id, satisfied_at__isnull=True).exists()
@@ -119,7 +122,7 @@ def test_a_letter_deletes_once_its_replay_completed(admin_client_):
 
 def test_the_letter_of_a_replay_that_died_again_is_refused_in_its_turn(admin_client_):
     parent, waiting = dead_parent_and_child()
-    replayed = DeadLetter.objects.filter(id=parent.id).replay().replayed[parent.id]
+    replayed = control.replay(DeadLetter.objects.filter(id=parent.id)).replayed[parent.id]
     drain()
     # Dead again under its own id, keyed by the parent's id: the job still waits for that key.
     assert DeadLetter.objects.get(id=replayed).key == str(parent.id)

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from django_jobs import dashboard
+from django_jobs import control, dashboard
 from django_jobs.models import DeadLetter, DeadReason, Job, QueueState
 from tests.admin_fixtures import messages_of, url
 from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory
@@ -59,7 +59,7 @@ def test_the_delete_confirmation_names_the_reason_in_words(admin_client_):
 
 def test_summary_of_a_replayed_letter_says_by_whom_when_and_links_the_new_job(admin_client_):
     letter = DeadLetterFactory()
-    DeadLetter.objects.filter(pk=letter.pk).replay(by="ada")
+    control.replay(DeadLetter.objects.filter(pk=letter.pk), by="ada")
     letter.refresh_from_db()
 
     text = content_main(admin_client_.get(url("deadletter_change", letter.pk)))

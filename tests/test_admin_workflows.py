@@ -16,6 +16,7 @@ from html import unescape
 import pytest
 from django.utils import timezone
 
+from django_jobs import control
 from django_jobs.admin import graph
 from django_jobs.admin.workflows import GRAPH_LIMIT, layer_ranges
 from django_jobs.models import (
@@ -26,8 +27,8 @@ from django_jobs.models import (
     Job,
     OnParentDead,
     WorkflowStep,
-    uuid7,
 )
+from django_jobs.rows import uuid7
 from tests.admin_fixtures import messages_of, url
 from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory
 
@@ -515,7 +516,7 @@ def _diamond_with_a_dying_step(fails):
     drain()
     dead = b.id
     for _ in range(fails):
-        report = DeadLetter.objects.filter(id=dead).replay()
+        report = control.replay(DeadLetter.objects.filter(id=dead))
         dead = report.replayed[dead]
         drain()
     return a.id, b.id, c.id, d.id, dead

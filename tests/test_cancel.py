@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from django_jobs import control, enqueue
 from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job
+from django_jobs.store import JobStore
 from tests.conftest import wait_for
 from tests.factories import JobFactory
 from tests.testapp import jobs
@@ -35,7 +36,7 @@ def test_cancel_moves_waiting_and_scheduled_jobs_to_the_dead_letters():
     scheduled = JobFactory(run_at=timezone.now() + timedelta(hours=1))
     running = JobFactory(leased=True)
 
-    report = Job.objects.all().cancel(by="ada")
+    report = JobStore().cancel(Job.objects.all(), by="ada")
 
     assert sorted(report.cancelled) == sorted([waiting.id, scheduled.id])
     assert report.running == [running.id]
@@ -55,10 +56,10 @@ def test_cancel_moves_waiting_and_scheduled_jobs_to_the_dead_letters():
 
 def test_a_cancelled_job_can_be_replayed(run_worker):
     job = JobFactory(name="tests.record", payload='{"label": "back"}', key="c-2")
-    Job.objects.filter(pk=job.pk).cancel()
+    JobStore().cancel(Job.objects.filter(pk=job.pk))
     assert not Job.objects.exists()
 
-    report = DeadLetter.objects.filter(pk=job.pk).replay()
+    report = control.replay(DeadLetter.objects.filter(pk=job.pk))
     run_worker()
 
     assert len(report.replayed) == 1

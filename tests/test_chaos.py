@@ -23,6 +23,8 @@ from django.db.models import Max
 
 from django_jobs import enqueue, enqueue_many
 from django_jobs.models import CompletionMarker, DeadLetter, Job
+from django_jobs.rows import ClaimRequest
+from django_jobs.store import JobStore
 from tests.conftest import CHAOS_LINES, faketime_env, wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Audit
@@ -449,7 +451,9 @@ def test_memory_stays_flat_and_max_jobs_exits_cleanly(worker_process, debug):
 def test_skewed_worker_clock_neither_runs_early_nor_steals_leases(worker_process):
     later = enqueue(jobs.record, {"label": "scheduled"}, delay=60)
     enqueue(jobs.record, {"label": "held"})
-    [held] = Job.objects.claim(queues=["default"], limit=1, token="healthy-worker:1:aa#1", lease=30)
+    [held] = JobStore().claim(
+        ClaimRequest(queues=["default"], limit=1, token="healthy-worker:1:aa#1", lease=30)
+    )
     ahead = worker_process(
         "--concurrency", "1", "--poll-interval", "0.2", extra_env=faketime_env("+10m")
     )

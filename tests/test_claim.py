@@ -19,6 +19,8 @@ from django.utils import timezone
 from django_jobs import enqueue
 from django_jobs.attempts import lease_expired_entry, lease_token, worker_of
 from django_jobs.models import Job, blocked_until
+from django_jobs.rows import ClaimRequest
+from django_jobs.store import JobStore
 from tests.conftest import ENGINE, POSTGRES, ROOT, faketime_env
 from tests.factories import JobFactory
 from tests.testapp import jobs
@@ -43,7 +45,9 @@ def test_concurrent_claims_never_share_a_job():
         barrier.wait()
         got = []
         while True:
-            batch = Job.objects.claim(queues=["default"], limit=7, token=f"w{n}#1", lease=60)
+            batch = JobStore().claim(
+                ClaimRequest(queues=["default"], limit=7, token=f"w{n}#1", lease=60)
+            )
             if not batch:
                 break
             got.extend(j.id for j in batch)
@@ -63,31 +67,42 @@ def test_concurrent_claims_never_share_a_job():
 
 def test_claim_counts_the_attempt_and_sets_the_lease():
     enqueue(jobs.noop)
-    [job] = Job.objects.claim(queues=["default"], limit=5, token="host:1:ab#1", lease=30)
+    [job] = JobStore().claim(
+        ClaimRequest(queues=["default"], limit=5, token="host:1:ab#1", lease=30)
+    )
     row = Job.objects.get()
     assert job.attempts == row.attempts == 1
     assert row.locked_by == "host:1:ab#1"
     assert timezone.now() + dt.timedelta(seconds=20) < row.lease_expires_at
     assert row.started_at is not None and row.attempted_at is not None
     assert job.worker_id == "host:1:ab"
-    assert Job.objects.claim(queues=["default"], limit=5, token="other#1", lease=30) == []
+    assert (
+        JobStore().claim(ClaimRequest(queues=["default"], limit=5, token="other#1", lease=30)) == []
+    )
 
 
 def test_claim_respects_queues_limit_and_exclusions():
     for _ in range(3):
         enqueue(jobs.noop)
     enqueue(jobs.other_queue)
-    assert len(Job.objects.claim(queues=["default"], limit=2, token="a#1", lease=30)) == 2
+    assert (
+        len(JobStore().claim(ClaimRequest(queues=["default"], limit=2, token="a#1", lease=30))) == 2
+    )
     assert [
-        j.queue for j in Job.objects.claim(queues=["emails"], limit=9, token="b#1", lease=30)
+        j.queue
+        for j in JobStore().claim(ClaimRequest(queues=["emails"], limit=9, token="b#1", lease=30))
     ] == ["emails"]
     assert (
-        Job.objects.claim(
-            queues=["default"], limit=9, token="c#1", lease=30, exclude_names=["tests.noop"]
+        JobStore().claim(
+            ClaimRequest(
+                queues=["default"], limit=9, token="c#1", lease=30, exclude_names=["tests.noop"]
+            )
         )
         == []
     )
-    assert len(Job.objects.claim(queues=["default"], limit=9, token="d#1", lease=30)) == 1
+    assert (
+        len(JobStore().claim(ClaimRequest(queues=["default"], limit=9, token="d#1", lease=30))) == 1
+    )
 
 
 def test_claim_takes_only_the_names_it_is_given():
@@ -95,28 +110,37 @@ def test_claim_takes_only_the_names_it_is_given():
     record = enqueue(jobs.record, {"label": "x"})
     expired = JobFactory(name="tests.new", lease_expired=True, worker="w:1:a")
     due = JobFactory(name="tests.new")
-    assert Job.objects.claim(queues=["default"], limit=9, token="a#1", lease=30, names=[]) == []
-    taken = Job.objects.claim(
-        queues=["default"], limit=9, token="b#1", lease=30, names=["tests.noop", "tests.gone"]
+    assert (
+        JobStore().claim(ClaimRequest(queues=["default"], limit=9, token="a#1", lease=30, names=[]))
+        == []
+    )
+    taken = JobStore().claim(
+        ClaimRequest(
+            queues=["default"], limit=9, token="b#1", lease=30, names=["tests.noop", "tests.gone"]
+        )
     )
     assert [j.id for j in taken] == [noop.id]
     # A lease that expired is taken over only by a worker that knows the name, too.
     assert Job.objects.get(id=expired.id).locked_by == "w:1:a#1"
-    taken = Job.objects.claim(queues=["default"], limit=9, token="c#1", lease=30, names=None)
+    taken = JobStore().claim(
+        ClaimRequest(queues=["default"], limit=9, token="c#1", lease=30, names=None)
+    )
     assert {j.id for j in taken} == {record.id, expired.id, due.id}
 
 
 def test_a_job_not_yet_due_is_not_claimed():
     enqueue(jobs.noop, delay=2)
-    assert Job.objects.claim(queues=["default"], limit=1, token="a#1", lease=30) == []
+    assert JobStore().claim(ClaimRequest(queues=["default"], limit=1, token="a#1", lease=30)) == []
 
 
 # Claims in a process of its own, on a skewed clock; prints its clock and the ids claimed.
 CLAIM_ELSEWHERE = """
 import json, time, django
 django.setup()
-from django_jobs.models import Job
-claimed = Job.objects.claim(queues=["default"], limit=9, token="skewed:1:aa#1", lease=30)
+from django_jobs.rows import ClaimRequest
+from django_jobs.store import JobStore
+request = ClaimRequest(queues=["default"], limit=9, token="skewed:1:aa#1", lease=30)
+claimed = JobStore().claim(request)
 print(json.dumps({"clock": time.time(), "ids": sorted(str(job.id) for job in claimed)}))
 """
 
@@ -192,7 +216,7 @@ def test_claim_uses_its_partial_index_on_a_big_table():
             """
         )
         cursor.execute("ANALYZE django_jobs_job")
-        from django_jobs import sql
+        from django_jobs.store import sql
 
         names = ["tests.noop", *(f"app.handler_{i}" for i in range(40))]
         for known in (None, names):  # any name, or a worker's registered names
@@ -203,7 +227,9 @@ def test_claim_uses_its_partial_index_on_a_big_table():
             plan = "\n".join(row[0] for row in cursor.fetchall())
             assert "django_jobs_job_claim" in plan, plan
             assert "Seq Scan on django_jobs_job" not in plan, plan
-    claimed = Job.objects.claim(queues=["default"], limit=50, token="t#1", lease=30, names=names)
+    claimed = JobStore().claim(
+        ClaimRequest(queues=["default"], limit=50, token="t#1", lease=30, names=names)
+    )
     assert len(claimed) == 50
     due = set(
         Job.objects.filter(id__in=[j.id for j in claimed], run_at__lt=timezone.now()).values_list(
@@ -234,7 +260,7 @@ def test_a_claim_locks_the_due_jobs_not_the_blocked_workflow_steps():
     Job.objects.bulk_create(steps, batch_size=500)
     due = {JobFactory().id, JobFactory().id}
     with transaction.atomic():
-        claimed = Job.objects.claim(queues=["default"], limit=4, token="w#1", lease=30)
+        claimed = JobStore().claim(ClaimRequest(queues=["default"], limit=4, token="w#1", lease=30))
         locked = _rows_locked_by_this_transaction()
     assert {j.id for j in claimed} == due
     assert locked < 50, f"{locked} rows locked to claim {len(due)} among {blocked} blocked jobs"
@@ -244,7 +270,7 @@ def test_a_claim_locks_the_due_jobs_not_the_blocked_workflow_steps():
 def test_the_orm_claim_locks_with_skip_locked_and_the_fast_path_is_one_statement(claim_path):
     enqueue(jobs.noop)
     with CaptureQueriesContext(connection) as queries:
-        [job] = Job.objects.claim(queues=["default"], limit=5, token="w#1", lease=30)
+        [job] = JobStore().claim(ClaimRequest(queues=["default"], limit=5, token="w#1", lease=30))
     assert job.attempts == 1
     statements = [q["sql"] for q in queries.captured_queries]
     if claim_path == "orm":
@@ -260,7 +286,9 @@ def test_taking_over_an_expired_lease_records_the_entry_attempts_builds():
     """The claim's SQL (and the ORM claim) build the lease-expired entry attempts.py builds."""
     past = timezone.now() - dt.timedelta(minutes=5)
     JobFactory(locked_by="host:9:cd#4", lease_expires_at=past, attempts=2)
-    [job] = Job.objects.claim(queues=["default"], limit=1, token="host:1:ab#1", lease=30)
+    [job] = JobStore().claim(
+        ClaimRequest(queues=["default"], limit=1, token="host:1:ab#1", lease=30)
+    )
     [entry] = job.errors
     expected = lease_expired_entry(2, "host:9:cd#4", timezone.now())
     assert entry.keys() == expected.keys()

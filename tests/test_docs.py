@@ -122,7 +122,7 @@ def test_every_public_attribute_of_the_job_context_is_documented() -> None:
     assert sorted(name for name in public if f"`{name}" not in page) == []
 
 
-# A path of the repository as the pages name it: django_jobs/sql.py, tests/test_claim.py.
+# A path of the repository as the pages name it: django_jobs/store/sql.py, tests/test_claim.py.
 REPO_PATH = re.compile(r"(?<![\w./-])((?:django_jobs|tests|bench|example_project)/[\w./-]*\w)")
 
 
@@ -159,7 +159,7 @@ def module_constants(module: str) -> set[str]:
 
 
 def test_every_constant_the_docs_name_is_defined_where_they_say() -> None:
-    # `sql.CLAIM`, `attempts.MAX_TRACEBACK`: defined in that module, not only re-exported
+    # `store.sql.CLAIM`, `attempts.MAX_TRACEBACK`: defined in that module, not only re-exported
     # there (the reliability page once sent readers to models for MAX_MESSAGE).
     pattern = re.compile(r"`(?:django_jobs\.)?((?:[a-z_]+\.)*[a-z_]+)\.([A-Z][A-Z0-9_]+)`")
     named = {
@@ -168,7 +168,7 @@ def test_every_constant_the_docs_name_is_defined_where_they_say() -> None:
         for module, name in pattern.findall(text(page))
         if module != "django_jobs"
     }
-    assert ("django_jobs.sql", "CLAIM") in named
+    assert ("django_jobs.store.sql", "CLAIM") in named
     wrong = [(m, n) for m, n in sorted(named) if n not in module_constants(m)]
     assert wrong == []
 

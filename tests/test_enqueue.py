@@ -22,11 +22,12 @@ from django_jobs import (
     enqueue,
     enqueue_on_commit,
     job,
-    sql,
 )
 from django_jobs.models import CompletionMarker, DeadLetter, Job
 from django_jobs.registry import unregister
+from django_jobs.rows import ClaimRequest, Finished
 from django_jobs.signals import job_enqueued
+from django_jobs.store import JobStore, sql
 from tests.conftest import POSTGRES
 from tests.factories import MarkerFactory
 from tests.testapp import jobs
@@ -294,7 +295,9 @@ class TestTransactions:
         with transaction.atomic():
             connection.close()
         result = enqueue(jobs.noop)
-        [claimed] = Job.objects.claim(queues=["default"], limit=1, token="w#1", lease=30)
+        [claimed] = JobStore().claim(
+            ClaimRequest(queues=["default"], limit=1, token="w#1", lease=30)
+        )
         assert claimed.id == result.id
         if POSTGRES:
             with transaction.atomic():
@@ -394,14 +397,16 @@ class TestTransactions:
         # The worker's settle deletes the live job and writes its marker in one
         # transaction; an enqueue of the key waits for it, then must see the marker.
         live = enqueue(jobs.record, {"label": "x"}, key="settling")
-        [claimed] = Job.objects.claim(queues=["default"], limit=1, token="w#1", lease=30)
+        [claimed] = JobStore().claim(
+            ClaimRequest(queues=["default"], limit=1, token="w#1", lease=30)
+        )
         settled = threading.Event()
         release = threading.Event()
         results = {}
 
         def worker():
             with transaction.atomic():
-                Job.objects.complete([(claimed.id, claimed.token, None, 0)])
+                JobStore().complete([Finished(claimed.id, claimed.token, None, 0)])
                 settled.set()
                 release.wait(10)
             connection.close()
@@ -504,7 +509,7 @@ class TestEnqueueMany:
 
     def test_jobs_without_keys_go_in_batches(self):
         from django_jobs import enqueue_many
-        from django_jobs.models import BULK_BATCH
+        from django_jobs.store.base import BULK_BATCH
 
         with CaptureQueriesContext(connection) as queries:
             results = enqueue_many(jobs.noop, list(range(2 * BULK_BATCH + 1)))

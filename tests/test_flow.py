@@ -16,6 +16,8 @@ from django.utils import timezone
 from django_jobs import enqueue, flow, job
 from django_jobs.exceptions import InvalidJob
 from django_jobs.models import CompletionMarker, DeadLetter, Job
+from django_jobs.rows import ClaimRequest, Finished
+from django_jobs.store import JobStore
 from tests.conftest import wait_for
 from tests.testapp import flow_jobs
 from tests.testapp.models import Audit
@@ -124,10 +126,14 @@ def test_claim_leases_at_most_the_cap_and_takes_slots_back_when_leases_expire(
             enqueue(free, {"label": str(i)})
     limits = _limits(capped, free)
     jobs = Job.objects.all()
-    first = jobs.claim(queues=["default"], limit=10, token="w1#1", lease=30, flow_limits=limits)
+    first = JobStore().claim(
+        ClaimRequest(queues=["default"], limit=10, token="w1#1", lease=30, flow_limits=limits)
+    )
     # The cap's 2, and the unlimited jobs behind them in priority order all the same.
     assert sorted(j.name for j in first) == [capped.name] * 2 + [free.name] * 3
-    second = jobs.claim(queues=["default"], limit=10, token="w2#1", lease=30, flow_limits=limits)
+    second = JobStore().claim(
+        ClaimRequest(queues=["default"], limit=10, token="w2#1", lease=30, flow_limits=limits)
+    )
     assert second == []
     held_back = Job.objects.filter(name=capped.name, locked_by__isnull=True)
     assert held_back.count() == 4
@@ -136,7 +142,9 @@ def test_claim_leases_at_most_the_cap_and_takes_slots_back_when_leases_expire(
     Job.objects.filter(locked_by="w1#1", name=capped.name).update(
         lease_expires_at=timezone.now() - timedelta(1)
     )
-    third = jobs.claim(queues=["default"], limit=10, token="w3#1", lease=30, flow_limits=limits)
+    third = JobStore().claim(
+        ClaimRequest(queues=["default"], limit=10, token="w3#1", lease=30, flow_limits=limits)
+    )
     assert len(third) == 2
     assert {j.attempts for j in third} == {2}  # the expired ones, taken over first
     assert jobs.filter(name=capped.name, locked_by="w3#1").count() == 2
@@ -154,11 +162,11 @@ def test_a_settle_and_the_claim_that_refills_its_slot_commit_together(handlers):
     limits = _limits(capped)
     jobs = Job.objects.all()
     options = {"queues": ["default"], "limit": 10, "lease": 30, "flow_limits": limits}
-    first = jobs.claim(token="w#1", **options)
+    first = JobStore().claim(ClaimRequest(token="w#1", **options))
     assert len(first) == 2
     done = first[0]
-    settled, refill = jobs.complete_and_claim(
-        [(done.id, done.token, None, done.dependents)], token="w#2", **options
+    settled, refill = JobStore().complete_and_claim(
+        [Finished(done.id, done.token, None, done.dependents)], ClaimRequest(token="w#2", **options)
     )
     # The claim counted after the settle: the slot it freed, and only that one.
     assert (settled, len(refill)) == ({0}, 1)
@@ -167,17 +175,17 @@ def test_a_settle_and_the_claim_that_refills_its_slot_commit_together(handlers):
     # A claim that fails takes its settle down with it: the job stays leased, unsettled.
     held = first[1]
     with pytest.raises(DataError):
-        jobs.complete_and_claim(
-            [(held.id, held.token, None, held.dependents)],
-            token="w#3",
-            **{**options, "lease": float("inf")},
+        JobStore().complete_and_claim(
+            [Finished(held.id, held.token, None, held.dependents)],
+            ClaimRequest(token="w#3", **{**options, "lease": float("inf")}),
         )
     assert jobs.filter(id=held.id, locked_by=held.token).exists()
     assert not CompletionMarker.objects.filter(job_id=held.id).exists()
     assert jobs.filter(locked_by__isnull=False).count() == 2
     # Without a slot to refill (limit 0), the settle still goes through.
-    settled, none = jobs.complete_and_claim(
-        [(held.id, held.token, None, held.dependents)], token="w#4", **{**options, "limit": 0}
+    settled, none = JobStore().complete_and_claim(
+        [Finished(held.id, held.token, None, held.dependents)],
+        ClaimRequest(token="w#4", **{**options, "limit": 0}),
     )
     assert (settled, none) == ({0}, [])
     assert CompletionMarker.objects.filter(job_id=held.id).exists()
@@ -212,7 +220,7 @@ def test_a_refused_settle_of_a_limited_job_fails_only_that_job(handlers):
 
 def _claim_index_reads(group, limit):
     """Rows CLAIM_LIMITED reads along the claim index, by EXPLAIN ANALYZE (rolled back)."""
-    from django_jobs import sql
+    from django_jobs.store import sql
 
     claim = sql.claim_params(["default"], limit, "w#explain", 30, names=None)
     params = sql.claim_limited_params(group, claim, [])
@@ -248,14 +256,25 @@ def test_an_unpartitioned_groups_claim_reads_no_more_due_rows_than_it_may_start(
     [group] = _limits(capped)
     assert _claim_index_reads(group, 10) == 2
     assert _claim_index_reads(group, 1) == 1
-    jobs = Job.objects.all()
     assert (
-        len(jobs.claim(queues=["default"], limit=1, token="w#1", lease=30, flow_limits=[group]))
+        len(
+            JobStore().claim(
+                ClaimRequest(
+                    queues=["default"], limit=1, token="w#1", lease=30, flow_limits=[group]
+                )
+            )
+        )
         == 1
     )
     assert _claim_index_reads(group, 10) == 1
     assert (
-        len(jobs.claim(queues=["default"], limit=10, token="w#2", lease=30, flow_limits=[group]))
+        len(
+            JobStore().claim(
+                ClaimRequest(
+                    queues=["default"], limit=10, token="w#2", lease=30, flow_limits=[group]
+                )
+            )
+        )
         == 1
     )
     assert _claim_index_reads(group, 10) == 0  # full: nothing read
@@ -270,10 +289,14 @@ def test_claim_caps_each_partition(handlers):
             for i in range(3):
                 enqueue(partitioned, {"customer": customer, "seconds": 0, "label": str(i)})
     limits = _limits(partitioned)
-    got = Job.objects.claim(queues=["default"], limit=10, token="w#1", lease=30, flow_limits=limits)
+    got = JobStore().claim(
+        ClaimRequest(queues=["default"], limit=10, token="w#1", lease=30, flow_limits=limits)
+    )
     assert sorted(Job.objects.get(id=j.id).partition for j in got) == ["a", "b", "c"]
     assert (
-        Job.objects.claim(queues=["default"], limit=10, token="w#2", lease=30, flow_limits=limits)
+        JobStore().claim(
+            ClaimRequest(queues=["default"], limit=10, token="w#2", lease=30, flow_limits=limits)
+        )
         == []
     )
 
@@ -498,12 +521,16 @@ def test_a_queue_limit_caps_the_queues_jobs_of_handlers_without_their_own(settin
             enqueue(jobs.other_queue, {"label": str(i)})  # queue "emails"
             enqueue(handlers["free"], {"label": str(i)})  # queue "default", unlimited
     limits = [flow.Limit("queue", "emails", 1, None)]
-    got = Job.objects.claim(
-        queues=["default", "emails"], limit=10, token="w#1", lease=30, flow_limits=limits
+    got = JobStore().claim(
+        ClaimRequest(
+            queues=["default", "emails"], limit=10, token="w#1", lease=30, flow_limits=limits
+        )
     )
     assert sorted(j.queue for j in got) == ["default"] * 3 + ["emails"]
-    again = Job.objects.claim(
-        queues=["default", "emails"], limit=10, token="w#2", lease=30, flow_limits=limits
+    again = JobStore().claim(
+        ClaimRequest(
+            queues=["default", "emails"], limit=10, token="w#2", lease=30, flow_limits=limits
+        )
     )
     assert again == []
 
@@ -515,12 +542,12 @@ def test_a_rate_limit_counts_starts_per_window(handlers):
         for i in range(30):
             enqueue(handlers["rated"], {"label": str(i)})
     limits = _limits(handlers["rated"])
-    got = Job.objects.claim(
-        queues=["default"], limit=100, token="w#1", lease=30, flow_limits=limits
+    got = JobStore().claim(
+        ClaimRequest(queues=["default"], limit=100, token="w#1", lease=30, flow_limits=limits)
     )
     # The window may roll over between the two claims: together at most 2 windows' worth.
-    more = Job.objects.claim(
-        queues=["default"], limit=100, token="w#2", lease=30, flow_limits=limits
+    more = JobStore().claim(
+        ClaimRequest(queues=["default"], limit=100, token="w#2", lease=30, flow_limits=limits)
     )
     assert len(got) <= 20
     assert len(got) + len(more) <= 30
@@ -600,7 +627,9 @@ def test_status_and_dashboard_show_each_limit_and_its_use(handlers, admin_client
             enqueue(handlers["rated"], {"label": str(i)})
             enqueue(handlers["partitioned"], {"customer": "acme", "seconds": 0, "label": str(i)})
     limits = _limits(handlers["capped"], handlers["rated"], handlers["partitioned"])
-    Job.objects.claim(queues=["default"], limit=20, token="w#1", lease=30, flow_limits=limits)
+    JobStore().claim(
+        ClaimRequest(queues=["default"], limit=20, token="w#1", lease=30, flow_limits=limits)
+    )
     found = {f.value: f for f in status.flow_status()}
     capped, rated, partitioned = (
         found[h.name] for h in (handlers["capped"], handlers["rated"], handlers["partitioned"])

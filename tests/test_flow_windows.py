@@ -13,7 +13,9 @@ from datetime import datetime
 import pytest
 
 from django_jobs import enqueue_many, flow
-from django_jobs.models import CompletionMarker, FlowWindow, Job, WorkerBeat
+from django_jobs.models import CompletionMarker, FlowWindow, WorkerBeat
+from django_jobs.rows import ClaimRequest
+from django_jobs.store import JobStore
 from tests.conftest import wait_for
 from tests.testapp import flow_jobs
 
@@ -56,8 +58,10 @@ def test_a_claim_counts_the_starts_claimed_under_a_limit_of_another_unit(handler
     # A worker at 10/m, one at 5/s, then the first again: each one's window counts the others'.
     for n, rate in enumerate(["10/m", "5/s", "10/m", "5/s", "10/m"]):
         [limit] = _limit(rate)
-        got = Job.objects.claim(
-            queues=["default"], limit=100, token=f"w{n}#1", lease=60, flow_limits=[limit]
+        got = JobStore().claim(
+            ClaimRequest(
+                queues=["default"], limit=100, token=f"w{n}#1", lease=60, flow_limits=[limit]
+            )
         )
         starts += [(job.started_at, limit.rate) for job in got]
     assert starts, "nothing claimed"
@@ -73,7 +77,7 @@ def test_a_claim_counts_the_starts_claimed_under_a_limit_of_another_unit(handler
 def test_the_counters_of_the_release_before_are_still_read_and_written(handlers):
     # A worker of the release before counts in the group's plain key, in its own
     # window: during the deploy that brings the counters per length, both count.
-    from django_jobs import sql
+    from django_jobs.store import sql
 
     enqueue_many(handlers["rated"], [{"label": str(i)} for i in range(30)])
     [limit] = _limit("10/m")
@@ -81,8 +85,8 @@ def test_the_counters_of_the_release_before_are_still_read_and_written(handlers)
     FlowWindow.objects.create(
         key=limit.key, partition="", window_start=flow.window_start(now, limit.rate), starts=7
     )
-    got = Job.objects.claim(
-        queues=["default"], limit=100, token="w#1", lease=60, flow_limits=[limit]
+    got = JobStore().claim(
+        ClaimRequest(queues=["default"], limit=100, token="w#1", lease=60, flow_limits=[limit])
     )
     if flow.window_start(got[0].started_at if got else now, limit.rate) != flow.window_start(
         now, limit.rate

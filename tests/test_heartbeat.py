@@ -8,7 +8,9 @@ import pytest
 from django.db import transaction
 
 from django_jobs import enqueue
-from django_jobs.models import CompletionMarker, DeadLetter, Job, Leases
+from django_jobs.models import CompletionMarker, DeadLetter, Job
+from django_jobs.rows import ClaimRequest, Leases
+from django_jobs.store import JobStore
 from tests.conftest import ENGINE, wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Audit
@@ -24,7 +26,7 @@ def _enqueue_many(handler, payloads):
 
 
 def _claim(token):
-    return Job.objects.claim(queues=["default"], limit=10, token=token, lease=30)
+    return JobStore().claim(ClaimRequest(queues=["default"], limit=10, token=token, lease=30))
 
 
 def _take_over(job_id, token="thief:1:aa#1"):
@@ -42,8 +44,8 @@ class TestExtendLeases:
         first = enqueue(jobs.record, {"label": "a"}).id
         second = enqueue(jobs.record, {"label": "b"}).id
         claimed = _claim("w:1:aa#1")
-        Job.objects.filter(id=second).request_cancel()
-        assert Job.objects.extend_leases(claimed, 60) == Leases(
+        JobStore().request_cancel(Job.objects.filter(id=second))
+        assert JobStore().extend_leases(claimed, 60) == Leases(
             {first: False, second: True}, frozenset()
         )
 
@@ -51,7 +53,7 @@ class TestExtendLeases:
         job_id = enqueue(jobs.record, {"label": "a"}).id
         [mine] = _claim("w:1:aa#1")
         _take_over(job_id)
-        assert Job.objects.extend_leases([mine], 60) == Leases({}, frozenset({job_id}))
+        assert JobStore().extend_leases([mine], 60) == Leases({}, frozenset({job_id}))
         # ... and the extend left the new holder's lease alone.
         assert Job.objects.get(id=job_id).locked_by == "thief:1:aa#1"
 
@@ -59,24 +61,24 @@ class TestExtendLeases:
         job_id = enqueue(jobs.record_atomic, {"label": "a"}).id
         [mine] = _claim("w:1:aa#1")
         with transaction.atomic():
-            assert Job.objects.complete_atomically(mine, None)
+            assert JobStore().complete_atomically(mine, None)
         assert CompletionMarker.objects.get().job_id == job_id
-        assert Job.objects.extend_leases([mine], 60) == Leases({}, frozenset())
+        assert JobStore().extend_leases([mine], 60) == Leases({}, frozenset())
 
     def test_a_job_another_attempt_settled_is_lost(self):
         job_id = enqueue(jobs.record_atomic, {"label": "a"}).id
         [mine] = _claim("w:1:aa#1")
         theirs = _take_over(job_id)
         with transaction.atomic():
-            assert Job.objects.complete_atomically(theirs, None)
+            assert JobStore().complete_atomically(theirs, None)
         assert CompletionMarker.objects.get().worker_id == "thief:1:aa"
-        assert Job.objects.extend_leases([mine], 60) == Leases({}, frozenset({job_id}))
+        assert JobStore().extend_leases([mine], 60) == Leases({}, frozenset({job_id}))
 
     def test_a_job_gone_without_a_marker_is_lost(self):
         job_id = enqueue(jobs.record, {"label": "a"}).id
         [mine] = _claim("w:1:aa#1")
         Job.objects.filter(id=job_id).delete()
-        assert Job.objects.extend_leases([mine], 60) == Leases({}, frozenset({job_id}))
+        assert JobStore().extend_leases([mine], 60) == Leases({}, frozenset({job_id}))
 
 
 @pytest.mark.django_db(transaction=True)

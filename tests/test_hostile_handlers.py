@@ -15,9 +15,8 @@ import pytest
 from django.db import connection
 
 from django_jobs import enqueue
+from django_jobs.attempts import MAX_MESSAGE, MAX_TRACEBACK
 from django_jobs.models import (
-    MAX_MESSAGE,
-    MAX_TRACEBACK,
     CompletionMarker,
     DeadLetter,
     DeadReason,

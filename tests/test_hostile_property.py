@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from django_jobs import enqueue
-from django_jobs.models import MAX_MESSAGE, CompletionMarker, DeadLetter, DeadReason, Job
+from django_jobs.attempts import MAX_MESSAGE
+from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job
 from django_jobs.payloads import storable_text
 from tests.testapp import hostile, jobs
 from tests.testapp.models import Audit

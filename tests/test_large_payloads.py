@@ -9,15 +9,9 @@ import pytest
 from django.db import connection
 
 from django_jobs import InvalidPayload, enqueue, enqueue_many
-from django_jobs.models import (
-    LETTER_PAYLOAD_SENT,
-    ROW_OVERHEAD,
-    STATEMENT_OVERHEAD,
-    CompletionMarker,
-    DeadLetter,
-    DeadReason,
-    Job,
-)
+from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job
+from django_jobs.store.mysql import ROW_OVERHEAD, STATEMENT_OVERHEAD
+from django_jobs.store.settle import LETTER_PAYLOAD_SENT
 from tests.conftest import ENGINE
 from tests.testapp import jobs
 

@@ -1,9 +1,10 @@
 """Imports run one way, down the layers of LAYERS (docs/architecture.md draws them).
 
 Read from the source (ast), not by importing: every module of django_jobs, its
-imports at module level and inside functions. A module imports its own layer or
-lower ones, never a higher one, not even lazily in a function; and the modules'
-imports form no circle. docs/architecture.md draws the same table.
+imports at module level, inside functions and under ``if TYPE_CHECKING:`` (an
+annotation's import is an arrow too: mypy follows it). A module imports its own
+layer or lower ones, never a higher one, not even lazily in a function; and the
+modules' imports form no circle. docs/architecture.md draws the same table.
 """
 
 from __future__ import annotations
@@ -26,10 +27,15 @@ LAYERS: list[tuple[str, set[str]]] = [
     # The DJANGO_JOBS settings and what the database connections need from them.
     ("configuration", {"conf", "routers", "sqlite"}),
     # Pure concepts: handlers, payloads, an attempt's errors, the context, schedules'
-    # specifications, the lifecycle's decisions. No models, no database.
-    ("concepts", {"payloads", "attempts", "context", "registry", "schedules", "lifecycle", "flow"}),
-    # The tables and every statement that writes them.
-    ("store", {"managers", "fleet", "models", "ops_models", "sql", "schema", "migrations"}),
+    # specifications, the lifecycle's decisions, the values that cross the layers.
+    # No models, no database.
+    (
+        "concepts",
+        {"payloads", "attempts", "rows", "context", "registry", "schedules", "lifecycle", "flow"},
+    ),
+    # The tables and every statement that writes them (the store imports no registry:
+    # its callers hand it what it needs of the handlers).
+    ("store", {"managers", "fleet", "models", "store", "schema", "migrations"}),
     # What runs over the store: enqueue, the worker, and the operations' reads and writes.
     ("worker and enqueue", {"api", "worker", "control", "retention", "status", "dashboard"}),
     # What Django, users and operators call: the package's public names, the app config,
@@ -44,8 +50,6 @@ LAYERS: list[tuple[str, set[str]]] = [
             "management",
             "tasks",
             "backend",
-            "task_handlers",
-            "task_results",
             "metrics",
             "testing",
             "pytest_plugin",
@@ -66,6 +70,7 @@ class Import:
     target: str  # a module of django_jobs, or "django_jobs" for the package's own names
     line: int
     lazy: bool  # inside a function
+    typing: bool = False  # under `if TYPE_CHECKING:` (annotations only)
 
 
 def module_name(path: Path) -> str:
@@ -95,16 +100,18 @@ def imports_of(module: str) -> Iterator[Import]:
     path = MODULES[module]
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
 
-    def walk(node: ast.AST, lazy: bool) -> Iterator[Import]:
+    def walk(node: ast.AST, lazy: bool, typing: bool = False) -> Iterator[Import]:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.If) and _type_checking(child):
-                # Annotations only: these never run (mypy checks them, and may see circles).
+                # Annotations only: these never run, but mypy follows them (a circle there
+                # is a circle in the design), so they count as module-level imports.
+                yield from (i for c in child.body for i in walk(ast.Module([c], []), lazy, True))
                 yield from (i for c in child.orelse for i in walk(ast.Module([c], []), lazy))
                 continue
             if isinstance(child, ast.Import):
                 for alias in child.names:
                     if alias.name.partition(".")[0] == "django_jobs":
-                        yield Import(module, resolve(alias.name), child.lineno, lazy)
+                        yield Import(module, resolve(alias.name), child.lineno, lazy, typing)
             elif isinstance(child, ast.ImportFrom):
                 base = child.module or ""
                 if child.level:
@@ -116,14 +123,13 @@ def imports_of(module: str) -> Iterator[Import]:
                     # `from django_jobs import conf` imports the module conf; `from
                     # django_jobs import job` takes a name of the package's __init__.
                     name = f"{base}.{alias.name}"
-                    yield Import(
-                        module, name if name in MODULES else resolve(base), child.lineno, lazy
-                    )
+                    target = name if name in MODULES else resolve(base)
+                    yield Import(module, target, child.lineno, lazy, typing)
             else:
                 inner = lazy or isinstance(
                     child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
                 )
-                yield from walk(child, inner)
+                yield from walk(child, inner, typing)
 
     yield from walk(ast.parse(path.read_text(encoding="utf-8")), False)
 
@@ -140,9 +146,11 @@ IMPORTS = [i for module in MODULES for i in imports_of(module) if i.target != i.
 
 def test_the_walk_sees_imports_at_every_depth() -> None:
     found = {(i.source, i.target, i.lazy) for i in IMPORTS}
-    assert ("django_jobs.models", "django_jobs.conf", False) in found
+    assert ("django_jobs.store.postgres", "django_jobs.conf", False) in found
     assert ("django_jobs.apps", "django_jobs.registry", True) in found  # inside ready()
     assert ("django_jobs.admin.jobs", "django_jobs.admin.base", False) in found  # relative
+    typing = {(i.source, i.target) for i in IMPORTS if i.typing}
+    assert ("django_jobs.registry", "django_jobs.rows") in typing  # under TYPE_CHECKING
     assert len(MODULES) > 60
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from django_jobs import lifecycle, limits
+from django_jobs.attempts import DeadReason
 from django_jobs.exceptions import JobCancelled, Snooze
 from django_jobs.lifecycle import (
     Abandon,
@@ -107,7 +108,7 @@ def test_a_malformed_row_is_dead_lettered_naming_the_problem():
         FakeJob(attempts=2, problem="its attempts column is not an integer"), has_handler=True
     )
     assert transition == DeadLetter(
-        lifecycle.MALFORMED,
+        DeadReason.MALFORMED,
         Cause(
             2,
             "django_jobs.MalformedJob",
@@ -119,7 +120,7 @@ def test_a_malformed_row_is_dead_lettered_naming_the_problem():
 def test_a_malformed_row_is_never_looked_at_further():
     # Its errors are not a list: the take-over check must not read them.
     job = FakeJob(problem="errors", errors="not a list")  # type: ignore[arg-type]
-    assert on_claim(job, has_handler=True).reason == lifecycle.MALFORMED
+    assert on_claim(job, has_handler=True).reason == DeadReason.MALFORMED
 
 
 def test_a_job_past_max_attempts_at_claim_is_dead_lettered_with_the_lost_attempt():
@@ -127,7 +128,7 @@ def test_a_job_past_max_attempts_at_claim_is_dead_lettered_with_the_lost_attempt
     job = FakeJob(attempts=4, max_attempts=3, errors=[error(2), lost])
     transition = on_claim(job, has_handler=True)
     assert transition == DeadLetter(
-        lifecycle.ATTEMPTS_EXHAUSTED,
+        DeadReason.ATTEMPTS_EXHAUSTED,
         Cause(
             3,
             lifecycle.LEASE_EXPIRED,
@@ -215,7 +216,7 @@ def test_a_job_unstarted_at_shutdown_is_released():
 def test_an_invalid_payload_is_dead_lettered_even_with_attempts_left():
     entry = error()
     assert decide(FakeJob(attempts=1, max_attempts=5), Invalid(entry)) == DeadLetter(
-        lifecycle.INVALID_PAYLOAD, entry
+        DeadReason.INVALID_PAYLOAD, entry
     )
 
 
@@ -234,30 +235,30 @@ def test_a_failure_on_the_last_attempt_is_dead_lettered():
     entry, exc = error(attempt=3), ValueError("boom")
     policy = FakePolicy()
     transition = decide(FakeJob(attempts=3, max_attempts=3), Failed(entry, exc=exc), policy=policy)
-    assert transition == DeadLetter(lifecycle.ATTEMPTS_EXHAUSTED, entry, exc=exc)
+    assert transition == DeadLetter(DeadReason.ATTEMPTS_EXHAUSTED, entry, exc=exc)
     assert policy.looked_up == 0
 
 
 def test_a_failure_past_max_attempts_is_dead_lettered():
     transition = decide(FakeJob(attempts=7, max_attempts=3), Failed(error()))
-    assert transition.reason == lifecycle.ATTEMPTS_EXHAUSTED
+    assert transition.reason == DeadReason.ATTEMPTS_EXHAUSTED
 
 
 def test_a_fatal_error_is_dead_lettered_on_the_first_attempt():
     transition = decide(FakeJob(attempts=1, max_attempts=5), Failed(error(), fatal=True))
-    assert transition.reason == lifecycle.FATAL
+    assert transition.reason == DeadReason.FATAL
 
 
 def test_a_failure_after_a_cancel_request_is_dead_lettered_as_cancelled():
     for fatal in (False, True):
         transition = decide(FakeJob(attempts=1), Failed(error(), fatal=fatal), cancel=True)
-        assert transition.reason == lifecycle.CANCELLED
+        assert transition.reason == DeadReason.CANCELLED
 
 
 def test_at_the_integer_limit_a_failure_is_dead_lettered_not_retried():
     top = limits.MAX_INT
     assert decide(FakeJob(attempts=top, max_attempts=top), Failed(error())).reason == (
-        lifecycle.ATTEMPTS_EXHAUSTED
+        DeadReason.ATTEMPTS_EXHAUSTED
     )
     backoff = Backoff.exponential(base=2, ceiling=MAX_SECONDS, jitter=0)
     transition = decide(
@@ -306,7 +307,7 @@ def test_a_snooze_puts_the_job_back():
 def test_a_snooze_after_a_cancel_request_is_dead_lettered_as_cancelled():
     transition = decide(FakeJob(), Snoozed(30.0), cancel=True)
     assert isinstance(transition, DeadLetter)
-    assert transition.reason == lifecycle.CANCELLED
+    assert transition.reason == DeadReason.CANCELLED
     assert type(transition.error) is Snooze and transition.error.seconds == 30.0
     assert transition.exc is transition.error
 
@@ -318,7 +319,7 @@ def test_a_cancel_request_interrupts_a_started_job():
 def test_a_cancel_request_dead_letters_a_job_not_started_without_counting_its_attempt():
     transition = decide(FakeJob(attempts=4, max_attempts=5), CancelRequested(started=False))
     assert isinstance(transition, DeadLetter)
-    assert (transition.reason, transition.attempts) == (lifecycle.CANCELLED, 3)
+    assert (transition.reason, transition.attempts) == (DeadReason.CANCELLED, 3)
     assert type(transition.error) is JobCancelled
 
 
@@ -335,9 +336,9 @@ def test_a_refused_write_is_a_failed_attempt(step):
     ) == Retry(4.0, refusal, exc=exc)
     job.attempts = 2
     assert decide(job, Refused(step, refusal, exc=exc)) == DeadLetter(
-        lifecycle.ATTEMPTS_EXHAUSTED, refusal, exc=exc
+        DeadReason.ATTEMPTS_EXHAUSTED, refusal, exc=exc
     )
-    assert decide(job, Refused(step, refusal), cancel=True).reason == lifecycle.CANCELLED
+    assert decide(job, Refused(step, refusal), cancel=True).reason == DeadReason.CANCELLED
 
 
 def test_a_refused_retry_is_dead_lettered_as_malformed_keeping_the_true_cause():
@@ -346,7 +347,7 @@ def test_a_refused_retry_is_dead_lettered_as_malformed_keeping_the_true_cause():
     refused = Refused("retry", error(message="a trigger said no"), original=original, exc=exc)
     transition = decide(FakeJob(attempts=1, max_attempts=5), refused)
     assert transition == DeadLetter(
-        lifecycle.MALFORMED,
+        DeadReason.MALFORMED,
         Cause(
             1,
             "builtins.KeyError",
@@ -376,23 +377,20 @@ def test_hostile_error_entries_do_not_break_the_decisions():
     transition = on_claim(job, has_handler=True)
     assert isinstance(transition, DeadLetter) and transition.retaken is False
     refused = Refused("retry", {}, original={})
-    assert decide(FakeJob(), refused).reason == lifecycle.MALFORMED
+    assert decide(FakeJob(), refused).reason == DeadReason.MALFORMED
 
 
 # ---- the module stays a leaf ------------------------------------------------------------
 
 
-def test_the_reasons_are_the_dead_letter_reasons():
-    from django_jobs.models import DeadReason
+def test_the_reasons_are_the_dead_letter_reasons_defined_once():
+    # One list: lifecycle's transitions name the members of DeadReason, which the
+    # letters' reason column takes its choices from.
+    from django_jobs import models
 
-    reasons = {
-        lifecycle.INVALID_PAYLOAD,
-        lifecycle.ATTEMPTS_EXHAUSTED,
-        lifecycle.FATAL,
-        lifecycle.CANCELLED,
-        lifecycle.MALFORMED,
-    }
-    assert reasons <= set(DeadReason.values)
+    assert lifecycle.DeadReason is models.DeadReason is DeadReason
+    reason = models.DeadLetter._meta.get_field("reason")
+    assert list(reason.choices or ()) == DeadReason.choices
 
 
 def test_the_lifecycle_imports_only_leaves():

@@ -27,6 +27,7 @@ from django_jobs import (
     InvalidJob,
     JobsError,
     Snooze,
+    control,
     enqueue,
     enqueue_many,
     enqueue_on_commit,
@@ -341,7 +342,7 @@ def test_snooze_and_extend_lease_refuse_durations_out_of_range(seconds):
 def test_replay_refuses_a_delay_out_of_range(delay):
     DeadLetterFactory()
     with pytest.raises(ValueError, match="delay"):
-        DeadLetter.objects.all().replay(delay=delay)
+        control.replay(DeadLetter.objects.all(), delay=delay)
     assert DeadLetter.objects.pending().count() == 1
 
 

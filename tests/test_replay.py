@@ -11,18 +11,19 @@ from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_jobs import enqueue
+from django_jobs import control, enqueue
 from django_jobs.models import (
     CompletionMarker,
     DeadLetter,
     DeadReason,
     Dependency,
     Job,
-    JobQuerySet,
     WorkflowStep,
     blocked_until,
-    uuid7,
 )
+from django_jobs.rows import uuid7
+from django_jobs.store import JobStore
+from django_jobs.store.engine import engine
 from tests.conftest import ENGINE
 from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory
 from tests.testapp.models import Audit
@@ -40,7 +41,7 @@ def test_replay_makes_one_fresh_job_with_the_letters_work():
         attempts=3,
         max_attempts=4,
     )
-    report = DeadLetter.objects.filter(pk=letter.pk).replay(by="ada")
+    report = control.replay(DeadLetter.objects.filter(pk=letter.pk), by="ada")
 
     assert str(report) == "1 replayed"
     job = Job.objects.get()
@@ -63,8 +64,8 @@ def test_replay_makes_one_fresh_job_with_the_letters_work():
 
 def test_replaying_a_replayed_letter_makes_no_second_job():
     letter = DeadLetterFactory()
-    first = DeadLetter.objects.filter(pk=letter.pk).replay(by="ada")
-    second = DeadLetter.objects.filter(pk=letter.pk).replay(by="bob")
+    first = control.replay(DeadLetter.objects.filter(pk=letter.pk), by="ada")
+    second = control.replay(DeadLetter.objects.filter(pk=letter.pk), by="bob")
 
     assert len(first.replayed) == 1
     assert str(second) == "0 replayed, 1 already replayed"
@@ -77,7 +78,7 @@ def test_replaying_a_replayed_letter_makes_no_second_job():
 @pytest.mark.django_db(transaction=True)
 def test_the_replayed_job_runs_and_leaves_its_marker(run_worker):
     letter = DeadLetterFactory(name="tests.record", payload='{"label": "second life"}')
-    job_id = DeadLetter.objects.filter(pk=letter.pk).replay().replayed[letter.id]
+    job_id = control.replay(DeadLetter.objects.filter(pk=letter.pk)).replayed[letter.id]
 
     run_worker()
 
@@ -91,7 +92,7 @@ def test_a_letter_whose_key_a_live_job_holds_is_not_replayed():
     enqueue("tests.record", {"label": "new"}, key="shared")
     letter = DeadLetterFactory(key="shared", payload='{"label": "old"}')
 
-    report = DeadLetter.objects.filter(pk=letter.pk).replay()
+    report = control.replay(DeadLetter.objects.filter(pk=letter.pk))
 
     assert report.key_taken == [letter.id]
     assert "whose key a live job holds" in str(report)
@@ -104,7 +105,7 @@ def test_a_letter_whose_key_completed_since_is_not_replayed():
     letter = DeadLetterFactory(key="done-key")
     MarkerFactory(key="done-key")
 
-    report = DeadLetter.objects.filter(pk=letter.pk).replay()
+    report = control.replay(DeadLetter.objects.filter(pk=letter.pk))
 
     assert report.completed == [letter.id]
     assert not Job.objects.exists()
@@ -115,7 +116,7 @@ def test_a_letter_whose_key_completed_since_is_not_replayed():
 def test_a_letter_with_no_registered_handler_is_not_replayed():
     letter = DeadLetterFactory(name="os.system", reason=DeadReason.UNKNOWN_NAME)
 
-    report = DeadLetter.objects.filter(pk=letter.pk).replay()
+    report = control.replay(DeadLetter.objects.filter(pk=letter.pk))
 
     assert report.unknown == [letter.id]
     assert not Job.objects.exists()
@@ -124,8 +125,8 @@ def test_a_letter_with_no_registered_handler_is_not_replayed():
 def test_replay_later_schedules_the_job():
     letters = DeadLetterFactory.create_batch(2)
     at = timezone.now() + timedelta(hours=2)
-    DeadLetter.objects.filter(pk=letters[0].pk).replay(run_at=at)
-    DeadLetter.objects.filter(pk=letters[1].pk).replay(delay=600)
+    control.replay(DeadLetter.objects.filter(pk=letters[0].pk), run_at=at)
+    control.replay(DeadLetter.objects.filter(pk=letters[1].pk), delay=600)
 
     later = Job.objects.get(id=DeadLetter.objects.get(pk=letters[0].pk).replay_job_id)
     assert later.run_at == at
@@ -133,9 +134,9 @@ def test_replay_later_schedules_the_job():
     assert timedelta(seconds=590) < delayed.run_at - timezone.now() <= timedelta(seconds=600)
     assert Job.objects.scheduled().count() == 2
     with pytest.raises(ValueError, match="run_at or delay"):
-        DeadLetter.objects.all().replay(run_at=at, delay=1)
+        control.replay(DeadLetter.objects.all(), run_at=at, delay=1)
     with pytest.raises(ValueError, match="delay must be a number of seconds from 0"):
-        DeadLetter.objects.all().replay(delay=-1)
+        control.replay(DeadLetter.objects.all(), delay=-1)
 
 
 def test_bulk_replay_reports_each_outcome_and_progress(settings):
@@ -143,8 +144,8 @@ def test_bulk_replay_reports_each_outcome_and_progress(settings):
     replayed = DeadLetterFactory(replayed_at=timezone.now(), replay_job_id=fresh[0].id)
     seen = []
 
-    report = DeadLetter.objects.all().replay(
-        by="ops", progress=lambda done, total: seen.append((done, total))
+    report = control.replay(
+        DeadLetter.objects.all(), by="ops", progress=lambda done, total: seen.append((done, total))
     )
 
     assert str(report) == "5 replayed, 1 already replayed"
@@ -159,7 +160,8 @@ def test_two_concurrent_replays_of_one_letter_make_one_job(transactional_db, mon
     inside = threading.Event()
     release = threading.Event()
     reports = {}
-    original_insert = JobQuerySet.insert_replays
+    engine_class = type(engine(DeadLetter.objects.db))  # its insert_replays, this database's
+    original_insert = engine_class.insert_replays
 
     def slow_insert(self, *args, **kwargs):
         if threading.current_thread().name == "tab-1":
@@ -167,11 +169,11 @@ def test_two_concurrent_replays_of_one_letter_make_one_job(transactional_db, mon
             release.wait(10)  # hold the letter's row lock inside the first replay's transaction
         return original_insert(self, *args, **kwargs)
 
-    monkeypatch.setattr(JobQuerySet, "insert_replays", slow_insert)
+    monkeypatch.setattr(engine_class, "insert_replays", slow_insert)
 
     def tab(name):
         try:
-            reports[name] = DeadLetter.objects.filter(pk=letter.pk).replay(by=name)
+            reports[name] = control.replay(DeadLetter.objects.filter(pk=letter.pk), by=name)
         finally:
             connections.close_all()
 
@@ -202,7 +204,9 @@ def test_racing_replays_of_many_letters_make_one_job_each(transactional_db):
     def replay():
         try:
             barrier.wait(10)
-            reports.append(DeadLetter.objects.all().replay(by=threading.current_thread().name))
+            reports.append(
+                control.replay(DeadLetter.objects.all(), by=threading.current_thread().name)
+            )
         finally:
             connections.close_all()
 
@@ -236,7 +240,7 @@ def test_replay_wakes_listening_workers_of_the_queue(transactional_db):
         autocommit=True,
     ) as listener:
         listener.execute("LISTEN django_jobs")
-        DeadLetter.objects.filter(pk=letter.pk).replay()
+        control.replay(DeadLetter.objects.filter(pk=letter.pk))
         notes = list(listener.notifies(timeout=2, stop_after=1))
     assert [n.payload for n in notes] == ["emails"]
 
@@ -308,12 +312,12 @@ def bulk_letters(count, *, edges):
 
 @pytest.mark.parametrize("edges", [False, True], ids=["plain", "workflow steps"])
 def test_a_replay_runs_a_few_statements_per_batch_whatever_the_batch_holds(monkeypatch, edges):
-    monkeypatch.setattr("django_jobs.models.REPLAY_BATCH", 30)
+    monkeypatch.setattr("django_jobs.store.replay.REPLAY_BATCH", 30)
 
     def statements(count):
         ids = bulk_letters(count, edges=edges)
         with CaptureQueriesContext(connection) as ctx:
-            report = DeadLetter.objects.filter(id__in=ids).replay(by="ops")
+            report = control.replay(DeadLetter.objects.filter(id__in=ids), by="ops")
         assert len(report.replayed) == count, str(report)
         return len(ctx.captured_queries)
 
@@ -330,7 +334,7 @@ def test_a_bulk_replay_of_workflow_steps_is_what_replaying_each_makes():
     letter = DeadLetter.objects.get(id=letter_id)
     parents = {e.parent_key: e.parent_id for e in Dependency.objects.filter(job_id=letter_id)}
 
-    report = DeadLetter.objects.filter(id=letter_id).replay(by="ops")
+    report = control.replay(DeadLetter.objects.filter(id=letter_id), by="ops")
 
     job = Job.objects.get(id=report.replayed[letter_id])
     # Waited for by the blocked job: the new job carries the key its edge names.
@@ -359,7 +363,8 @@ def test_a_key_taken_between_the_look_and_the_insert_is_looked_up_again(
     raced = DeadLetterFactory(name="tests.noop", key="raced")
     other = DeadLetterFactory(name="tests.noop", key="not-raced")
     plain = DeadLetterFactory(name="tests.noop")
-    original = JobQuerySet.insert_replays
+    engine_class = type(engine(DeadLetter.objects.db))  # its insert_replays, this database's
+    original = engine_class.insert_replays
     tries = []
 
     def rival():
@@ -371,16 +376,16 @@ def test_a_key_taken_between_the_look_and_the_insert_is_looked_up_again(
         finally:
             connections.close_all()
 
-    def insert_after_a_rival(self, jobs):
+    def insert_after_a_rival(self, queryset, jobs):
         if not tries:  # the first try only: another connection takes the key, and commits
             thread = threading.Thread(target=rival)
             thread.start()
             thread.join(20)
         tries.append(sorted(job.key or "" for job in jobs))
-        return original(self, jobs)
+        return original(self, queryset, jobs)
 
-    monkeypatch.setattr(JobQuerySet, "insert_replays", insert_after_a_rival)
-    report = DeadLetter.objects.filter(id__in=[raced.id, other.id, plain.id]).replay()
+    monkeypatch.setattr(engine_class, "insert_replays", insert_after_a_rival)
+    report = control.replay(DeadLetter.objects.filter(id__in=[raced.id, other.id, plain.id]))
 
     assert tries == [["", "not-raced", "raced"], ["", "not-raced"]]
     assert (report.key_taken if taken_by == "live" else report.completed) == [raced.id]
@@ -398,7 +403,7 @@ def test_run_now_makes_only_scheduled_jobs_due():
     waiting = JobFactory(run_at=timezone.now() - timedelta(minutes=5))
     running = JobFactory(leased=True, run_at=timezone.now() + timedelta(hours=1))
 
-    moved = Job.objects.all().run_now()
+    moved = JobStore().run_now(Job.objects.all())
 
     assert moved == 1
     assert Job.objects.get(pk=scheduled.pk).run_at <= timezone.now()

@@ -115,7 +115,7 @@ def test_a_second_run_replays_nothing(letters):
 
 def test_progress_is_shown_for_long_runs(monkeypatch):
     monkeypatch.setattr(replayjobs, "PROGRESS_FROM", 5)
-    monkeypatch.setattr("django_jobs.models.REPLAY_BATCH", 4)
+    monkeypatch.setattr("django_jobs.store.replay.REPLAY_BATCH", 4)
     DeadLetterFactory.create_batch(12)
     out, err = run("--all")
     assert out.startswith("12 replayed.")

@@ -16,8 +16,9 @@ from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
-from django_jobs import enqueue, retention, workflow
-from django_jobs.models import CompletionMarker, DeadLetter, Dependency, Job, WorkflowStep, uuid7
+from django_jobs import control, enqueue, retention, workflow
+from django_jobs.models import CompletionMarker, DeadLetter, Dependency, Job, WorkflowStep
+from django_jobs.rows import uuid7
 from django_jobs.testing import drain
 from tests.conftest import wait_for
 from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory
@@ -290,7 +291,7 @@ def test_a_dead_parents_letter_stays_while_a_dead_letter_waits_for_it():
     assert retention.prune(keep_markers=None).dead_letters == 0
 
     # The replayed child finds its parent's letter and waits for it instead of running.
-    report = DeadLetter.objects.filter(id=child.id).replay()
+    report = control.replay(DeadLetter.objects.filter(id=child.id))
     drain()
     assert not Audit.objects.filter(label="child").exists()
     assert Job.objects.get(id=report.replayed[child.id]).waiting_for == 1
@@ -314,9 +315,9 @@ def test_a_parents_marker_stays_while_its_child_waits(dead):
     assert retention.count_prunable(keep_dead_letters=None).markers == 0
     assert retention.prune(keep_dead_letters=None).markers == 0
 
-    DeadLetter.objects.filter(key="p2").replay()
+    control.replay(DeadLetter.objects.filter(key="p2"))
     drain()
-    DeadLetter.objects.filter(id=child.id).replay()  # nothing to replay for a waiting child
+    control.replay(DeadLetter.objects.filter(id=child.id))  # nothing to replay for a waiting child
     drain()
     [done] = CompletionMarker.objects.filter(name="tests.bb.step")
     assert set(done.result["saw"]) == {"p1", "p2"}
@@ -330,7 +331,7 @@ def test_a_replayed_steps_row_stays_with_its_replay_when_its_letter_goes():
     with workflow(name="again") as w:
         died = w.enqueue("tests.fatal_runs", {"label": "again", "fails": 1})
     drain()
-    replay = DeadLetter.objects.filter(id=died.id).replay().replayed[died.id]
+    replay = control.replay(DeadLetter.objects.filter(id=died.id)).replayed[died.id]
     drain()
     assert CompletionMarker.objects.filter(job_id=replay).exists()
     DeadLetter.objects.update(dead_at=timezone.now() - 40 * DAY)

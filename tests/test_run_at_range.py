@@ -18,7 +18,7 @@ from django.core.management.base import CommandError
 from django.db import transaction
 from django.utils import timezone as dj_timezone
 
-from django_jobs import enqueue, enqueue_many, enqueue_on_commit, limits, workflow
+from django_jobs import control, enqueue, enqueue_many, enqueue_on_commit, limits, workflow
 from django_jobs.exceptions import InvalidJob
 from django_jobs.models import BLOCKED_UNTIL, DeadLetter, Job
 from tests.admin_fixtures import messages_of, url
@@ -181,7 +181,9 @@ def test_a_tasks_run_after_is_held_to_the_same_years():
 def test_replay_refuses_run_times_outside_the_years():
     letter = DeadLetterFactory()
     with pytest.raises(ValueError, match=MESSAGE):
-        DeadLetter.objects.filter(pk=letter.pk).replay(run_at=datetime(1, 1, 1, tzinfo=UTC))
+        control.replay(
+            DeadLetter.objects.filter(pk=letter.pk), run_at=datetime(1, 1, 1, tzinfo=UTC)
+        )
     letter.refresh_from_db()
     assert letter.replayed_at is None
     assert Job.objects.count() == 0

@@ -11,7 +11,7 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from django_jobs import enqueue, status
+from django_jobs import control, enqueue, status
 from django_jobs.models import CompletionMarker, DeadLetter, Job, JobState, WorkerBeat
 from tests.conftest import wait_for
 from tests.factories import JobFactory, WorkerBeatFactory
@@ -188,7 +188,7 @@ def test_status_names_the_dead_lettered_parents_blocked_jobs_wait_for(capsys):
 
     for label in ("p0", "p1", "p2"):
         Audit.objects.create(label=f"bbheal|{label}")
-    DeadLetter.objects.filter(id__in=[p.id for p in parents[:3]]).replay(by="test")
+    control.replay(DeadLetter.objects.filter(id__in=[p.id for p in parents[:3]]), by="test")
     drain()
     assert not Job.objects.exists()
     call_command("jobs", "status")

@@ -21,10 +21,11 @@ from django.test import AsyncClient, override_settings
 from django.utils import timezone
 
 from django_jobs import registry
-from django_jobs.backend import JobsBackend, JobsTask
+from django_jobs.backend import JobsBackend
 from django_jobs.exceptions import InvalidPayload, InvalidTaskArguments
 from django_jobs.models import Job
 from django_jobs.registry import Backoff
+from django_jobs.tasks.backend import JobsTask
 from tests.testapp import tasks
 from tests.testapp.models import Audit
 

@@ -15,8 +15,10 @@ from django.utils import timezone
 
 from django_jobs import enqueue
 from django_jobs.exceptions import LeaseLost
-from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job, Leases
+from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job
+from django_jobs.rows import ClaimRequest, Finished, Leases
 from django_jobs.signals import job_dead_lettered, job_finished, job_started
+from django_jobs.store import JobStore
 from django_jobs.worker import Worker
 from django_jobs.worker.dispatcher import _refused
 from tests.conftest import POSTGRES
@@ -276,38 +278,42 @@ class TestAtomicHandlers:
 
     def test_a_stale_holder_rolls_back(self):
         enqueue(jobs.record_atomic, {"label": "x"})
-        [stale] = Job.objects.claim(queues=["default"], limit=1, token="w1#1", lease=30)
+        [stale] = JobStore().claim(
+            ClaimRequest(queues=["default"], limit=1, token="w1#1", lease=30)
+        )
         Job.objects.update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
-        [fresh] = Job.objects.claim(queues=["default"], limit=1, token="w2#1", lease=30)
+        [fresh] = JobStore().claim(
+            ClaimRequest(queues=["default"], limit=1, token="w2#1", lease=30)
+        )
         assert fresh.attempts == 2
         assert fresh.errors[-1]["type"] == "django_jobs.LeaseExpired"
         with pytest.raises(LeaseLost), transaction.atomic():
             Audit.objects.create(label="stale effect")
-            Job.objects.complete_atomically(stale, None)
+            JobStore().complete_atomically(stale, None)
         assert Audit.objects.count() == 0  # rolled back
         with transaction.atomic():
             Audit.objects.create(label="fresh effect")
-            assert Job.objects.complete_atomically(fresh, None) is True
+            assert JobStore().complete_atomically(fresh, None) is True
         assert list(Audit.objects.values_list("label", flat=True)) == ["fresh effect"]
         assert CompletionMarker.objects.count() == 1
 
     def test_a_second_run_after_the_marker_rolls_back(self):
         enqueue(jobs.record_atomic, {"label": "x"}, key="pay-1")
-        [job] = Job.objects.claim(queues=["default"], limit=1, token="w1#1", lease=30)
+        [job] = JobStore().claim(ClaimRequest(queues=["default"], limit=1, token="w1#1", lease=30))
         MarkerFactory(key="pay-1")  # someone finished this key meanwhile
         with transaction.atomic():
             Audit.objects.create(label="second effect")
-            assert Job.objects.complete_atomically(job, None) is False
+            assert JobStore().complete_atomically(job, None) is False
             transaction.set_rollback(True)
         assert Audit.objects.count() == 0
 
     def test_worker_skips_marker_conflicts(self, run_worker):
         enqueue(jobs.record_atomic, {"label": "x"}, key="pay-2")
-        [job] = Job.objects.claim(queues=["default"], limit=1, token="w1#1", lease=30)
+        [job] = JobStore().claim(ClaimRequest(queues=["default"], limit=1, token="w1#1", lease=30))
         Job.objects.update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
         with transaction.atomic():  # the first holder finishes late but first
             Audit.objects.create(label="first")
-            assert Job.objects.complete_atomically(job, None) is True
+            assert JobStore().complete_atomically(job, None) is True
         worker = run_worker()
         assert worker.stats.claimed == 0  # nothing left to run
         assert Audit.objects.count() == 1
@@ -316,7 +322,9 @@ class TestAtomicHandlers:
 class TestLeases:
     def test_expired_lease_is_taken_over_with_the_lost_attempt_noted(self, run_worker):
         enqueue(jobs.record, {"label": "x"})
-        Job.objects.claim(queues=["default"], limit=1, token="dead-worker:1:aa#1", lease=30)
+        JobStore().claim(
+            ClaimRequest(queues=["default"], limit=1, token="dead-worker:1:aa#1", lease=30)
+        )
         worker = run_worker()
         assert worker.stats.claimed == 0  # lease still valid: nobody may take it
         Job.objects.update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
@@ -327,7 +335,9 @@ class TestLeases:
     def test_poison_job_that_always_loses_its_worker_dies_after_max_attempts(self, run_worker):
         result = enqueue(jobs.record, {"label": "x"}, max_attempts=2)
         for n in (1, 2):
-            [job] = Job.objects.claim(queues=["default"], limit=1, token=f"w{n}#1", lease=30)
+            [job] = JobStore().claim(
+                ClaimRequest(queues=["default"], limit=1, token=f"w{n}#1", lease=30)
+            )
             assert job.attempts == n
             Job.objects.update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
         run_worker()
@@ -371,29 +381,29 @@ class TestLeases:
 
     def test_extend_lease_from_the_handler(self):
         enqueue(jobs.record, {"label": "x"})
-        [job] = Job.objects.claim(queues=["default"], limit=1, token="w#1", lease=5)
-        assert Job.objects.extend_leases([job], 3600) == Leases({job.id: False}, frozenset())
+        [job] = JobStore().claim(ClaimRequest(queues=["default"], limit=1, token="w#1", lease=5))
+        assert JobStore().extend_leases([job], 3600) == Leases({job.id: False}, frozenset())
         row = Job.objects.get()
         assert row.lease_expires_at > timezone.now() + dt.timedelta(minutes=59)
-        Job.objects.extend_leases([job], 5)  # a heartbeat never shortens it
+        JobStore().extend_leases([job], 5)  # a heartbeat never shortens it
         assert Job.objects.get().lease_expires_at == row.lease_expires_at
 
     def test_release_gives_the_attempt_back(self):
         enqueue(jobs.record, {"label": "x"})
-        [job] = Job.objects.claim(queues=["default"], limit=1, token="w#1", lease=30)
+        [job] = JobStore().claim(ClaimRequest(queues=["default"], limit=1, token="w#1", lease=30))
         assert Job.objects.get().attempts == 1
-        assert Job.objects.release([job]) == 1
+        assert JobStore().release([job]) == 1
         row = Job.objects.get()
         assert (row.attempts, row.locked_by, row.lease_expires_at) == (0, None, None)
 
     def test_settles_are_fenced_on_the_token(self):
         enqueue(jobs.record, {"label": "x"})
-        [job] = Job.objects.claim(queues=["default"], limit=1, token="w#1", lease=30)
+        [job] = JobStore().claim(ClaimRequest(queues=["default"], limit=1, token="w#1", lease=30))
         job.token = "someone-else#9"
-        assert Job.objects.complete([(job.id, job.token, None, 0)]) == set()
-        assert Job.objects.retry(job, delay=0, error={}) is False
-        assert Job.objects.dead_letter(job, reason=DeadReason.FATAL, error={}) is None
-        assert Job.objects.release([job]) == 0
+        assert JobStore().complete([Finished(job.id, job.token, None, 0)]) == set()
+        assert JobStore().retry(job, delay=0, error={}) is False
+        assert JobStore().dead_letter(job, reason=DeadReason.FATAL, error={}) is None
+        assert JobStore().release([job]) == 0
         assert Job.objects.count() == 1 and CompletionMarker.objects.count() == 0
         assert DeadLetter.objects.count() == 0
 

@@ -29,6 +29,7 @@ from django_jobs import (
     InvalidJob,
     OnParentDead,
     cancel_workflow,
+    control,
     enqueue,
     enqueue_many,
     enqueue_on_commit,
@@ -269,9 +270,9 @@ def test_a_dead_parent_named_by_its_old_id_is_followed_to_its_replay():
     drain()
     Audit.objects.create(label="bbheal|f")
     Audit.objects.create(label="bbheal|g")
-    DeadLetter.objects.filter(id=unkeyed.id).replay(by="test")
+    control.replay(DeadLetter.objects.filter(id=unkeyed.id), by="test")
     drain()  # the unkeyed parent's replay is done; the keyed one is replayed, still live:
-    DeadLetter.objects.filter(id=keyed.id).replay(by="test")
+    control.replay(DeadLetter.objects.filter(id=keyed.id), by="test")
     after_done = enqueue(STEP, {"label": "after-done"}, after=[unkeyed.id])
     after_live = enqueue(STEP, {"label": "after-live"}, after=[keyed.id])
     assert not is_blocked(after_done)
@@ -506,11 +507,11 @@ def test_wait_stays_blocked_until_the_parents_letter_is_replayed_and_succeeds():
     assert DeadLetter.objects.get(id=parent.id).reason == "fatal"
     assert is_blocked(child) and ran("ship") == 0
     # A second replay of a still-failing parent keeps it blocked.
-    DeadLetter.objects.pending().replay(by="test")
+    control.replay(DeadLetter.objects.pending(), by="test")
     drain()
     assert is_blocked(child)
     Audit.objects.create(label="bbheal|charge")
-    report = DeadLetter.objects.pending().replay(by="test")
+    report = control.replay(DeadLetter.objects.pending(), by="test")
     assert len(report.replayed) == 1
     drain()
     assert Audit.objects.filter(label="bb|ship|0").count() == 1
@@ -523,7 +524,7 @@ def test_wait_on_an_unkeyed_parent_is_released_by_its_replay():
     child = enqueue(STEP, {"label": "after-nokey"}, after=[parent])
     drain()
     Audit.objects.create(label="bbheal|nokey")
-    DeadLetter.objects.pending().replay(by="test")
+    control.replay(DeadLetter.objects.pending(), by="test")
     drain()
     assert ran("after-nokey") == 1
     # Replayed, a parent without a key is still named by its handler.
@@ -542,18 +543,18 @@ def test_dead_cascades_and_a_replay_before_the_parent_succeeds_waits_again():
     assert letters == {a.id: "fatal", b.id: "parent_dead", c.id: "parent_dead"}
     assert is_blocked(d)
     # Replay b first: its parent is still dead, so it waits again.
-    DeadLetter.objects.filter(id=b.id).replay(by="test")
+    control.replay(DeadLetter.objects.filter(id=b.id), by="test")
     drain()
     assert ran("b") == 0
     replay_b = DeadLetter.objects.get(id=b.id).replay_job_id
     assert Job.objects.blocked().filter(id=replay_b).exists()
     # Now heal and replay a: b's replay runs, then d (it waited for b's key).
     Audit.objects.create(label="bbheal|a")
-    DeadLetter.objects.filter(id=a.id).replay(by="test")
+    control.replay(DeadLetter.objects.filter(id=a.id), by="test")
     drain()
     assert ran("a") == 1 and ran("b") == 1 and ran("d") == 1
     assert ran("c") == 0  # its letter is still pending
-    DeadLetter.objects.filter(id=c.id).replay(by="test")
+    control.replay(DeadLetter.objects.filter(id=c.id), by="test")
     drain()
     assert ran("c") == 1
     assert not Job.objects.exists()
@@ -570,11 +571,11 @@ def test_a_child_of_an_already_dead_parent():
     assert not Job.objects.filter(id=dead.id).exists()
     assert is_blocked(waiting)
     # Replaying the child before the parent makes it wait for that parent.
-    DeadLetter.objects.filter(id=dead.id).replay(by="test")
+    control.replay(DeadLetter.objects.filter(id=dead.id), by="test")
     replay = DeadLetter.objects.get(id=dead.id).replay_job_id
     assert Job.objects.blocked().filter(id=replay).exists()
     Audit.objects.create(label="bbheal|gone")
-    DeadLetter.objects.filter(key="gone").replay(by="test")
+    control.replay(DeadLetter.objects.filter(key="gone"), by="test")
     drain()
     assert ran("dead-child") == 1 and ran("wait-child") == 1
 
@@ -650,7 +651,7 @@ def test_a_cancelled_step_stays_cancelled_when_its_outside_parent_finishes():
     assert ran("outside") == 1 and ran("in") == 0
     assert not Job.objects.exists()
     # Its replay finds the parent done, and runs.
-    DeadLetter.objects.filter(id=step.id).replay(by="test")
+    control.replay(DeadLetter.objects.filter(id=step.id), by="test")
     drain()
     assert ran("in") == 1
 
@@ -666,7 +667,7 @@ def test_cancelling_a_parent_is_a_dead_parent():
     assert "cancelled 1" in out.getvalue()
     assert DeadLetter.objects.get(id=dead.id).reason == "parent_dead"
     assert is_blocked(waiting)
-    DeadLetter.objects.filter(id=parent.id).replay(by="test")
+    control.replay(DeadLetter.objects.filter(id=parent.id), by="test")
     drain()
     assert ran("p") == 1 and ran("w") == 1 and ran("d") == 0
 
@@ -834,7 +835,7 @@ def test_admin_follows_dead_parents_and_replays(admin_client_):
     assert "adm-b" in blocked and f"/deadletter/{b.id}/" in blocked
     # A replayed step is followed to its replay: its job, then its marker.
     Audit.objects.create(label="bbheal|b")
-    DeadLetter.objects.filter(id=b.id).replay(by="test")
+    control.replay(DeadLetter.objects.filter(id=b.id), by="test")
     replay = DeadLetter.objects.get(id=b.id).replay_job_id
     assert f"/job/{replay}/" in _workflow_page(admin_client_, "adm")
     drain()

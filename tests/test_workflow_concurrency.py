@@ -22,9 +22,11 @@ import pytest
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from django_jobs import enqueue
+from django_jobs import control, enqueue
 from django_jobs.attempts import lease_token
 from django_jobs.models import BLOCKED_UNTIL, CompletionMarker, DeadLetter, Dependency, Job
+from django_jobs.rows import ClaimRequest, Finished
+from django_jobs.store import JobStore
 from tests.conftest import ENGINE, POSTGRES, wait_for
 from tests.factories import DeadLetterFactory, JobFactory
 
@@ -136,17 +138,17 @@ def held(model, pk):
 
 def claim(queue: str, limit: int = 100):
     token = lease_token(f"w-{uuid.uuid4().hex[:8]}", 1)
-    return Job.objects.claim(queues=[queue], limit=limit, token=token, lease=60)
+    return JobStore().claim(ClaimRequest(queues=[queue], limit=limit, token=token, lease=60))
 
 
 def finished(claimed):
-    return [(job.id, job.token, None, job.dependents) for job in claimed]
+    return [Finished(job.id, job.token, None, job.dependents) for job in claimed]
 
 
 def settle(queue: str) -> int:
     """Claim and settle every due job of queue; return how many."""
     claimed = claim(queue)
-    assert Job.objects.complete(finished(claimed)) == set(range(len(claimed)))
+    assert JobStore().complete(finished(claimed)) == set(range(len(claimed)))
     return len(claimed)
 
 
@@ -187,9 +189,9 @@ def test_two_enqueues_naming_the_same_parents_by_id_and_by_key_do_not_deadlock()
 
 def _settle_side(claimed, how: str):
     if how == "batch":
-        return Job.objects.complete(finished(claimed))
+        return JobStore().complete(finished(claimed))
     with transaction.atomic():  # an atomic handler's settle, in its own transaction
-        return [Job.objects.complete_atomically(job, None) for job in claimed]
+        return [JobStore().complete_atomically(job, None) for job in claimed]
 
 
 @pytest.mark.parametrize("how", ["batch", "atomic"])
@@ -225,7 +227,7 @@ def test_an_enqueue_naming_a_blocked_child_and_another_parent_of_the_settling_ba
     claimed = claim("parents")
     assert sorted(job.dependents for job in claimed) == [0, 1]
     with held(Job, other):
-        settling = start_until_waiting(Side(Job.objects.complete, finished(claimed)))
+        settling = start_until_waiting(Side(JobStore().complete, finished(claimed)))
         enqueuing = start_until_waiting(
             Side(atomic_enqueue, "tests.noop", after=[child, other], queue="grandchildren")
         )
@@ -248,7 +250,7 @@ def test_a_replay_of_letters_while_an_enqueue_waits_for_them_does_not_deadlock()
             Side(atomic_enqueue, "tests.noop", after=[older, newer], queue="children")
         )
         replaying = start_until_waiting(
-            Side(DeadLetter.objects.filter(id__in=[older, newer]).replay)
+            Side(control.replay, DeadLetter.objects.filter(id__in=[older, newer]))
         )
     child, report = finish(enqueuing, replaying)
     assert set(report.replayed) == {older, newer}
@@ -268,7 +270,7 @@ def test_an_enqueue_naming_a_parent_by_key_while_its_settle_holds_the_row():
     assert str(parent) < str(child) < str(other)
     claimed = claim("parents")
     with held(Job, child):
-        settling = start_until_waiting(Side(Job.objects.complete, finished(claimed)))
+        settling = start_until_waiting(Side(JobStore().complete, finished(claimed)))
         enqueuing = start_until_waiting(
             Side(atomic_enqueue, "tests.noop", after=["p"], queue="grandchildren")
         )
@@ -293,7 +295,7 @@ def test_a_settle_does_not_wait_for_a_row_outside_its_batch():
     claimed = claim("parents")
     assert sorted(job.id for job in claimed) == batch
     with held(Job, unrelated):
-        settling = Side(Job.objects.complete, finished(claimed))
+        settling = Side(JobStore().complete, finished(claimed))
         settling.start()
         settling.join(20)
         assert not settling.is_alive(), "the settle waits for a row it does not settle"
@@ -339,7 +341,7 @@ def test_a_replay_that_loses_a_deadlock_to_an_enqueue_is_tried_again():
     )
     with held(Job, parents[0]):
         enqueuing = start_until_waiting(Side(enqueue, "tests.noop", after=[*parents, letter]))
-        replaying = start_until_waiting(Side(DeadLetter.objects.filter(id=letter).replay))
+        replaying = start_until_waiting(Side(control.replay, DeadLetter.objects.filter(id=letter)))
     child, report = finish(enqueuing, replaying)
     assert list(report.replayed) == [letter]
     assert Job.objects.get(id=child.id).waiting_for == 4
@@ -376,16 +378,16 @@ def _settle_in_batches(rng: random.Random, barrier: threading.Barrier, claimed):
     cut = rng.randint(1, len(batch))
     for part in (batch[:cut], batch[cut:]):
         if rng.random() < 0.5:
-            assert Job.objects.complete(finished(part)) == set(range(len(part)))
+            assert JobStore().complete(finished(part)) == set(range(len(part)))
         else:
             for job in part:  # as an atomic handler's settle
                 with transaction.atomic():
-                    assert Job.objects.complete_atomically(job, None)
+                    assert JobStore().complete_atomically(job, None)
 
 
 def _replay(barrier: threading.Barrier, letters):
     barrier.wait(30)
-    report = DeadLetter.objects.filter(id__in=letters).replay()
+    report = control.replay(DeadLetter.objects.filter(id__in=letters))
     assert set(report.replayed) == set(letters)
 
 

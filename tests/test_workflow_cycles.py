@@ -193,12 +193,12 @@ def test_two_transactions_closing_a_longer_cycle_through_waiting_jobs_cannot_bot
 @pytest.fixture
 def old_cycle(monkeypatch):
     """kx dead, ky after it, kx again after ky: as a release before the check wrote them."""
-    from django_jobs import models
+    from django_jobs.store import workflows
 
     _dead("kx")
     ky = enqueue(STEP, {"label": "ky"}, key="ky", after=["kx"])
     with monkeypatch.context() as before_the_fix:
-        before_the_fix.setattr(models, "_refuse_cycle", lambda *args, **kwargs: None)
+        before_the_fix.setattr(workflows, "refuse_cycle", lambda *args, **kwargs: None)
         kx = enqueue(FRAGILE, {"label": "kx"}, key="kx", after=["ky"])
     letter = DeadLetter.objects.get(key="kx")
     return kx, ky, letter

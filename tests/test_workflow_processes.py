@@ -21,7 +21,7 @@ import pytest
 from django.db import transaction
 from django.db.models import Max
 
-from django_jobs import cancel_workflow, enqueue, workflow
+from django_jobs import cancel_workflow, control, enqueue, workflow
 from django_jobs.fleet import WorkerBeat
 from django_jobs.models import (
     CompletionMarker,
@@ -282,7 +282,7 @@ def test_dead_parents_block_wait_steps_and_kill_dead_steps_until_replayed(worker
     # The first root's letter replayed (its cause fixed): its "wait" dependents run, and
     # so does the dead-mode step behind them.
     Audit.objects.create(label="heal|fatal")
-    report = DeadLetter.objects.filter(id=results["fatal"].id).replay()
+    report = control.replay(DeadLetter.objects.filter(id=results["fatal"].id))
     assert list(report.replayed) == [results["fatal"].id]
     for key in ("fatal", "wait-1", "wait-2"):
         wait_for(
@@ -294,7 +294,7 @@ def test_dead_parents_block_wait_steps_and_kill_dead_steps_until_replayed(worker
     assert_blocked(["dead-1-wait", "both-wait"])
     # A parent_dead step replayed once its parent has succeeded: it runs, and releases its
     # "wait" dependent; its own parent_dead dependent stays a letter until replayed too.
-    DeadLetter.objects.filter(id=results["dead-1"].id).replay()
+    control.replay(DeadLetter.objects.filter(id=results["dead-1"].id))
     wait_for(
         lambda: CompletionMarker.objects.filter(key=keys["dead-1-wait"]).exists(),
         timeout=30,
@@ -302,7 +302,7 @@ def test_dead_parents_block_wait_steps_and_kill_dead_steps_until_replayed(worker
     )
     assert DeadLetter.objects.pending().filter(id=results["dead-1-dead"].id).exists()
     Audit.objects.create(label="heal|exhausted")
-    DeadLetter.objects.pending().replay()  # exhausted, dead-1-dead, mixed
+    control.replay(DeadLetter.objects.pending())  # exhausted, dead-1-dead, mixed
     wait_for(
         lambda: Job.objects.count() == 0 and CompletionMarker.objects.count() == 9 + 6,
         timeout=30,

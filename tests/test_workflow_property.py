@@ -26,6 +26,7 @@ from django_jobs.models import (
     JobState,
     WorkflowStep,
 )
+from django_jobs.store import JobStore
 from tests.testapp import workflow_jobs
 from tests.testapp.models import Audit
 from tests.workflow_model import (
@@ -106,7 +107,7 @@ def test_run_now_and_drain_of_scheduled_jobs_leave_blocked_steps_blocked():
     drained = testing.drain()
     assert [(a.payload["label"], a.outcome) for a in drained.attempts] == [("root", "dead")]
     # "Run now" (the admin's action) moves scheduled jobs: a blocked step is not one.
-    assert Job.objects.all().run_now() == 0
+    assert JobStore().run_now(Job.objects.all()) == 0
     assert testing.drain(run_scheduled=True).attempts == []
     states = dict(Job.objects.with_state().values_list("id", "state"))
     assert len(states) == 2

@@ -21,6 +21,8 @@ from django_jobs import enqueue, job
 from django_jobs.attempts import lease_token
 from django_jobs.models import BLOCKED_UNTIL, CompletionMarker, Dependency, Job
 from django_jobs.registry import unregister
+from django_jobs.rows import ClaimRequest, Finished
+from django_jobs.store import JobStore
 from tests.conftest import POSTGRES, wait_for
 from tests.factories import MarkerFactory
 from tests.testapp import jobs
@@ -67,11 +69,11 @@ def _after(*parents, handler=jobs.noop, payload=None, queue=None) -> uuid.UUID:
 
 def _claim(limit=10, queue="default"):
     token = lease_token(f"w-{uuid.uuid4().hex[:8]}", 1)
-    return Job.objects.claim(queues=[queue], limit=limit, token=token, lease=60)
+    return JobStore().claim(ClaimRequest(queues=[queue], limit=limit, token=token, lease=60))
 
 
 def _finished(claimed):
-    return [(j.id, j.token, None, j.dependents) for j in claimed]
+    return [Finished(j.id, j.token, None, j.dependents) for j in claimed]
 
 
 def _due(job_id) -> bool:
@@ -84,7 +86,7 @@ def test_a_parents_settle_releases_its_child():
     assert not _due(child)
     [claimed] = _claim()
     assert claimed.id == parent and claimed.dependents == 1
-    assert Job.objects.complete(_finished([claimed])) == {0}
+    assert JobStore().complete(_finished([claimed])) == {0}
     row = Job.objects.get(id=child)
     assert row.waiting_for == 0
     assert row.run_at < BLOCKED_UNTIL
@@ -100,7 +102,7 @@ def test_a_job_without_dependents_settles_as_before():
     parent = enqueue(jobs.noop, {"p": 1}).id
     [claimed] = _claim()
     assert claimed.dependents == 0
-    assert Job.objects.complete(_finished([claimed])) == {0}
+    assert JobStore().complete(_finished([claimed])) == {0}
     assert not Job.objects.filter(id=parent).exists()
 
 
@@ -109,7 +111,7 @@ def test_a_child_of_two_parents_settled_in_one_batch_is_released_once():
     child = _after(first, second, queue="children")
     claimed = _claim()
     assert {j.id for j in claimed} == {first, second}
-    assert Job.objects.complete(_finished(claimed)) == {0, 1}
+    assert JobStore().complete(_finished(claimed)) == {0, 1}
     row = Job.objects.get(id=child)
     assert row.waiting_for == 0
     assert _due(child)
@@ -120,10 +122,10 @@ def test_a_child_of_two_parents_waits_for_the_second():
     first, second = (enqueue(jobs.noop, {"p": i}).id for i in range(2))
     child = _after(first, second, queue="children")
     claimed = {j.id: j for j in _claim()}
-    assert Job.objects.complete(_finished([claimed[first]])) == {0}
+    assert JobStore().complete(_finished([claimed[first]])) == {0}
     assert Job.objects.get(id=child).waiting_for == 1
     assert not _due(child)
-    assert Job.objects.complete(_finished([claimed[second]])) == {0}
+    assert JobStore().complete(_finished([claimed[second]])) == {0}
     assert Job.objects.get(id=child).waiting_for == 0
     assert _due(child)
 
@@ -139,13 +141,13 @@ def test_a_settle_whose_marker_existed_releases_nothing_twice():
     Dependency.objects.filter(parent_key="wf-parent").update(satisfied_at=Now())
     Job.objects.filter(id=child).update(waiting_for=1)
     claimed = {j.id: j for j in _claim()}
-    assert Job.objects.complete(_finished([claimed[parent]])) == {0}
+    assert JobStore().complete(_finished([claimed[parent]])) == {0}
     assert Job.objects.get(id=child).waiting_for == 1
     assert not _due(child)
     # Released again by hand: the edge is satisfied already, nothing is counted.
-    assert Job.objects.release_dependents(["wf-parent"]) == 0
+    assert JobStore().release_dependents(["wf-parent"]) == 0
     assert Job.objects.get(id=child).waiting_for == 1
-    assert Job.objects.complete(_finished([claimed[other]])) == {0}
+    assert JobStore().complete(_finished([claimed[other]])) == {0}
     assert Job.objects.get(id=child).waiting_for == 0
 
 
@@ -164,7 +166,7 @@ def test_a_dependent_registered_between_claim_and_settle_is_released():
     assert Job.objects.get(id=parent).dependents == 1
     assert Job.objects.get(id=child).waiting_for == 1
     # The parent is settled (not reported as lease lost), and its child released.
-    assert Job.objects.complete(_finished([claimed])) == {0}
+    assert JobStore().complete(_finished([claimed])) == {0}
     assert not Job.objects.filter(id=parent).exists()
     assert Job.objects.get(id=child).waiting_for == 0
     assert _due(child)
@@ -189,7 +191,7 @@ def test_a_dependent_committing_while_the_settle_waits_for_its_lock_is_released(
     enqueuer = threading.Thread(target=_in_thread, args=(register,))
     settler = threading.Thread(
         target=_in_thread,
-        args=(lambda: settled.append(Job.objects.complete(_finished([claimed]))),),
+        args=(lambda: settled.append(JobStore().complete(_finished([claimed]))),),
     )
     enqueuer.start()
     try:
@@ -213,7 +215,7 @@ def test_a_lost_lease_is_still_lost_next_to_a_fenced_job():
     child = _after(fenced, queue="children")
     Job.objects.filter(id=lost).update(locked_by="another#1")
     batch = [claimed[lost], claimed[fenced]]
-    assert Job.objects.complete(_finished(batch)) == {1}
+    assert JobStore().complete(_finished(batch)) == {1}
     assert Job.objects.filter(id=lost).exists()
     assert Job.objects.get(id=child).waiting_for == 0
 
@@ -235,13 +237,13 @@ def test_two_parents_settled_in_concurrent_transactions_release_the_child_once()
     results: dict[str, set[int]] = {}
 
     def settle_second():
-        results["second"] = Job.objects.complete(_finished([claimed[second]]))
+        results["second"] = JobStore().complete(_finished([claimed[second]]))
         released.set()
 
     other = threading.Thread(target=_in_thread, args=(settle_second,))
     try:
         with transaction.atomic():
-            results["first"] = Job.objects.complete(_finished([claimed[first]]))
+            results["first"] = JobStore().complete(_finished([claimed[first]]))
             other.start()
             # The second settle waits for this transaction's lock on the child.
             wait_for(_waiting_on_a_lock, message="the second settle to wait for a lock")
@@ -292,7 +294,7 @@ def test_a_child_released_with_a_delay_of_its_own_wakes_nobody():
     [claimed] = _claim()
     listener = _listen() if POSTGRES else None
     try:
-        settled = Job.objects.complete(_finished([claimed]))
+        settled = JobStore().complete(_finished([claimed]))
         assert settled == {0} and not settled.woke
         if listener is not None:
             assert _notified(listener, "wf-later") == 0
@@ -323,13 +325,13 @@ def test_an_atomic_settle_releases_in_the_handlers_transaction():
     child = _after(parent)
     [claimed] = _claim()
     with pytest.raises(RuntimeError), transaction.atomic():
-        assert Job.objects.complete_atomically(claimed, None) is True
+        assert JobStore().complete_atomically(claimed, None) is True
         assert Job.objects.get(id=child).waiting_for == 0
         raise RuntimeError("the handler's transaction rolls back")
     assert Job.objects.get(id=child).waiting_for == 1
     assert Dependency.objects.get().satisfied_at is None
     with transaction.atomic():
-        assert Job.objects.complete_atomically(claimed, None) is True
+        assert JobStore().complete_atomically(claimed, None) is True
     assert Job.objects.get(id=child).waiting_for == 0
     assert _due(child)
 
@@ -378,7 +380,7 @@ def test_a_released_child_wakes_its_queues_workers():
     [claimed] = _claim()
     listener = _listen()
     try:
-        assert Job.objects.complete(_finished([claimed])) == {0}
+        assert JobStore().complete(_finished([claimed])) == {0}
         assert _notified(listener, "wf-wake") == 1
         assert _due(child)
     finally:
@@ -408,7 +410,7 @@ def test_a_settle_batch_locks_its_rows_in_id_order_as_after_does():
         target=_in_thread,
         args=(
             lambda: results.update(
-                settled=Job.objects.complete(_finished([claimed[second], claimed[first]]))
+                settled=JobStore().complete(_finished([claimed[second], claimed[first]]))
             ),
         ),
     )

@@ -14,7 +14,7 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from django_jobs import enqueue, workflow
+from django_jobs import control, enqueue, workflow
 from django_jobs.attempts import lease_token
 from django_jobs.models import (
     BLOCKED_UNTIL,
@@ -25,6 +25,8 @@ from django_jobs.models import (
     Job,
     JobState,
 )
+from django_jobs.rows import ClaimRequest, Finished
+from django_jobs.store import JobStore
 from django_jobs.testing import drain
 from tests.conftest import POSTGRES
 from tests.factories import DeadLetterFactory
@@ -48,11 +50,11 @@ def claim_path(request, settings):
 def _settle(*ids, queue="default"):
     """Settle the jobs ids as a worker's batch does (sql.COMPLETE_RELEASING on PostgreSQL)."""
     token = lease_token(f"w-{uuid.uuid4().hex[:8]}", 1)
-    claimed = Job.objects.claim(queues=[queue], limit=100, token=token, lease=60)
-    batch = [(j.id, j.token, None, j.dependents) for j in claimed if j.id in ids]
-    Job.objects.release([j for j in claimed if j.id not in ids])  # the others stay due
+    claimed = JobStore().claim(ClaimRequest(queues=[queue], limit=100, token=token, lease=60))
+    batch = [Finished(j.id, j.token, None, j.dependents) for j in claimed if j.id in ids]
+    JobStore().release([j for j in claimed if j.id not in ids])  # the others stay due
     assert len(batch) == len(ids)
-    assert len(Job.objects.complete(batch)) == len(ids)
+    assert len(JobStore().complete(batch)) == len(ids)
 
 
 def _released_at(child) -> timezone.datetime:
@@ -162,10 +164,10 @@ def test_an_atomic_handlers_settle_applies_the_delay():
     at = timezone.now() + HOUR
     timed = enqueue(jobs.noop, {"t": 1}, after=[parent], run_at=at).id
     token = lease_token("w-atomic", 1)
-    [claimed] = Job.objects.claim(queues=["default"], limit=1, token=token, lease=60)
+    [claimed] = JobStore().claim(ClaimRequest(queues=["default"], limit=1, token=token, lease=60))
     assert claimed.id == parent
     with transaction.atomic():
-        assert Job.objects.complete_atomically(claimed, None) is True
+        assert JobStore().complete_atomically(claimed, None) is True
     row = _row(child)
     assert (row.waiting_for, row.state) == (0, JobState.SCHEDULED)
     if POSTGRES:  # RELEASE is one statement: the edge and run_at read one clock
@@ -208,7 +210,7 @@ def test_a_workflows_steps_keep_their_timing_for_their_release():
     assert rows[last.id].state == JobState.BLOCKED  # its parents have not run
     # The delayed parents run (made due by hand, as "run now" does): the last step's
     # two hours count from the second one's settle.
-    assert Job.objects.filter(id__in=[delayed.id, keyed.id]).run_now() == 2
+    assert JobStore().run_now(Job.objects.filter(id__in=[delayed.id, keyed.id])) == 2
     _settle(delayed.id, keyed.id)
     _near(Job.objects.get(id=last.id).run_at, _released_at(last.id) + 2 * HOUR)
 
@@ -219,12 +221,12 @@ def test_a_replayed_step_applies_the_replays_delay_from_its_release():
     assert DeadLetter.objects.get(id=step.id).reason == DeadReason.PARENT_DEAD
 
     # Replayed before its parent: blocked again, the replay's delay kept for its release.
-    report = DeadLetter.objects.filter(id=step.id).replay(delay=HOUR)
+    report = control.replay(DeadLetter.objects.filter(id=step.id), delay=HOUR)
     new = report.replayed[step.id]
     row = _row(new)
     assert (row.state, row.run_at, row.release_delay) == (JobState.BLOCKED, BLOCKED_UNTIL, HOUR)
 
-    parent = DeadLetter.objects.filter(key="dead-parent").replay()
+    parent = control.replay(DeadLetter.objects.filter(key="dead-parent"))
     [parent_job] = parent.replayed.values()
     _settle(parent_job)
     assert CompletionMarker.objects.filter(key="dead-parent").exists()
@@ -237,9 +239,9 @@ def test_a_replayed_step_with_run_at_keeps_it_for_its_release():
     DeadLetterFactory(name="tests.noop", payload="{}", key="dead-parent-2")
     step = enqueue(jobs.noop, {}, after=["dead-parent-2"], on_parent_dead="dead")
     at = timezone.now() + HOUR
-    new = DeadLetter.objects.filter(id=step.id).replay(run_at=at).replayed[step.id]
+    new = control.replay(DeadLetter.objects.filter(id=step.id), run_at=at).replayed[step.id]
     assert (_row(new).not_before, _row(new).run_at) == (at, BLOCKED_UNTIL)
-    [parent_job] = DeadLetter.objects.filter(key="dead-parent-2").replay().replayed.values()
+    [parent_job] = control.replay(DeadLetter.objects.filter(key="dead-parent-2")).replayed.values()
     _settle(parent_job)
     assert (_row(new).state, _row(new).run_at) == (JobState.SCHEDULED, at)
 

@@ -24,6 +24,7 @@ from django_jobs import (
     InvalidJob,
     OnParentDead,
     cancel_workflow,
+    control,
     enqueue,
     enqueue_on_commit,
     job,
@@ -39,8 +40,9 @@ from django_jobs.models import (
     Job,
     JobState,
     WorkflowStep,
-    uuid7,
 )
+from django_jobs.rows import ClaimRequest, Finished, uuid7
+from django_jobs.store import JobStore
 from django_jobs.testing import drain
 from tests.conftest import ENGINE, POSTGRES
 from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory
@@ -97,7 +99,7 @@ def test_a_job_after_a_live_parent_is_blocked_and_counted_on_the_parent():
     [counts] = Job.objects.counts_by_queue()
     assert (counts["waiting"], counts["scheduled"], counts["blocked"]) == (1, 0, 1)
     # run_now (drain's run_scheduled too) moves scheduled jobs only: a blocked one stays.
-    assert Job.objects.all().run_now() == 0
+    assert JobStore().run_now(Job.objects.all()) == 0
     assert Job.objects.get(id=child.id).run_at == BLOCKED_UNTIL
 
 
@@ -349,7 +351,7 @@ def test_a_job_cannot_wait_for_a_dead_letter_of_its_own_key():
 
 def test_after_a_replayed_letter_waits_for_its_replay():
     letter = DeadLetterFactory(name="tests.noop", payload="{}")
-    report = DeadLetter.objects.filter(id=letter.id).replay()
+    report = control.replay(DeadLetter.objects.filter(id=letter.id))
     replay_id = report.replayed[letter.id]
     child = enqueue("tests.noop", after=[letter.id])
     assert edges_of(child) == {(str(replay_id), replay_id, "wait", False)}
@@ -364,7 +366,7 @@ def test_dead_lettering_a_parent_buries_its_dead_dependents_recursively():
     grandchild_waits = enqueue("tests.noop", after=[b])
     unrelated = enqueue("tests.noop")
 
-    report = Job.objects.filter(id=parent.id).cancel(by="ada")
+    report = JobStore().cancel(Job.objects.filter(id=parent.id), by="ada")
 
     assert report.cancelled == [parent.id]
     assert DeadLetter.objects.get(id=parent.id).reason == DeadReason.CANCELLED
@@ -395,7 +397,7 @@ def test_a_worker_dead_letter_buries_dead_dependents():
 def test_dead_letter_unknown_buries_dead_dependents():
     parent = JobFactory(name="tests.gone", run_at=timezone.now() - timedelta(hours=1))
     child = enqueue("tests.noop", after=[parent.id], on_parent_dead="dead")
-    letters = Job.objects.dead_letter_unknown(
+    letters = JobStore().dead_letter_unknown(
         "tests.gone", before=timezone.now(), message="no worker knows it"
     )
     assert [letter.id for letter in letters] == [parent.id]
@@ -412,14 +414,14 @@ def test_replaying_a_parent_gives_its_job_the_key_its_dependents_wait_for():
     assert DeadLetter.objects.filter(id=parent.id).exists()
     assert state_of(child.id) == JobState.BLOCKED
 
-    report = DeadLetter.objects.filter(id=parent.id).replay()
+    report = control.replay(DeadLetter.objects.filter(id=parent.id))
     new = Job.objects.get(id=report.replayed[parent.id])
     assert (new.key, new.dependents, new.waiting_for) == (str(parent.id), 1, 0)
 
 
 def test_replaying_a_letter_without_edges_is_as_before():
     letter = DeadLetterFactory(name="tests.noop", payload="{}")
-    report = DeadLetter.objects.filter(id=letter.id).replay()
+    report = control.replay(DeadLetter.objects.filter(id=letter.id))
     new = Job.objects.get(id=report.replayed[letter.id])
     assert (new.key, new.dependents, new.waiting_for) == (None, 0, 0)
     assert not Dependency.objects.exists()
@@ -431,7 +433,7 @@ def test_replaying_a_dead_step_before_its_parent_makes_it_wait_again():
         step = w.enqueue("tests.noop", after=["p"], on_parent_dead="dead")
     assert DeadLetter.objects.get(id=step.id).reason == DeadReason.PARENT_DEAD
 
-    report = DeadLetter.objects.filter(id=step.id).replay()
+    report = control.replay(DeadLetter.objects.filter(id=step.id))
     new_id = report.replayed[step.id]
     new = Job.objects.get(id=new_id)
     assert (new.waiting_for, new.run_at) == (1, BLOCKED_UNTIL)
@@ -443,7 +445,7 @@ def test_replaying_a_dead_step_after_its_parent_finished_runs_it():
     DeadLetterFactory(key="p2")
     dies = enqueue("tests.noop", after=["p2"], on_parent_dead="dead")
     MarkerFactory(key="p2")  # the parent's replay succeeded meanwhile
-    report = DeadLetter.objects.filter(id=dies.id).replay()
+    report = control.replay(DeadLetter.objects.filter(id=dies.id))
     new = Job.objects.get(id=report.replayed[dies.id])
     assert new.waiting_for == 0
     assert state_of(new.id) == JobState.WAITING
@@ -469,7 +471,7 @@ def test_a_dead_parent_and_its_dead_step_replayed_together_run_in_order(parent_f
     )
     waiter = enqueue("tests.wf_parents", "waiter", after=["both"])  # blocked on the letter
 
-    report = DeadLetter.objects.filter(id__in=[parent_id, child_id]).replay()
+    report = control.replay(DeadLetter.objects.filter(id__in=[parent_id, child_id]))
 
     assert set(report.replayed) == {parent_id, child_id}
     parent = Job.objects.get(id=report.replayed[parent_id])
@@ -498,7 +500,7 @@ def test_a_dead_letter_blocked_jobs_wait_for_is_kept_until_replayed():
     later = enqueue("tests.noop", after=["released"])
     # Cancelled, its dependent is a pending letter that still waits (a replay of it
     # waits again): the letter it names stays too.
-    Job.objects.filter(id=later.id).cancel()
+    JobStore().cancel(Job.objects.filter(id=later.id))
 
     assert retention.count_prunable().dead_letters == 1  # alone
     retention.prune()
@@ -508,7 +510,7 @@ def test_a_dead_letter_blocked_jobs_wait_for_is_kept_until_replayed():
         released.id,
         later.id,  # young
     }
-    DeadLetter.objects.filter(id=later.id).replay()  # the replay waits for "released" now
+    control.replay(DeadLetter.objects.filter(id=later.id))  # the replay waits for "released" now
     DeadLetter.objects.update(dead_at=old)
     assert retention.count_prunable().dead_letters == 1  # later's replayed letter
     retention.prune()
@@ -799,7 +801,7 @@ def test_replaying_a_parent_releases_its_waiting_dependents():
     letter.name = "tests.wf_parents"  # the fix is deployed: the replay succeeds
     letter.payload = '"parent"'
     letter.save()
-    DeadLetter.objects.filter(id=parent.id).replay()
+    control.replay(DeadLetter.objects.filter(id=parent.id))
     SEEN.clear()
     drain()
     assert not Job.objects.exists()
@@ -814,7 +816,9 @@ def test_a_dependent_enqueued_while_its_parent_settles_is_never_stuck():
     for round_ in range(30):
         parent = enqueue("tests.noop")
         token = f"w:1:a#{round_}"
-        [claimed] = Job.objects.claim(queues=["default"], limit=1, token=token, lease=30)
+        [claimed] = JobStore().claim(
+            ClaimRequest(queues=["default"], limit=1, token=token, lease=30)
+        )
         barrier = threading.Barrier(2)
         child: list[EnqueueResult] = []
 
@@ -829,7 +833,7 @@ def test_a_dependent_enqueued_while_its_parent_settles_is_never_stuck():
         def settle(claimed=claimed, barrier=barrier):
             try:
                 barrier.wait()
-                Job.objects.complete([(claimed.id, claimed.token, None, claimed.dependents)])
+                JobStore().complete([Finished(claimed.id, claimed.token, None, claimed.dependents)])
             finally:
                 close_old_connections()
 

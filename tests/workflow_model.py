@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
-from django_jobs import enqueue, workflow
+from django_jobs import control, enqueue, workflow
 from django_jobs.models import (
     CompletionMarker,
     DeadLetter,
@@ -212,7 +212,7 @@ def dead_nodes(outcome):
 
 
 def replay(ids, i):
-    report = DeadLetter.objects.filter(id=ids[i]).replay()
+    report = control.replay(DeadLetter.objects.filter(id=ids[i]))
     assert list(report.replayed) == [ids[i]], f"n{i}: {report}"
 
 

@@ -25,7 +25,7 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 from rangefilter.filters import DateRangeFilter
 
-from django_jobs import limits, registry
+from django_jobs import control, limits, registry
 from django_jobs.admin.base import IdOrTermSearch, ReadOnlyAdmin, log_changes
 from django_jobs.admin.display import (
     EMPTY,
@@ -40,14 +40,8 @@ from django_jobs.admin.display import (
     when_field,
 )
 from django_jobs.admin.workflows import WorkflowFields, parents_list, parents_of
-from django_jobs.models import (
-    CompletionMarker,
-    DeadLetter,
-    DeadLetterQuerySet,
-    DeadReason,
-    Job,
-    ReplayReport,
-)
+from django_jobs.models import CompletionMarker, DeadLetter, DeadLetterQuerySet, DeadReason, Job
+from django_jobs.rows import ReplayReport
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
@@ -284,7 +278,7 @@ class DeadLetterAdmin(IdOrTermSearch, WorkflowFields, ReadOnlyAdmin):
         # The change list's own queryset (filters, search, "select all"): no id list to build.
         if request.POST.get("post") != "yes":
             return self._replay_confirmation(request, queryset)
-        report = queryset.replay(by=request.user.get_username())
+        report = control.replay(queryset, by=request.user.get_username())
         self._after_replay(request, report)
         return None
 
@@ -395,8 +389,8 @@ class DeadLetterAdmin(IdOrTermSearch, WorkflowFields, ReadOnlyAdmin):
                     request, _("Not replayed: %(why)s.") % {"why": exc}, messages.ERROR
                 )
                 return HttpResponseRedirect(change_url)
-        report = DeadLetter.objects.filter(pk=letter.pk).replay(
-            by=request.user.get_username(), run_at=run_at
+        report = control.replay(
+            DeadLetter.objects.filter(pk=letter.pk), by=request.user.get_username(), run_at=run_at
         )
         self._after_replay(request, report)
         return HttpResponseRedirect(change_url)

@@ -45,6 +45,7 @@ from django_jobs.models import (
     UnknownName,
     blocked_until,
 )
+from django_jobs.store import JobStore
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
@@ -86,9 +87,10 @@ def cancel_jobs(
 ) -> None:
     """Dead-letter the selected waiting jobs now; ask the workers of running ones to stop them."""
     names = dict(queryset.values_list("id", "name"))
-    report = cast(JobQuerySet, queryset).cancel(by=request.user.get_username())
+    store = JobStore(queryset.db)
+    report = store.cancel(cast(JobQuerySet, queryset), by=request.user.get_username())
     # A running job's handler is stopped by its worker: flag it for the next heartbeat.
-    Job.objects.using(queryset.db).filter(id__in=report.running).request_cancel()
+    store.request_cancel(Job.objects.filter(id__in=report.running))
     if request.POST.get("select_across") != "1":
         # Ticked on the page but finished before the click: no longer in the queryset.
         ticked = {parse_uuid(v) for v in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)}
@@ -272,7 +274,7 @@ class JobAdmin(
     def run_now(self, request: HttpRequest, queryset: JobQuerySet) -> None:
         selected = queryset.count()
         scheduled = list(queryset.scheduled().values_list("id", "name"))
-        moved = queryset.run_now()
+        moved = JobStore(queryset.db).run_now(queryset)
         if moved:
             entries = [(pk, f"{name} {pk}", "Made due now.") for pk, name in scheduled]
             log_changes(request, Job, entries, CHANGE)

@@ -40,6 +40,7 @@ from django_jobs.admin import graph, steps
 from django_jobs.admin.base import AnyModelAdmin, log_changes
 from django_jobs.admin.display import EMPTY, cell, showable, when
 from django_jobs.models import DeadLetter, Dependency, Job, WorkflowStep
+from django_jobs.store import JobStore
 
 # Steps drawn as a graph at most; past it, a page of counts per layer and a table.
 GRAPH_LIMIT = 300
@@ -516,9 +517,10 @@ class WorkflowStepAdmin(AnyModelAdmin):
         )
         names = dict(live.values_list("id", "name"))
         # The store's cancel of a workflow's steps: a replayed step's replay is a step too.
-        report = Job.objects.using(alias).cancel_workflow(name, by=by)
+        store = JobStore(alias)
+        report = store.cancel_workflow(name, by=by)
         # A running step's handler is stopped by its worker: flag it for the next heartbeat.
-        Job.objects.using(alias).filter(id__in=report.running).request_cancel()
+        store.request_cancel(Job.objects.filter(id__in=report.running))
         if report.cancelled:
             moved = f"Cancelled with workflow {name[:100]}: moved from the live jobs."
             entries = [

@@ -26,12 +26,14 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
 from django_jobs import conf, flow, lifecycle, limits, registry
-from django_jobs.attempts import MAX_MESSAGE, lease_token, type_name
+from django_jobs.attempts import MAX_MESSAGE, DeadReason, lease_token, type_name
 from django_jobs.context import JobContext
 from django_jobs.lifecycle import Outcome
-from django_jobs.models import ClaimedJob, Job, JobQuerySet, notify_freed
+from django_jobs.models import Job, JobQuerySet
 from django_jobs.payloads import safe_str, storable_text
 from django_jobs.registry import Handler
+from django_jobs.rows import ClaimedJob, ClaimRequest
+from django_jobs.store import JobStore
 from django_jobs.worker.executor import ExecutorThreads, _close_quietly
 from django_jobs.worker.listener import RETRY_MAX, RETRY_MIN, Listener
 from django_jobs.worker.runs import (
@@ -154,6 +156,7 @@ class Worker(Settler, ExecutorThreads, Timeouts):
         self._claimed_total = 0
         self._db_failures = 0
         self._queryset: JobQuerySet = Job.objects.using(self.database)
+        self._store = JobStore(self.database)
         self._timeouts: dict[str, float | None] = {}
         self._excluded: set[str] = set()  # capped handlers the last claim left out
         # The job names this worker claims (and publishes in its heartbeat row).
@@ -418,7 +421,7 @@ class Worker(Settler, ExecutorThreads, Timeouts):
         elif isinstance(event, Extend):
             run = event.run
             if run in self._inflight and not run.abandoned:
-                self._db(lambda: self._queryset.extend_leases([run.job], event.seconds))
+                self._db(lambda: self._store.extend_leases([run.job], event.seconds))
         elif isinstance(event, Stop):
             if not self._stopping:
                 logger.info(
@@ -503,31 +506,31 @@ class Worker(Settler, ExecutorThreads, Timeouts):
         # Rotate the queues so that a busy one does not always come first.
         first = seq % len(self.queues)
         queues = self.queues[first:] + self.queues[:first]
-        options: dict[str, Any] = {
-            "queues": queues,
-            "limit": asked,
-            "token": token,
-            "lease": self.lease,
-            "exclude_names": capped,
-            "beat": beat,
-            "names": self.names,
-            "flow_limits": self._flow_limits,
-            "flow_claim": self._flow_due,
-            "others": self._others_due,
-        }
+        request = ClaimRequest(
+            queues=queues,
+            limit=asked,
+            token=token,
+            lease=self.lease,
+            exclude_names=capped,
+            beat=beat,
+            names=self.names,
+            flow_limits=self._flow_limits,
+            flow_claim=self._flow_due,
+            others=self._others_due,
+        )
         batch, self._done = (self._done, []) if settle else ([], self._done)
         if not batch:
-            jobs = self._db(lambda: self._queryset.claim(**options))
+            jobs = self._db(lambda: self._store.claim(request))
         else:
             found = self._db(
-                lambda: self._queryset.complete_and_claim(finished_of(batch), **options),
+                lambda: self._store.complete_and_claim(finished_of(batch), request),
                 settle=True,
             )
             if isinstance(found, DbRefused):
                 # Both were rolled back: settle the batch alone (job by job if need be).
                 self._done = batch
                 self._flush_done()
-                jobs = self._db(lambda: self._queryset.claim(**options))
+                jobs = self._db(lambda: self._store.claim(request))
             else:
                 self._completed(batch, None if found is None else found[0])
                 jobs = None if found is None else found[1]
@@ -589,7 +592,7 @@ class Worker(Settler, ExecutorThreads, Timeouts):
                 worker_id=self.id,
                 started_at=job.started_at,
                 errors=job.errors,
-                _parents=partial(self._queryset.parent_results, job.id),
+                _parents=partial(self._store.parent_results, job.id),
             )
             run = Run(job, handler, ctx, timeout=self._timeout_of(handler))
             ctx._extend = lambda seconds: self._inbox.put(Extend(run, seconds))
@@ -612,7 +615,7 @@ class Worker(Settler, ExecutorThreads, Timeouts):
             self._names_generation = -1  # claim by the registry's names from now on
         else:
             assert isinstance(transition, lifecycle.DeadLetter)  # what on_claim has left
-            if transition.reason == lifecycle.MALFORMED:
+            if transition.reason == DeadReason.MALFORMED:
                 job.make_storable()
             self._carry_out(Run(job, None, None), transition, 0.0)
 
@@ -686,7 +689,7 @@ class Worker(Settler, ExecutorThreads, Timeouts):
 
     def _tell_freed(self, keys: set[str]) -> None:
         """NOTIFY the fleet that slots of these groups freed (a wake-up for that group only)."""
-        self._db(lambda: notify_freed(self.database, keys))
+        self._db(lambda: self._store.notify_freed(keys))
 
     def _group_of(self, job: ClaimedJob) -> str | None:
         """Return the key of the limited group that holds job, if any (its handler's first)."""
@@ -701,9 +704,7 @@ class Worker(Settler, ExecutorThreads, Timeouts):
         held += self._held_back
         if not held:
             return
-        leases = self._db(
-            lambda: self._queryset.extend_leases([run.job for run in held], self.lease)
-        )
+        leases = self._db(lambda: self._store.extend_leases([run.job for run in held], self.lease))
         if leases is None:
             return
         # A job neither held nor lost was settled by its own atomic handler, whose
@@ -729,7 +730,7 @@ class Worker(Settler, ExecutorThreads, Timeouts):
         self._settle(run, lifecycle.CancelRequested(started=started), 0.0)
 
     def _release(self, runs: list[Run]) -> None:
-        released = self._db(lambda: self._queryset.release(run.job for run in runs))
+        released = self._db(lambda: self._store.release(run.job for run in runs))
         self.stats.released += released or 0
 
     def _begin_shutdown(self) -> float:

@@ -25,8 +25,9 @@ from django_jobs.attempts import error_entry
 from django_jobs.context import JobContext
 from django_jobs.exceptions import FatalError, JobCancelled, LeaseLost, Snooze
 from django_jobs.lifecycle import Outcome
-from django_jobs.models import ClaimedJob, JobQuerySet
 from django_jobs.registry import Handler
+from django_jobs.rows import ClaimedJob
+from django_jobs.store import JobStore
 from django_jobs.worker.runs import STOP_EXECUTOR, Finished, Run
 
 # A thread idle longer than this checks its connection before the next handler
@@ -37,14 +38,14 @@ IDLE_CHECK = 5.0
 class ExecutorThreads:
     """The executor side of Worker (a mixin).
 
-    It uses only: database, id, _queryset (complete_atomically), _work (runs to
+    It uses only: database, id, _store (complete_atomically), _work (runs to
     take), _inbox (reports to put), _draining, _closing, _threads and _stuck_threads
     (threads still running an abandoned handler, not waited for at shutdown).
     """
 
     database: str
     id: str
-    _queryset: JobQuerySet
+    _store: JobStore
     _work: queue_module.SimpleQueue[Any]
     _inbox: queue_module.SimpleQueue[Any]
     _draining: bool
@@ -159,7 +160,7 @@ class ExecutorThreads:
                 result = payloads.encode_result(_call(handler, payload, ctx))
                 if run.abandoned:
                     raise LeaseLost(f"job {job.id} timed out or was released; rolling back")
-                if not self._queryset.complete_atomically(job, result):
+                if not self._store.complete_atomically(job, result):
                     raise _MarkerExists
         except _MarkerExists:
             return lifecycle.AlreadyDone()

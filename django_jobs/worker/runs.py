@@ -7,8 +7,8 @@ from typing import Any
 
 from django_jobs.context import JobContext
 from django_jobs.lifecycle import Outcome
-from django_jobs.models import ClaimedJob
 from django_jobs.registry import Handler
+from django_jobs.rows import ClaimedJob
 
 
 @dataclass(slots=True, eq=False)

@@ -13,11 +13,12 @@ import time
 from typing import Any
 
 from django_jobs import conf, lifecycle, signals
-from django_jobs.attempts import MAX_MESSAGE, error_entry, error_summary, type_name
+from django_jobs.attempts import MAX_MESSAGE, DeadReason, error_entry, error_summary, type_name
 from django_jobs.lifecycle import Outcome
-from django_jobs.models import ClaimedJob, JobQuerySet, Settled
 from django_jobs.payloads import safe_str, storable_text
 from django_jobs.registry import Backoff
+from django_jobs.rows import ClaimedJob, Finished, Settled
+from django_jobs.store import JobStore
 from django_jobs.worker.runs import Run, WorkerStats, log_extra, traceback_tail
 
 logger = logging.getLogger("django_jobs.worker")
@@ -28,9 +29,11 @@ _FENCED = object()  # a settle found the row leased to another worker
 
 def finished_of(
     batch: list[tuple[Run, str | None, float]],
-) -> list[tuple[Any, str, str | None, int]]:
-    """Return the (id, token, result, dependents) the store settles a batch of successes by."""
-    return [(run.job.id, run.job.token, result, run.job.dependents) for run, result, _ in batch]
+) -> list[Finished]:
+    """Return what the store settles a batch of successes by."""
+    return [
+        Finished(run.job.id, run.job.token, result, run.job.dependents) for run, result, _ in batch
+    ]
 
 
 class _DefaultPolicy:
@@ -55,13 +58,13 @@ class DbRefused:
 class Settler:
     """The settling side of Worker (a mixin); the dispatcher calls _settle and _flush_done.
 
-    It uses only: id, batch, stats, _queryset, _db, _done, _done_since, _unsettled,
+    It uses only: id, batch, stats, _store, _db, _done, _done_since, _unsettled,
     _to_release, _more and _ops (counters).
     """
 
     id: str
     stats: WorkerStats
-    _queryset: JobQuerySet
+    _store: JobStore
     _done: list[tuple[Run, str | None, float]]
     _done_since: float
     _unsettled: list[tuple[Run, Outcome, float]]
@@ -122,7 +125,7 @@ class Settler:
             if written is None and outcome is not None:
                 # (A letter decided at claim is not kept: the lease brings the job back.)
                 self._unsettled.append((run, outcome, duration))
-            elif written and transition.reason == lifecycle.CANCELLED:
+            elif written and transition.reason == DeadReason.CANCELLED:
                 self.stats.cancelled += 1
         elif isinstance(transition, lifecycle.SnoozeFor):
             self._snooze(run, transition, duration, outcome)
@@ -171,7 +174,7 @@ class Settler:
         self, run: Run, transition: lifecycle.SnoozeFor, duration: float, outcome: Any
     ) -> None:
         job = run.job
-        ok = self._db(lambda: self._queryset.snooze(job, delay=transition.seconds), settle=True)
+        ok = self._db(lambda: self._store.snooze(job, delay=transition.seconds), settle=True)
         if ok is None:
             self._unsettled.append((run, outcome, duration))
         elif isinstance(ok, DbRefused):
@@ -193,7 +196,7 @@ class Settler:
     def _retry(self, run: Run, transition: lifecycle.Retry, duration: float, outcome: Any) -> None:
         job = run.job
         delay, error = transition.delay, transition.error
-        ok = self._db(lambda: self._queryset.retry(job, delay=delay, error=error), settle=True)
+        ok = self._db(lambda: self._store.retry(job, delay=delay, error=error), settle=True)
         if ok is None:
             self._unsettled.append((run, outcome, duration))
         elif isinstance(ok, DbRefused):
@@ -238,7 +241,7 @@ class Settler:
         """Move job to the dead letters: True if written, None to try again (database away)."""
         letter = self._db(
             lambda: (
-                self._queryset.dead_letter(job, reason=reason, error=error, attempts=attempts)
+                self._store.dead_letter(job, reason=reason, error=error, attempts=attempts)
                 or _FENCED
             ),
             settle=True,
@@ -282,7 +285,7 @@ class Settler:
 
     def _flush_done(self) -> None:
         batch, self._done = self._done, []
-        settled = self._db(lambda: self._queryset.complete(finished_of(batch)), settle=True)
+        settled = self._db(lambda: self._store.complete(finished_of(batch)), settle=True)
         self._completed(batch, settled)
 
     def _completed(
@@ -312,7 +315,7 @@ class Settler:
     def _complete_one(self, run: Run, result: str | None, duration: float) -> None:
         job = run.job
         settled = self._db(
-            lambda: self._queryset.complete([(job.id, job.token, result, job.dependents)]),
+            lambda: self._store.complete([Finished(job.id, job.token, result, job.dependents)]),
             settle=True,
         )
         if settled is None:

@@ -23,7 +23,7 @@ import time
 from collections import deque
 
 from django_jobs.lifecycle import Failed, Outcome, SettledAtomically
-from django_jobs.models import ClaimedJob
+from django_jobs.rows import ClaimedJob
 from django_jobs.worker.runs import EXIT_STUCK, Run, WorkerStats, log_extra
 
 logger = logging.getLogger("django_jobs.worker")

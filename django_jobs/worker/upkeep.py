@@ -52,9 +52,11 @@ from django.db import connections
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from django_jobs import conf, registry, retention, schedules, signals, sql
+from django_jobs import conf, registry, retention, schedules, signals
 from django_jobs.fleet import DURATION_BUCKETS, unknown_name_grace
-from django_jobs.models import Beat, FlowWindow, Job, QueueState, UnknownName, WorkerBeat
+from django_jobs.models import FlowWindow, Job, QueueState, UnknownName, WorkerBeat
+from django_jobs.rows import Beat
+from django_jobs.store import JobStore, sql
 from django_jobs.worker import ticker
 from django_jobs.worker.runs import WorkerStats
 
@@ -322,11 +324,11 @@ class Upkeep:
             f"no live worker has known the name {name!r} since {since.isoformat()}; "
             f"dead-lettered after UNKNOWN_NAME_GRACE ({self._grace})"
         )
-        jobs = Job.objects.using(self.alias)
+        store = JobStore(self.alias)
         deadline = time.monotonic() + PRUNE_BUDGET
         buried = 0
         while True:
-            letters = jobs.dead_letter_unknown(
+            letters = store.dead_letter_unknown(
                 name, before=before, message=message, worker=self.host.id, limit=UNKNOWN_BATCH
             )
             buried += len(letters)

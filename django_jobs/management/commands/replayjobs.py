@@ -14,7 +14,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
-from django_jobs import limits
+from django_jobs import control, limits
 from django_jobs.management.arguments import (
     add_repeatable,
     free_text,
@@ -215,8 +215,8 @@ class Command(BaseCommand):
             return
         total = letters.count()
         progress = self._progress(total) if total >= PROGRESS_FROM and verbosity >= 1 else None
-        report = letters.replay(
-            by=by or _default_by(), run_at=run_at, delay=delay, progress=progress
+        report = control.replay(
+            letters, by=by or _default_by(), run_at=run_at, delay=delay, progress=progress
         )
         if verbosity >= 1:
             self.stdout.write(f"{report}.")

@@ -1,8 +1,8 @@
 """PostgreSQL statements of the hot path, each one round trip and one transaction.
 
 Kept here, named and commented, so that the SQL the worker runs thousands of
-times a second can be read in one place. ``models.JobQuerySet`` runs them on
-PostgreSQL (through ``run``) and falls back to the ORM elsewhere. Times come
+times a second can be read in one place. The PostgreSQL engine
+(``store/postgres.py``) runs them through ``run``; the other engines use the ORM. Times come
 from the database clock, never the worker's: ``statement_timestamp()``, as in
 enqueue and Django's ``Now()``. In the worker's single-statement transactions it
 equals ``now()``; inside a longer transaction (a ``TestCase``'s, under
@@ -232,6 +232,58 @@ _WINDOW_START = (
 _PART = "CASE WHEN %(partitioned)s::boolean THEN COALESCE(partition, '') ELSE '' END"
 
 
+# CLAIM_LIMITED's ranking of its candidates per partition, and the rows it takes
+# within each partition's room (see _claim_limited).
+_LIMITED_PICK = """ranked AS MATERIALIZED (
+    SELECT c.id, c.expired, c.priority, c.run_at,
+           row_number() OVER (
+               PARTITION BY c.part ORDER BY c.expired DESC, c.priority DESC, c.run_at, c.id
+           ) AS rank,
+           LEAST(COALESCE(%(cap)s::int - COALESCE(r.n, 0), %(limit)s::int),
+                 COALESCE(%(rate)s::int - COALESCE(w.starts, 0), %(limit)s::int)) AS room
+    FROM candidates AS c
+    LEFT JOIN running AS r ON r.part = c.part
+    LEFT JOIN flow_window AS w ON w.part = c.part
+),
+picked AS MATERIALIZED (
+    SELECT j.id
+    FROM ranked JOIN django_jobs_job AS j ON j.id = ranked.id
+    WHERE ranked.rank <= ranked.room
+    ORDER BY ranked.expired DESC, ranked.priority DESC, ranked.run_at, ranked.id
+    LIMIT %(limit)s
+    FOR UPDATE OF j SKIP LOCKED
+),
+"""
+
+
+def _limited_room(column: str) -> str:
+    """The first CTEs of CLAIM_LIMITED: the worker's unpaused queues, the group's running
+    jobs and starts in the current window, and its room (see _claim_limited)."""
+    return f"""WITH active AS MATERIALIZED (
+    SELECT q.name FROM unnest(%(queues)s::text[]) AS q(name)
+    WHERE NOT EXISTS (SELECT 1 FROM django_jobs_queue AS s WHERE s.name = q.name AND s.paused)
+),
+running AS MATERIALIZED (
+    SELECT {_PART} AS part, count(*) AS n
+    FROM django_jobs_job
+    WHERE locked_by IS NOT NULL AND lease_expires_at >= statement_timestamp()
+      AND {column} = %(value)s AND name <> ALL(%(limited)s::text[])
+    GROUP BY 1
+),
+flow_window AS MATERIALIZED (
+    SELECT partition AS part, max(starts) AS starts FROM django_jobs_flow_window
+    WHERE key = ANY(%(window_keys)s::text[]) AND window_start = {_WINDOW_START}
+    GROUP BY partition
+),
+room AS MATERIALIZED (
+    SELECT CASE WHEN %(partitioned)s::boolean THEN %(scan)s::int ELSE GREATEST(0, LEAST(
+        %(limit)s::int,
+        %(cap)s::int - (SELECT COALESCE(sum(n), 0) FROM running),
+        %(rate)s::int - (SELECT COALESCE(sum(starts), 0) FROM flow_window)))::int END AS n
+),
+"""  # noqa: S608 - spliced: constants of this module, no input
+
+
 def _claim_limited(column: str) -> str:
     # One limited group (its handler's name or its queue, `column` = %(value)s),
     # under the group's FLOW_LOCK, which must be granted before this statement
@@ -255,29 +307,7 @@ def _claim_limited(column: str) -> str:
     #   window, whatever the claimer's own limit.
     # A queue's group leaves out the names that have limits of their own (%(limited)s).
     return f"""
-WITH active AS MATERIALIZED (
-    SELECT q.name FROM unnest(%(queues)s::text[]) AS q(name)
-    WHERE NOT EXISTS (SELECT 1 FROM django_jobs_queue AS s WHERE s.name = q.name AND s.paused)
-),
-running AS MATERIALIZED (
-    SELECT {_PART} AS part, count(*) AS n
-    FROM django_jobs_job
-    WHERE locked_by IS NOT NULL AND lease_expires_at >= statement_timestamp()
-      AND {column} = %(value)s AND name <> ALL(%(limited)s::text[])
-    GROUP BY 1
-),
-flow_window AS MATERIALIZED (
-    SELECT partition AS part, max(starts) AS starts FROM django_jobs_flow_window
-    WHERE key = ANY(%(window_keys)s::text[]) AND window_start = {_WINDOW_START}
-    GROUP BY partition
-),
-room AS MATERIALIZED (
-    SELECT CASE WHEN %(partitioned)s::boolean THEN %(scan)s::int ELSE GREATEST(0, LEAST(
-        %(limit)s::int,
-        %(cap)s::int - (SELECT COALESCE(sum(n), 0) FROM running),
-        %(rate)s::int - (SELECT COALESCE(sum(starts), 0) FROM flow_window)))::int END AS n
-),
-candidates AS MATERIALIZED (
+{_limited_room(column)}candidates AS MATERIALIZED (
     SELECT c.* FROM active AS q CROSS JOIN LATERAL (
         (SELECT id, {_PART} AS part, true AS expired, priority, run_at
          FROM django_jobs_job
@@ -298,26 +328,7 @@ candidates AS MATERIALIZED (
          LIMIT (SELECT n FROM room))
     ) AS c
 ),
-ranked AS MATERIALIZED (
-    SELECT c.id, c.expired, c.priority, c.run_at,
-           row_number() OVER (
-               PARTITION BY c.part ORDER BY c.expired DESC, c.priority DESC, c.run_at, c.id
-           ) AS rank,
-           LEAST(COALESCE(%(cap)s::int - COALESCE(r.n, 0), %(limit)s::int),
-                 COALESCE(%(rate)s::int - COALESCE(w.starts, 0), %(limit)s::int)) AS room
-    FROM candidates AS c
-    LEFT JOIN running AS r ON r.part = c.part
-    LEFT JOIN flow_window AS w ON w.part = c.part
-),
-picked AS MATERIALIZED (
-    SELECT j.id
-    FROM ranked JOIN django_jobs_job AS j ON j.id = ranked.id
-    WHERE ranked.rank <= ranked.room
-    ORDER BY ranked.expired DESC, ranked.priority DESC, ranked.run_at, ranked.id
-    LIMIT %(limit)s
-    FOR UPDATE OF j SKIP LOCKED
-),
-claimed AS (
+{_LIMITED_PICK}claimed AS (
     UPDATE django_jobs_job AS j{_LEASE}
     FROM picked
     WHERE j.id = picked.id
@@ -453,7 +464,7 @@ woken AS (
 # Two CTEs: `kin`, the jobs %(ids)s (an `ids` query) and the jobs their settle
 # may release (the open edges on the keys of those with dependents), and
 # `family`, those locked in id order, as an enqueue after several parents locks
-# them (models._find_parents). A settle that locked its batch, then the jobs it
+# them (store/parents.py, find_parents). A settle that locked its batch, then the jobs it
 # releases, could meet an enqueue naming one of each and deadlock, but only when
 # a released job's id sorts before a batch job's: with `crossed_only` nothing is
 # locked otherwise (the batch and then the released jobs are then in id order
@@ -584,9 +595,6 @@ SELECT (SELECT count(*) FROM deleted), (SELECT count(*) FROM marked),
 COMPLETE_ATOMIC = _complete_atomic(lock=False)
 COMPLETE_ATOMIC_LOCKING = _complete_atomic(lock=True)
 
-# MySQL and MariaDB: the longest statement the server takes (models._max_packet).
-MAX_ALLOWED_PACKET = "SELECT @@max_allowed_packet"
-
 # Heartbeat: push the leases of the jobs this worker still holds (never shortening
 # one a handler extended further itself), and say which of them an operator
 # asked to cancel.
@@ -660,7 +668,7 @@ COPY django_jobs_job
 FROM STDIN
 """
 
-# The steps of a workflow (models.JobQuerySet.insert_workflow): COPY_JOBS with the
+# The steps of a workflow (store/workflows.py, insert_workflow): COPY_JOBS with the
 # counts of parents not finished and of dependents in the same workflow, and a
 # blocked step's own timing for its release.
 COPY_STEPS = """
@@ -670,7 +678,7 @@ COPY django_jobs_job
 FROM STDIN
 """
 
-# A workflow's edges and its steps' rows (models.JobQuerySet.insert_workflow).
+# A workflow's edges and its steps' rows (store/workflows.py, insert_workflow).
 COPY_EDGES = """
 COPY django_jobs_dependency
     (job_id, parent_key, parent_id, on_parent_dead, created_at, satisfied_at)
@@ -680,7 +688,7 @@ COPY_WORKFLOW_STEPS = """
 COPY django_jobs_workflow_step (job_id, workflow, name, key, created_at) FROM STDIN
 """
 
-# The new jobs of a chunk of replayed dead letters (models.DeadLetterQuerySet.replay),
+# The new jobs of a chunk of replayed dead letters (store/replay.py),
 # one statement for the chunk: one array per column, one element per job. A key
 # with a completion marker, or held by a live job, makes no row (ON CONFLICT on
 # the partial unique index, as INSERT_KEYED); the caller looked for both under the
