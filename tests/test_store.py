@@ -63,6 +63,44 @@ def test_only_the_engine_modules_ask_which_database_they_talk_to() -> None:
     assert found == []
 
 
+# Outside the store, the modules that still test a database's vendor, and why. What a
+# feature may do on an engine is asked of the store (JobStore(alias).enforces_limits,
+# .estimates_counts, .claims_safely()), never of the vendor.
+VENDOR_ALLOWED = {
+    # One engine's own settings: SQLite's connection options and their check.
+    "sqlite.py",
+    "checks/database.py",
+    # The check that drops Django's partial-index warnings where MySQL stands in for them.
+    "models.py",
+    # A migration must run as it was written, whatever the code becomes.
+    "migrations/0004_job_key_unique_without_partial_indexes.py",
+    # The worker's LISTEN, refused-write errors, lock of the ticker and VACUUM (to move).
+    "worker/dispatcher.py",
+    "worker/ticker.py",
+    "worker/upkeep.py",
+    "testing.py",
+}
+
+
+def test_outside_the_store_features_ask_the_store_not_the_vendor() -> None:
+    asking = re.compile(r"\.vendor\b|_is_postgres")
+    found = sorted(
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if not path.is_relative_to(STORE) and asking.search(path.read_text(encoding="utf-8"))
+    )
+    assert sorted(set(found) - VENDOR_ALLOWED) == []  # checks, admin, commands, tasks: none
+    assert sorted(VENDOR_ALLOWED - set(found)) == []  # the list is kept exact
+
+
+@pytest.mark.parametrize(
+    ("attribute", "on_postgres"), [("enforces_limits", True), ("estimates_counts", True)]
+)
+def test_the_store_says_what_its_engine_can_do(attribute: str, on_postgres: bool) -> None:
+    assert getattr(JobStore(connection.alias), attribute) is (on_postgres and ENGINE == "postgres")
+    assert JobStore(connection.alias).claims_safely()
+
+
 def test_rows_are_read_by_name_outside_the_engine_modules() -> None:
     # `row[7]`: a positional read of a database row; the engines' statements keep theirs.
     indexing = re.compile(r"\brows?\[\d+\]")

@@ -19,7 +19,7 @@ from django.contrib.admin.views.main import ChangeList
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db import DataError, connections
+from django.db import DataError
 from django.db.models import JSONField, Model, Q, QuerySet, TextField
 from django.db.models.functions import Cast, Length
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
@@ -31,6 +31,7 @@ from django.utils.translation import gettext_lazy as _
 from django_jobs import limits
 from django_jobs.admin.display import Unreadable, cell
 from django_jobs.models import CompletionMarker, Job
+from django_jobs.store import JobStore
 
 if TYPE_CHECKING:
     from django.contrib.admin.options import _FieldGroups
@@ -68,7 +69,7 @@ class EstimatedCountPaginator(_Paginator):
         exact = queryset[: EXACT_COUNT_LIMIT + 1].count()
         if exact <= EXACT_COUNT_LIMIT:
             return exact
-        if connections[queryset.db].vendor != "postgresql":
+        if not JobStore(queryset.db).estimates_counts:
             return queryset.count()  # SQLite counts fast, and has no estimate to offer
         self.estimated = True
         try:

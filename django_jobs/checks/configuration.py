@@ -11,6 +11,7 @@ from django.db import connections
 
 from django_jobs import conf, flow, limits, registry
 from django_jobs.registry import Backoff
+from django_jobs.store import JobStore
 
 
 @register(Tags.compatibility)
@@ -152,13 +153,10 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         )
 
     connection = connections[alias]
-    if (
-        connection.vendor not in ("postgresql", "sqlite")
-        and not connection.features.has_select_for_update_skip_locked
-    ):
+    if not JobStore(alias).claims_safely():
         errors.append(
             Error(
-                f"The jobs database {alias!r} ({connection.vendor}) does not support "
+                f"The jobs database {alias!r} ({connection.display_name}) does not support "
                 "SELECT ... FOR UPDATE SKIP LOCKED.",
                 hint="Use PostgreSQL (or SQLite for a single machine).",
                 id="django_jobs.E012",
@@ -191,8 +189,8 @@ def _check_flow(queues: Any, alias: str) -> list[Any]:
             )
         ]
     limited += [g.key for g in flow.handler_limits(registry.all_handlers().values())]
-    vendor = connections[alias].vendor
-    if limited and vendor != "postgresql":
+    if limited and not JobStore(alias).enforces_limits:
+        vendor = connections[alias].display_name
         return [
             Warning(
                 f"Flow limits are declared ({', '.join(limited[:5])}) but the jobs database "

@@ -47,6 +47,22 @@ class JobStore:
         # so one per store, as the worker keeps one store: no queryset built per call.
         self.jobs = JobQuerySet(Job, using=self.alias)
 
+    # ---- what the alias's engine can do (asked instead of its vendor) ------
+
+    @property
+    def enforces_limits(self) -> bool:
+        """Whether flow limits (global_concurrency, rate_limit) hold on this database."""
+        return engine(self.alias).enforces_limits
+
+    @property
+    def estimates_counts(self) -> bool:
+        """Whether the database offers a cheap row-count estimate (the planner's)."""
+        return engine(self.alias).estimates_counts
+
+    def claims_safely(self) -> bool:
+        """Whether workers on several connections can share this database's claims."""
+        return engine(self.alias).claims_safely(self.alias)
+
     # ---- enqueue (store/enqueue.py) ----------------------------------------
 
     def insert(self, job: NewJob) -> EnqueueResult:

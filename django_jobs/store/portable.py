@@ -110,6 +110,21 @@ class Portable:
     # A deadlock's victim inside the caller's transaction can be tried again in place
     # only where a savepoint's rollback releases the locks it took (PostgreSQL).
     retries_inside_transaction = False
+    # What the layers above ask instead of the database's vendor:
+    # flow limits (global_concurrency, rate_limit) counted and claimed under a lock,
+    enforces_limits = False
+    # a cheap row-count estimate (the planner's) for the admin's long lists.
+    estimates_counts = False
+
+    def claims_safely(self, alias: str) -> bool:
+        """Whether workers on several connections can share this database's claims.
+
+        SQLite has one writer at a time; other engines need SKIP LOCKED.
+        """
+        connection = connections[alias]
+        return connection.vendor == "sqlite" or bool(
+            connection.features.has_select_for_update_skip_locked
+        )
 
     # ---- what the engine is asked in passing -------------------------------
 

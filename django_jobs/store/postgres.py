@@ -31,6 +31,11 @@ class Postgres(Portable):
     """PostgreSQL (psycopg 3): the one-statement paths."""
 
     retries_inside_transaction = True  # a savepoint's rollback releases its row locks
+    enforces_limits = True  # advisory locks and store.sql.CLAIM_LIMITED
+    estimates_counts = True  # EXPLAIN's row estimate
+
+    def claims_safely(self, alias: str) -> bool:
+        return True
 
     def now(self, alias: str) -> datetime:
         return sql.run(alias, "SELECT statement_timestamp()")[0][0]  # type: ignore[no-any-return]

@@ -63,6 +63,7 @@ if apps.ready and not apps.is_installed("django_jobs"):
 from django_jobs import conf, registry  # noqa: E402
 from django_jobs.exceptions import HandlerConflict, InvalidJob, InvalidPayload  # noqa: E402
 from django_jobs.registry import Backoff  # noqa: E402
+from django_jobs.store import JobStore  # noqa: E402
 from django_jobs.tasks import handlers, results, runner  # noqa: E402
 from django_jobs.tasks.handlers import Policy, TaskHandler  # noqa: E402
 
@@ -247,13 +248,11 @@ class JobsBackend(BaseTaskBackend):
         alias = conf.database()
         if alias in connections:
             connection = connections[alias]
-            if connection.vendor not in ("postgresql", "sqlite") and not (
-                connection.features.has_select_for_update_skip_locked
-            ):
+            if not JobStore(alias).claims_safely():
                 errors.append(
                     Error(
-                        f"{where}: the jobs database {alias!r} ({connection.vendor}) does not "
-                        "support SELECT ... FOR UPDATE SKIP LOCKED, "
+                        f"{where}: the jobs database {alias!r} ({connection.display_name}) "
+                        "does not support SELECT ... FOR UPDATE SKIP LOCKED, "
                         "which workers claim tasks with.",
                         hint="Keep the jobs on PostgreSQL (or SQLite on a single machine): "
                         "set DJANGO_JOBS['DATABASE'].",

@@ -22,6 +22,7 @@ from django_jobs import conf, control, limits, registry, status
 from django_jobs.exceptions import InvalidJob
 from django_jobs.management.arguments import free_text, job_id, queue_name, workflow_name
 from django_jobs.management.tables import require_job_tables
+from django_jobs.store import JobStore
 from django_jobs.worker import ticker
 
 
@@ -187,8 +188,8 @@ class Command(BaseCommand):
         if report.flow:
             self.stdout.write("")
             self.stdout.write("Flow limits across the fleet (running now, starts this window)")
-            vendor = connections[conf.database()].vendor
-            if vendor != "postgresql":
+            if not JobStore().enforces_limits:
+                vendor = connections[conf.database()].display_name
                 self.stdout.write(
                     f"not enforced: the jobs database is {vendor}, and only PostgreSQL "
                     "enforces them (django_jobs.W302)"
