@@ -253,7 +253,7 @@ def side_by_side(stages: list[str], args: list[str], env: dict[str, str]) -> int
             process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=out)
         running.append((stage, log, process, time.monotonic()))
     codes = []
-    for stage, log, process, started in running:
+    for stage, _, process, started in running:
         code = process.wait()
         codes.append(code)
         say(f"{stage}: exit {code} after {time.monotonic() - started:.0f} s")
