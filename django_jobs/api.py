@@ -22,7 +22,7 @@ from django.core.exceptions import ValidationError
 from django.db import DatabaseError, ProgrammingError, connections, transaction
 from django.utils import timezone
 
-from django_jobs import conf, flow, limits, registry, signals
+from django_jobs import conf, flow, limits, registry, signals, tracing
 from django_jobs import payloads as codec  # enqueue_many takes a parameter named payloads
 from django_jobs.exceptions import IdempotencyConflict, InvalidJob, InvalidPayload
 from django_jobs.models import EnqueueResult as EnqueueResult  # public: django_jobs.EnqueueResult
@@ -106,7 +106,10 @@ def enqueue_on_commit(
     if parents:
         # Now, while the caller's transaction on commit_of can still roll back.
         check_parents_exist(alias, parents)
-    transaction.on_commit(partial(_write, job, alias, parents, mode), using=commit_of)
+    # The row (and its producer span) is written at that commit: the span's parent is
+    # the context of this call, not whatever is current when the commit runs.
+    later = partial(_write, job, alias, parents, mode, tracing.current())
+    transaction.on_commit(later, using=commit_of)
     return EnqueueResult(job.id, None, job.name, job.queue)
 
 
@@ -237,7 +240,8 @@ def enqueue_many(
         return []
     alias = conf.database()
     try:
-        results = JobQuerySet(Job, using=alias).insert_many(jobs)
+        with tracing.sending(jobs):
+            results = JobQuerySet(Job, using=alias).insert_many(jobs)
     except Exception as exc:  # COPY raises psycopg's own errors, not Django's
         _explain_missing_tables(exc, alias)
         raise
@@ -295,13 +299,22 @@ def _schedule(
 
 
 def _write(
-    job: NewJob, alias: str, parents: Sequence[Parent] = (), mode: str = "wait"
+    job: NewJob,
+    alias: str,
+    parents: Sequence[Parent] = (),
+    mode: str = "wait",
+    context: Any = None,
 ) -> EnqueueResult:
-    """Insert job (after `parents`, when given) and send job_enqueued at commit."""
+    """Insert job (after `parents`, when given) and send job_enqueued at commit.
+
+    `context`: the OpenTelemetry context to parent the producer span (tracing.current()
+    of a call whose write comes later), else the current one.
+    """
     try:
         # The queryset built directly: a manager's using() clones twice (~10 µs per enqueue).
         jobs = JobQuerySet(Job, using=alias)
-        result = jobs.insert_after(job, parents, mode) if parents else jobs.insert(job)
+        with tracing.sending([job], parent=context):
+            result = jobs.insert_after(job, parents, mode) if parents else jobs.insert(job)
     except DatabaseError as exc:
         _explain_missing_tables(exc, alias)
         raise
@@ -430,7 +443,8 @@ class Workflow:
             return
         alias = conf.database()
         try:
-            self.results = JobQuerySet(Job, using=alias).insert_workflow(self.name, self._steps)
+            with tracing.sending_workflow(self.name, self._steps):
+                self.results = JobQuerySet(Job, using=alias).insert_workflow(self.name, self._steps)
         except Exception as exc:  # COPY raises psycopg's own errors, not Django's
             _explain_missing_tables(exc, alias)
             raise

@@ -38,6 +38,10 @@ MAX_BY_LENGTH = 150
 MAX_REASON_LENGTH = 200
 # A payload fingerprint: a SHA-256 digest in hex.
 FINGERPRINT_LENGTH = 64
+# A job's trace context: a W3C traceparent (55 characters), a space and its
+# tracestate, kept only when at most MAX_TRACESTATE_LENGTH (the W3C's own limit).
+MAX_TRACESTATE_LENGTH = 512
+MAX_TRACE_CONTEXT_LENGTH = 55 + 1 + MAX_TRACESTATE_LENGTH
 # PostgreSQL stores at most 1 GB in one text value.
 MAX_PAYLOAD_BYTES = 2**30
 # How deep lists and objects may nest in a payload (a Task's arguments included) or a

@@ -37,7 +37,7 @@ from django.db.models.sql import DeleteQuery
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from django_jobs import conf, flow, limits, registry, sql
+from django_jobs import conf, flow, limits, registry, sql, tracing
 from django_jobs.attempts import (  # noqa: F401 - LEASE_EXPIRED and MAX_TRACEBACK re-exported
     LEASE_EXPIRED,
     MAX_LABEL,
@@ -64,6 +64,7 @@ from django_jobs.limits import (
     MAX_PRIORITY,
     MAX_QUEUE_LENGTH,
     MAX_TOKEN_LENGTH,
+    MAX_TRACE_CONTEXT_LENGTH,
     MIN_PRIORITY,
 )
 from django_jobs.managers import JobsDatabaseManager
@@ -209,6 +210,9 @@ class ClaimedJob:
     completed: bool = False  # a completion marker for its key already exists
     dependents: int = 0  # jobs waiting for it, as claimed (the settle's fence, sql.COMPLETE)
     extra: dict[str, Any] = field(default_factory=dict)
+    # Tracing (django_jobs.tracing): when it was due, and its producer's W3C context.
+    run_at: datetime | None = None
+    trace_context: str | None = None
 
     @property
     def idempotency_key(self) -> str:
@@ -290,10 +294,21 @@ class NewJob:
     # after its last parent finishes, and not before that time.
     release_delay: timedelta | None = None
     not_before: datetime | None = None
+    # The W3C context of its producer span (django_jobs.tracing), None untraced.
+    trace_context: str | None = None
 
 
 # What a job is, apart from its runs: its dead letter keeps these, a replay gives them back.
-DEFINITION = ("name", "queue", "payload", "priority", "max_attempts", "key", "fingerprint")
+DEFINITION = (
+    "name",
+    "queue",
+    "payload",
+    "priority",
+    "max_attempts",
+    "key",
+    "fingerprint",
+    "trace_context",
+)
 
 
 def definition(job: Any) -> dict[str, Any]:
@@ -399,6 +414,8 @@ _CLAIMED_FIELDS = (
     "started_at",
     "errors",
     "dependents",
+    "run_at",
+    "trace_context",
 )
 
 
@@ -1140,7 +1157,9 @@ class JobQuerySet(models.QuerySet["Job"]):
         )
         # A row holds the twelve fields before token, then dependents: mypy cannot count them.
         jobs = [
-            ClaimedJob(*row[:12], token=token, dependents=row[12])  # type: ignore[misc]
+            ClaimedJob(  # type: ignore[misc]
+                *row[:12], token=token, dependents=row[12], run_at=row[13], trace_context=row[14]
+            )
             for row in rows
         ]
         keys = {j.idempotency_key for j in jobs if j.key is not None or j.attempts > 1}
@@ -1826,6 +1845,7 @@ def _insert_params(job: NewJob) -> dict[str, Any]:
         "key": job.key,
         "fingerprint": job.fingerprint,
         "partition": job.partition,
+        "trace_context": job.trace_context,
         "channel": conf.get("CHANNEL"),
         "notify": bool(conf.get("LISTEN")),
     }
@@ -1851,6 +1871,7 @@ def _replay_params(jobs: Sequence[NewJob]) -> dict[str, Any]:
             "dependents",
             "release_delay",
             "not_before",
+            "trace_context",
         )
     }
 
@@ -1874,6 +1895,7 @@ def _new_row(job: NewJob, now: datetime) -> Job:
         dependents=job.dependents,
         release_delay=job.release_delay,
         not_before=job.not_before,
+        trace_context=job.trace_context,
     )
 
 
@@ -1887,6 +1909,8 @@ def _claimed(rows: list[tuple[Any, ...]], token: str) -> list[ClaimedJob]:
             token=token,
             completed=row[12],
             dependents=row[13],
+            run_at=row[14],
+            trace_context=row[15],
         )
         for row in rows
     ]
@@ -1931,6 +1955,9 @@ def _copy_rows(jobs: list[NewJob], now: datetime, *, counts: bool = False) -> st
         if "\\" in payload or "\t" in payload or "\n" in payload or "\r" in payload:
             payload = payload.translate(_COPY_ESCAPES)
         partition = "\\N" if job.partition is None else job.partition.translate(_COPY_ESCAPES)
+        trace = (
+            _COPY_NULL if job.trace_context is None else job.trace_context.translate(_COPY_ESCAPES)
+        )
         tail = (
             f"\t{job.waiting_for}\t{job.dependents}\t{_copy_interval(job.release_delay)}"
             f"\t{_COPY_NULL if job.not_before is None else job.not_before.isoformat()}\n"
@@ -1939,7 +1966,8 @@ def _copy_rows(jobs: list[NewJob], now: datetime, *, counts: bool = False) -> st
         )
         lines.append(
             f"{job.id}\t{job.name}\t{job.queue}\t{payload}\t"
-            f"{job.priority}\t{run_at}\t{stamp}\t0\t{job.max_attempts}\t[]\t{partition}{tail}"
+            f"{job.priority}\t{run_at}\t{stamp}\t0\t{job.max_attempts}\t[]\t{partition}"
+            f"\t{trace}{tail}"
         )
     return "".join(lines)
 
@@ -2615,6 +2643,7 @@ class _Letter(NamedTuple):
     key: str | None
     fingerprint: str | None
     replayed_at: datetime | None
+    trace_context: str | None
 
     @property
     def edge_key(self) -> str:
@@ -2828,6 +2857,7 @@ def _replay_jobs(
             partition=_partition_of(letter.name, letter.payload),
             dependents=count,
         )
+    tracing.replayed(letters, jobs)
     keys = [job.key for job in jobs.values() if job.key is not None]
     completed: set[str | None] = set()
     live: set[str | None] = set()
@@ -3267,6 +3297,12 @@ class Job(models.Model):
         blank=True,
         help_text=_("After its parents finish, the job is not due before this time."),
     )
+    trace_context = models.CharField(
+        max_length=MAX_TRACE_CONTEXT_LENGTH,
+        null=True,
+        blank=True,
+        help_text=_("W3C traceparent (and tracestate) of the span that enqueued it."),
+    )
 
     objects = JobsDatabaseManager.from_queryset(JobQuerySet)()
 
@@ -3488,6 +3524,12 @@ class DeadLetter(models.Model):
     replayed_at = models.DateTimeField(null=True, blank=True)
     replayed_by = models.CharField(max_length=MAX_BY_LENGTH, blank=True, default="")
     replay_job_id = models.UUIDField(null=True, blank=True)
+    trace_context = models.CharField(
+        max_length=MAX_TRACE_CONTEXT_LENGTH,
+        null=True,
+        blank=True,
+        help_text=_("W3C traceparent (and tracestate) of the span that enqueued the job."),
+    )
 
     objects = JobsDatabaseManager.from_queryset(DeadLetterQuerySet)()
 

@@ -27,7 +27,19 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("configuration", {"conf", "routers", "sqlite"}),
     # Pure concepts: handlers, payloads, an attempt's errors, the context, schedules'
     # specifications, the lifecycle's decisions. No models, no database.
-    ("concepts", {"payloads", "attempts", "context", "registry", "schedules", "lifecycle", "flow"}),
+    (
+        "concepts",
+        {
+            "payloads",
+            "attempts",
+            "context",
+            "registry",
+            "schedules",
+            "lifecycle",
+            "flow",
+            "tracing",
+        },
+    ),
     # The tables and every statement that writes them.
     ("store", {"managers", "fleet", "models", "ops_models", "sql", "schema", "migrations"}),
     # What runs over the store: enqueue, the worker, and the operations' reads and writes.

@@ -20,7 +20,7 @@ from asgiref.sync import async_to_sync
 from django.core.exceptions import ValidationError
 from django.db import DatabaseError, connections, transaction
 
-from django_jobs import lifecycle, payloads, signals
+from django_jobs import lifecycle, payloads, signals, tracing
 from django_jobs.attempts import error_entry
 from django_jobs.context import JobContext
 from django_jobs.exceptions import FatalError, JobCancelled, LeaseLost, Snooze
@@ -97,7 +97,7 @@ class ExecutorThreads:
         run.thread = threading.current_thread()
         run.started = time.monotonic()
         try:
-            outcome = self.outcome_of(run)
+            outcome = tracing.attempt(self.outcome_of, run)  # in its span, when tracing is on
         except BaseException as exc:  # noqa: BLE001 - outcome_of catches all; this is the net
             outcome = self._failure(run.job, exc)
         try:
