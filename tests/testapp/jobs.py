@@ -251,3 +251,17 @@ if os.environ.get("JOBS_TEST_STUCK"):
     from tests.testapp import stuck_jobs
 
     stuck_jobs.register(flow=os.environ["JOBS_TEST_STUCK"] == "flow")
+
+
+@job(name="tests.traced", max_attempts=3)
+def traced(payload, ctx):
+    """Work in a span of its own, failing until attempt `succeed_on` (tests/test_tracing.py)."""
+    from opentelemetry import trace  # here: the other tests run without OpenTelemetry
+
+    with trace.get_tracer("tests").start_as_current_span("handler work"):
+        Audit.objects.create(label=payload["label"], job_id=ctx.id, attempt=ctx.attempt)
+    if ctx.attempt < payload.get("succeed_on", 1):
+        raise RuntimeError(f"traced failure on attempt {ctx.attempt}")
+    if payload.get("fatal"):
+        raise FatalError("traced: fatal")
+    return ctx.attempt
