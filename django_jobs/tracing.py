@@ -16,7 +16,7 @@ in ``sys.modules``.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -218,7 +218,7 @@ def _sending_workflow(workflow: str, steps: Sequence[Any]) -> Iterator[None]:
         yield
 
 
-def replayed(letters: Iterable[Any], jobs: dict[Any, Message]) -> None:
+def replayed(letters: Iterable[Any], jobs: Mapping[Any, Message]) -> None:
     """Give each replayed job (by letter id) a PRODUCER span linked to its letter's trace.
 
     `letters` have id, name, queue and trace_context (the dead job's). Off, the

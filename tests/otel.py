@@ -77,3 +77,37 @@ def read(path: str | Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+def render(spans: Sequence[dict[str, Any]]) -> str:
+    """Draw spans as a tree, children under parents in start order, links named (the docs')."""
+    by_id = {span["span_id"]: span for span in spans}
+    children: dict[str | None, list[dict[str, Any]]] = {}
+    for span in sorted(spans, key=lambda s: s["start"]):
+        parent = span["parent_id"] if span["parent_id"] in by_id else None
+        children.setdefault(parent, []).append(span)
+    shown = ("django_jobs.attempt", "django_jobs.outcome", "django_jobs.dead_reason")
+    lines: list[str] = []
+
+    def draw(span: dict[str, Any], depth: int) -> None:
+        notes = [
+            f"{key.split('.')[-1]}={span['attributes'][key]}"
+            for key in shown
+            if key in span["attributes"]
+        ]
+        notes += [
+            f"link->{by_id[link['span_id']]['name']}"
+            for link in span["links"]
+            if link["span_id"] in by_id
+        ]
+        if span["status"] == "ERROR":
+            notes.append("ERROR")
+        tail = f"  ({', '.join(notes)})" if notes else ""
+        trace = span["trace_id"][:4]
+        lines.append(f"{trace} {'  ' * depth}{span['kind']:<8} {span['name']}{tail}")
+        for child in children.get(span["span_id"], []):
+            draw(child, depth + 1)
+
+    for root in children.get(None, []):
+        draw(root, 0)
+    return "\n".join(lines)

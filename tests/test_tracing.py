@@ -50,7 +50,7 @@ def spans(tmp_path):
 
 
 def one(found, **wanted):
-    """The one span of found whose fields (and attributes, as attr_<dotted_with_underscores>) match."""
+    """The one span of found whose fields match (attributes as attr_<name, "." as "__">)."""
     matches = [span for span in found if _matches(span, wanted)]
     assert len(matches) == 1, (wanted, [(s["name"], s["attributes"]) for s in found])
     return matches[0]
@@ -143,6 +143,7 @@ def test_a_request_its_enqueue_the_attempts_and_a_retry_form_one_linked_trace(
     assert [link["span_id"] for link in second["links"]] == [send_flaky["span_id"]]
     assert second["links"][0]["attributes"] == {"django_jobs.link": "producer"}
     assert second["attributes"]["django_jobs.outcome"] == "succeeded"
+    print(otel.render(web + found))  # docs/observability.md shows this rendering
     # The handler's own spans nest under its attempt's.
     work = [span for span in found if span["name"] == "handler work"]
     assert sorted(span["parent_id"] for span in work) == sorted(
@@ -269,6 +270,14 @@ def test_tracing_false_turns_it_off_with_a_provider_set(spans, run_worker):
         result = enqueue(jobs.noop)
     assert Job.objects.get(id=result.id).trace_context is None
     assert spans() == []
+
+
+def test_tracing_must_be_a_boolean():
+    from django.core.checks import run_checks
+
+    with override_settings(DJANGO_JOBS={"TRACING": "yes"}):
+        errors = [e for e in run_checks() if e.id == "django_jobs.E016"]
+    assert len(errors) == 1 and "'yes'" in errors[0].msg
 
 
 def test_without_a_provider_nothing_is_traced():
