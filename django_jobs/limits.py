@@ -243,3 +243,34 @@ def shown(value: Any, width: int = 60) -> str:
         return f"an integer of {value.bit_length()} bits"
     text = repr(value)
     return text if len(text) <= width else f"{text[: width - 1]}…"
+
+
+# ctx.progress(): a note's length, and how often a running job's progress is written.
+MAX_PROGRESS_NOTE = 200
+PROGRESS_INTERVAL = 1.0  # seconds; values reported between writes wait for the next one
+
+
+def _count(what: str, value: Any) -> float | int:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond float
+            number = math.inf
+        if 0 <= number < math.inf:  # NaN is neither
+            return value if isinstance(value, int) and value <= 2**53 else number
+    raise ValueError(f"progress: {what} must be a finite number from 0, not {shown(value)}")
+
+
+def progress(done: Any, total: Any, note: Any) -> dict[str, Any]:
+    """Return ctx.progress()'s arguments as the JSON stored with the job, else raise ValueError."""
+    count = _count("done", done)
+    whole = None if total is None else _count("total", total)
+    if whole is not None and (whole == 0 or count > whole):
+        raise ValueError(f"progress: done ({count}) must be at most total ({whole}), total above 0")
+    if not isinstance(note, str):
+        raise ValueError(f"progress: note must be text, not {type(note).__name__}")
+    if len(note) > MAX_PROGRESS_NOTE or not note.isprintable():
+        raise ValueError(
+            f"progress: note must be printable text of at most {MAX_PROGRESS_NOTE} characters"
+        )
+    return {"done": count, "total": whole, "note": note}

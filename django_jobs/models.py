@@ -213,6 +213,8 @@ class ClaimedJob:
     # Tracing (django_jobs.tracing): when it was due, and its producer's W3C context.
     run_at: datetime | None = None
     trace_context: str | None = None
+    # The last progress the worker wrote to its row (context.JobContext.progress).
+    progress: dict[str, Any] | None = None
 
     @property
     def idempotency_key(self) -> str:
@@ -1232,7 +1234,7 @@ class JobQuerySet(models.QuerySet["Job"]):
                 self.select_for_update()
                 .filter(id__in=list(token_of))
                 .order_by("id")
-                .values_list(*_CLAIMED_FIELDS, "locked_by")
+                .values_list(*_CLAIMED_FIELDS, "progress", "locked_by")
             )
             held = [row for row in rows if row[-1] == token_of[row[0]][0]]
             if not held:
@@ -1257,6 +1259,7 @@ class JobQuerySet(models.QuerySet["Job"]):
                         worker_id=worker_of(row[-1]),
                         result=_json_loads(token_of[row[0]][1]),
                         fingerprint=row[8],
+                        progress=row[-2],
                     )
                     for row in held
                 ],
@@ -1358,6 +1361,7 @@ class JobQuerySet(models.QuerySet["Job"]):
             worker_id=job.worker_id,
             result=_json_loads(result),
             fingerprint=job.fingerprint,
+            progress=job.progress,
         )
         try:
             with transaction.atomic(using=alias):
@@ -1737,6 +1741,13 @@ class JobQuerySet(models.QuerySet["Job"]):
                 attempts=F("attempts") - 1,
             )
         )
+
+    def write_progress(self, job: ClaimedJob, progress: dict[str, Any]) -> bool:
+        """Store a held job's progress (context.JobContext.progress); False if its lease is gone."""
+        written = self.filter(id=job.id, locked_by=job.token).update(progress=progress) > 0
+        if written:
+            job.progress = progress
+        return written
 
     def request_cancel(self) -> int:
         """Flag leased jobs for cancellation; their workers see it at their next heartbeat."""
@@ -3303,6 +3314,9 @@ class Job(models.Model):
         blank=True,
         help_text=_("W3C traceparent (and tracestate) of the span that enqueued it."),
     )
+    progress = models.JSONField(
+        null=True, blank=True, help_text=_("The running attempt's last ctx.progress().")
+    )
 
     objects = JobsDatabaseManager.from_queryset(JobQuerySet)()
 
@@ -3487,6 +3501,7 @@ class CompletionMarker(models.Model):
     worker_id = models.CharField(max_length=MAX_TOKEN_LENGTH, blank=True, default="")
     result = models.JSONField(null=True, blank=True, help_text=_("The handler's return value."))
     fingerprint = models.CharField(max_length=FINGERPRINT_LENGTH, null=True, blank=True)
+    progress = models.JSONField(null=True, blank=True, help_text=_("The last ctx.progress()."))
 
     objects = JobsDatabaseManager()
 
@@ -3530,6 +3545,7 @@ class DeadLetter(models.Model):
         blank=True,
         help_text=_("W3C traceparent (and tracestate) of the span that enqueued the job."),
     )
+    progress = models.JSONField(null=True, blank=True, help_text=_("The last ctx.progress()."))
 
     objects = JobsDatabaseManager.from_queryset(DeadLetterQuerySet)()
 
@@ -3590,6 +3606,7 @@ class DeadLetter(models.Model):
             enqueued_at=job.enqueued_at,
             started_at=job.started_at,
             dead_at=dead_at or timezone.now(),
+            progress=job.progress,
         )
 
     @property

@@ -399,10 +399,10 @@ def claim_params(
 MARK_DELETED = """
     INSERT INTO django_jobs_marker
         (job_id, key, name, queue, attempts, enqueued_at, started_at, completed_at,
-         worker_id, result, fingerprint)
+         worker_id, result, fingerprint, progress)
     SELECT id, COALESCE(key, id::text), name, queue, attempts, enqueued_at, started_at,
            statement_timestamp(),
-           split_part(locked_by, '#', 1), result, fingerprint
+           split_part(locked_by, '#', 1), result, fingerprint, progress
     FROM deleted
     ON CONFLICT DO NOTHING
 """
@@ -525,7 +525,7 @@ deleted AS (
     USING finished AS f
     WHERE j.id = f.id AND j.locked_by = f.token AND j.dependents = f.d{gate}
     RETURNING f.i, j.id, j.key, j.name, j.queue, j.attempts, j.enqueued_at, j.started_at,
-              j.fingerprint, j.locked_by, f.result, j.dependents
+              j.fingerprint, j.locked_by, f.result, j.dependents, j.progress
 ),
 marked AS ({MARK_DELETED}){tail}"""  # noqa: S608 - spliced: MARK_DELETED and _release, no input
 
@@ -572,7 +572,7 @@ WITH {locking}deleted AS (
     DELETE FROM django_jobs_job
     WHERE id = %(id)s AND locked_by = %(token)s{gate}
     RETURNING id, key, name, queue, attempts, enqueued_at, started_at, fingerprint, locked_by,
-              %(result)s::jsonb AS result, dependents
+              %(result)s::jsonb AS result, dependents, progress
 ),
 marked AS ({MARK_DELETED}    RETURNING job_id
 )

@@ -26,6 +26,7 @@ from django_jobs.models import (
     WorkerBeat,
     cycles,
 )
+from django_jobs.progress import read as read_progress
 from django_jobs.worker.ticker import db_now
 
 RECENT = timedelta(hours=1)
@@ -110,6 +111,23 @@ class CycleStatus:
     letters: list[str]  # the pending letters of its key: replay them once it is cancelled
 
 
+# Running jobs `jobs status` shows with their progress: the latest attempts first.
+PROGRESS_SHOWN = 20
+
+
+@dataclass
+class ProgressStatus:
+    """A running job that reported progress (ctx.progress())."""
+
+    id: str
+    name: str
+    queue: str
+    done: float
+    total: float | None
+    note: str
+    text: str  # "5/10 (50%) note"
+
+
 @dataclass
 class Status:
     now: datetime
@@ -119,6 +137,7 @@ class Status:
     flow: list[FlowStatus] = field(default_factory=list)
     dead_parents: DeadParentsStatus | None = None
     cycles: list[CycleStatus] = field(default_factory=list)
+    progress: list[ProgressStatus] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -143,6 +162,7 @@ class Status:
             ],
             "dead_parents": self.dead_parents and asdict(self.dead_parents),
             "cycles": [asdict(c) for c in self.cycles],
+            "progress": [asdict(p) for p in self.progress],
         }
 
 
@@ -305,7 +325,31 @@ def status(alias: str | None = None) -> Status:
         # Without a blocked job no parent is waited for: no query.
         dead_parents=dead_parents(alias) if any(q.blocked for q in queues) else None,
         cycles=blocked_cycles(alias) if any(q.blocked for q in queues) else [],
+        # Without a running job none reports progress: no query.
+        progress=running_progress(alias) if any(q.running for q in queues) else [],
     )
+
+
+def running_progress(alias: str | None = None) -> list[ProgressStatus]:
+    """Return the running jobs that reported progress, latest attempt first (PROGRESS_SHOWN)."""
+    alias = alias or conf.database()
+    rows = (
+        Job.objects.using(alias)
+        .running()
+        .filter(progress__isnull=False)
+        .order_by("-attempted_at")
+        .values_list("id", "name", "queue", "progress")[:PROGRESS_SHOWN]
+    )
+    shown = []
+    for job_id, name, queue, value in rows:
+        found = read_progress(value)
+        if found is not None:
+            shown.append(
+                ProgressStatus(
+                    str(job_id), name, queue, found.done, found.total, found.note, str(found)
+                )
+            )
+    return shown
 
 
 def blocked_cycles(alias: str | None = None) -> list[CycleStatus]:

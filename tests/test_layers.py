@@ -38,6 +38,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "lifecycle",
             "flow",
             "tracing",
+            "progress",
         },
     ),
     # The tables and every statement that writes them.

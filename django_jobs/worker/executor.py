@@ -100,6 +100,8 @@ class ExecutorThreads:
             outcome = tracing.attempt(self.outcome_of, run)  # in its span, when tracing is on
         except BaseException as exc:  # noqa: BLE001 - outcome_of catches all; this is the net
             outcome = self._failure(run.job, exc)
+        if run.ctx is not None:
+            run.ctx.flush_progress()  # its last value, written before the settle (same inbox)
         try:
             _tidy_connections(own)
         except BaseException:  # noqa: BLE001 - a handler can leave a connection in any state

@@ -265,3 +265,30 @@ def traced(payload, ctx):
     if payload.get("fatal"):
         raise FatalError("traced: fatal")
     return ctx.attempt
+
+
+def _wait_for_file(path, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while path and not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+@job(name="tests.progressing", max_attempts=1)
+def progressing(payload, ctx):
+    """Report progress in a tight loop, wait for payload["go"] (a file), then end as told."""
+    total = payload["total"]
+    for done in range(total + 1):
+        ctx.progress(done, total, note=f"row {done}")
+    Audit.objects.create(label="progressing", job_id=ctx.id, attempt=ctx.attempt)
+    _wait_for_file(payload.get("go"))
+    ctx.progress(total, total, note="finished")
+    if payload.get("fatal"):
+        raise FatalError("progressing: fatal")
+    return total
+
+
+@job(name="tests.async_progressing")
+async def async_progressing(payload, ctx):
+    for done in range(payload["total"] + 1):
+        ctx.progress(done, payload["total"], note="async")
+    return "ok"

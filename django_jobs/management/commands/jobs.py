@@ -184,6 +184,11 @@ class Command(BaseCommand):
                 f"{cycle.keys[0]!r} (`python manage.py replayjobs --id "
                 f"{' --id '.join(cycle.letters)}`)"
             )
+        if report.progress:
+            self.stdout.write("")
+            self.stdout.write("Running jobs reporting progress (latest attempts first)")
+            rows = [[p.id, p.name, p.queue, p.text] for p in report.progress]
+            self.stdout.write(_table(rows, ["job", "name", "queue", "progress"]))
         if report.flow:
             self.stdout.write("")
             self.stdout.write("Flow limits across the fleet (running now, starts this window)")
