@@ -152,6 +152,10 @@ def test_a_running_jobs_progress_is_in_its_row_the_admin_status_and_its_marker(
     assert '<progress class="django-jobs-progress" max="1000" value="1000"' in page
     assert "50000/50000 (100%) row 50000" in page
 
+    board = admin_client_.get(url("dashboard")).content.decode()
+    assert f'data-job="{result.id}"' in board
+    assert '<progress class="django-jobs-progress" max="50000" value="50000">' in board
+
     out = StringIO()
     call_command("jobs", "status", stdout=out)
     assert "Running jobs reporting progress" in out.getvalue()
