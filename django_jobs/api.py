@@ -54,6 +54,8 @@ def enqueue(
     max_attempts: int | None = None,
     after: Iterable[Any] | None = None,
     on_parent_dead: str = "wait",
+    tags: Iterable[str] | None = None,
+    meta: dict[str, str] | None = None,
 ) -> EnqueueResult:
     """Write a job now on the jobs database, inside whatever transaction is open there.
 
@@ -65,8 +67,10 @@ def enqueue(
     this one waits for; it runs once all have finished (docs/workflows.md).
     `on_parent_dead` ("wait" or "dead") says what it does when one of them is
     dead-lettered; "dead" without parents is refused (InvalidJob).
+    `tags` (with the handler's own) and `meta` (text to text) label the job for
+    the admin's and the commands' filters (docs/observability.md).
     """
-    job = _prepare(handler, payload, key, delay, run_at, priority, queue, max_attempts)
+    job = _prepare(handler, payload, key, delay, run_at, priority, queue, max_attempts, tags, meta)
     parents = _parents(after)
     return _write(job, conf.database(), parents, _mode(on_parent_dead, parents))
 
@@ -84,6 +88,8 @@ def enqueue_on_commit(
     commit_of: str | None = None,
     after: Iterable[Any] | None = None,
     on_parent_dead: str = "wait",
+    tags: Iterable[str] | None = None,
+    meta: dict[str, str] | None = None,
 ) -> EnqueueResult:
     """Enqueue a job that exists if and only if the current transaction commits.
 
@@ -93,9 +99,10 @@ def enqueue_on_commit(
     commit, which is NOT atomic (a crash in between loses the job). `after`
     and `on_parent_dead` as for ``enqueue``; with `commit_of`, a parent found
     nowhere is refused from this call, and the parents are looked up again
-    when the row is written (one gone by then raises from the commit).
+    when the row is written (one gone by then raises from the commit). `tags`
+    and `meta` as for ``enqueue``.
     """
-    job = _prepare(handler, payload, key, delay, run_at, priority, queue, max_attempts)
+    job = _prepare(handler, payload, key, delay, run_at, priority, queue, max_attempts, tags, meta)
     alias = conf.database()
     parents = _parents(after)
     mode = _mode(on_parent_dead, parents)
@@ -123,6 +130,8 @@ class _Options:
     max_attempts: int
     run_at: datetime | None
     delay: float
+    tags: list[str] | None = None
+    meta: dict[str, str] | None = None
 
 
 def _options(
@@ -132,6 +141,8 @@ def _options(
     priority: int | None,
     queue: str | None,
     max_attempts: int | None,
+    tags: Iterable[str] | None = None,
+    meta: dict[str, str] | None = None,
 ) -> _Options:
     handler = _resolve(handler)
     run_at, delay_seconds = _schedule(delay, run_at)
@@ -146,7 +157,18 @@ def _options(
         ),
         run_at=run_at,
         delay=delay_seconds,
+        tags=_tags(handler, tags),
+        meta=None if meta is None else (limits.meta(meta, error=InvalidJob) or None),
     )
+
+
+def _tags(handler: Handler, tags: Iterable[str] | None) -> list[str] | None:
+    """The job's tags: the handler's and the call's, or None for none (the common case)."""
+    if tags is None:
+        return list(handler.tags) or None
+    if isinstance(tags, str) or not isinstance(tags, list | tuple | set | frozenset):
+        limits.tags(tags, error=InvalidJob)  # raises: say what it takes
+    return limits.tags([*handler.tags, *tags], error=InvalidJob) or None
 
 
 _warned: set[str] = set()
@@ -191,6 +213,8 @@ def _item(options: _Options, payload: Any, key: str | None) -> NewJob:
             if handler.partition_by is None
             else flow.partition_of(handler.name, handler.partition_by, payload)
         ),
+        tags=options.tags,
+        meta=options.meta,
     )
 
 
@@ -203,8 +227,11 @@ def _prepare(
     priority: int | None,
     queue: str | None,
     max_attempts: int | None,
+    tags: Iterable[str] | None = None,
+    meta: dict[str, str] | None = None,
 ) -> NewJob:
-    return _item(_options(handler, delay, run_at, priority, queue, max_attempts), payload, key)
+    options = _options(handler, delay, run_at, priority, queue, max_attempts, tags, meta)
+    return _item(options, payload, key)
 
 
 def enqueue_many(
@@ -217,6 +244,8 @@ def enqueue_many(
     priority: int | None = None,
     queue: str | None = None,
     max_attempts: int | None = None,
+    tags: Iterable[str] | None = None,
+    meta: dict[str, str] | None = None,
 ) -> list[EnqueueResult]:
     """Enqueue one job per payload in one round of writes (COPY on PostgreSQL).
 
@@ -224,8 +253,9 @@ def enqueue_many(
     are written in the caller's transaction on the jobs database, and if any
     item is invalid or conflicts, nothing is written. `keys`, when given, holds
     one dedupe key (or None) per payload. Results come back in input order.
+    `tags` and `meta`, as for ``enqueue``, label every job of the call.
     """
-    options = _options(handler, delay, run_at, priority, queue, max_attempts)
+    options = _options(handler, delay, run_at, priority, queue, max_attempts, tags, meta)
     items = list(payloads)
     key_list = [None] * len(items) if keys is None else list(keys)
     if len(key_list) != len(items):
@@ -405,6 +435,8 @@ class Workflow:
         max_attempts: int | None = None,
         delay: timedelta | float | None = None,
         run_at: datetime | None = None,
+        tags: Iterable[str] | None = None,
+        meta: dict[str, str] | None = None,
     ) -> EnqueueResult:
         """Validate a step now and return its result (its id made here); it is written at exit.
 
@@ -417,7 +449,9 @@ class Workflow:
         """
         if self._closed:
             raise InvalidJob(f"workflow {self.name!r} is written already: enqueue inside its block")
-        job = _prepare(handler, payload, key, delay, run_at, priority, queue, max_attempts)
+        job = _prepare(
+            handler, payload, key, delay, run_at, priority, queue, max_attempts, tags, meta
+        )
         parents: list[int | Parent] = []
         for parent in _parents(after):
             index = None if parent.id is None else self._ids.get(parent.id)

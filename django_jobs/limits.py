@@ -274,3 +274,49 @@ def progress(done: Any, total: Any, note: Any) -> dict[str, Any]:
             f"progress: note must be printable text of at most {MAX_PROGRESS_NOTE} characters"
         )
     return {"done": count, "total": whole, "note": note}
+
+
+# Tags and metadata of a job (enqueue(tags=..., meta=...), @job(tags=...)): a few short
+# labels to filter by, not a second payload.
+MAX_TAGS = 16
+MAX_TAG_LENGTH = 64
+MAX_META_KEYS = 16
+MAX_META_KEY_LENGTH = 64
+MAX_META_VALUE_LENGTH = 200
+
+
+def _label(what: str, value: Any, limit: int, error: type[Exception]) -> str:
+    if not isinstance(value, str) or not 1 <= len(value) <= limit or not value.isprintable():
+        raise error(f"{what} must be printable text of 1 to {limit} characters, not {shown(value)}")
+    return value
+
+
+def tags(value: Any, *, error: type[Exception] = ValueError) -> list[str]:
+    """Return value as a sorted list of distinct tags, or raise error."""
+    if isinstance(value, str | bytes) or not isinstance(value, list | tuple | set | frozenset):
+        raise error(f"tags must be a list of strings, not {shown(value)}")
+    found = sorted({_label("a tag", tag, MAX_TAG_LENGTH, error) for tag in value})
+    if len(found) > MAX_TAGS:
+        raise error(f"a job takes at most {MAX_TAGS} tags, not {len(found)}")
+    return found
+
+
+def meta(value: Any, *, error: type[Exception] = ValueError) -> dict[str, str]:
+    """Return value as a dict of text keys to text values, or raise error."""
+    if not isinstance(value, dict):
+        raise error(f"meta must be a dict of strings to strings, not {shown(value)}")
+    if len(value) > MAX_META_KEYS:
+        raise error(f"meta takes at most {MAX_META_KEYS} keys, not {len(value)}")
+    return {
+        _label("a meta key", key, MAX_META_KEY_LENGTH, error): _meta_value(key, item, error)
+        for key, item in sorted(value.items(), key=lambda kv: str(kv[0]))
+    }
+
+
+def _meta_value(key: str, value: Any, error: type[Exception]) -> str:
+    if not isinstance(value, str) or len(value) > MAX_META_VALUE_LENGTH or not value.isprintable():
+        raise error(
+            f"meta[{key!r}] must be printable text of at most {MAX_META_VALUE_LENGTH} "
+            f"characters, not {shown(value)}"
+        )
+    return value

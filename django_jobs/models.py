@@ -215,6 +215,8 @@ class ClaimedJob:
     trace_context: str | None = None
     # The last progress the worker wrote to its row (context.JobContext.progress).
     progress: dict[str, Any] | None = None
+    tags: list[str] | None = None
+    meta: dict[str, str] | None = None
 
     @property
     def idempotency_key(self) -> str:
@@ -298,6 +300,9 @@ class NewJob:
     not_before: datetime | None = None
     # The W3C context of its producer span (django_jobs.tracing), None untraced.
     trace_context: str | None = None
+    # Labels to filter by (limits.tags, limits.meta); None for none.
+    tags: list[str] | None = None
+    meta: dict[str, str] | None = None
 
 
 # What a job is, apart from its runs: its dead letter keeps these, a replay gives them back.
@@ -310,6 +315,8 @@ DEFINITION = (
     "key",
     "fingerprint",
     "trace_context",
+    "tags",
+    "meta",
 )
 
 
@@ -418,6 +425,8 @@ _CLAIMED_FIELDS = (
     "dependents",
     "run_at",
     "trace_context",
+    "tags",
+    "meta",
 )
 
 
@@ -1160,7 +1169,13 @@ class JobQuerySet(models.QuerySet["Job"]):
         # A row holds the twelve fields before token, then dependents: mypy cannot count them.
         jobs = [
             ClaimedJob(  # type: ignore[misc]
-                *row[:12], token=token, dependents=row[12], run_at=row[13], trace_context=row[14]
+                *row[:12],
+                token=token,
+                dependents=row[12],
+                run_at=row[13],
+                trace_context=row[14],
+                tags=row[15],
+                meta=row[16],
             )
             for row in rows
         ]
@@ -1857,6 +1872,8 @@ def _insert_params(job: NewJob) -> dict[str, Any]:
         "fingerprint": job.fingerprint,
         "partition": job.partition,
         "trace_context": job.trace_context,
+        "tags": None if job.tags is None else json.dumps(job.tags),
+        "meta": None if job.meta is None else json.dumps(job.meta),
         "channel": conf.get("CHANNEL"),
         "notify": bool(conf.get("LISTEN")),
     }
@@ -1884,6 +1901,9 @@ def _replay_params(jobs: Sequence[NewJob]) -> dict[str, Any]:
             "not_before",
             "trace_context",
         )
+    } | {
+        "tags": [None if job.tags is None else json.dumps(job.tags) for job in jobs],
+        "meta": [None if job.meta is None else json.dumps(job.meta) for job in jobs],
     }
 
 
@@ -1907,6 +1927,8 @@ def _new_row(job: NewJob, now: datetime) -> Job:
         release_delay=job.release_delay,
         not_before=job.not_before,
         trace_context=job.trace_context,
+        tags=job.tags,
+        meta=job.meta,
     )
 
 
@@ -1922,6 +1944,8 @@ def _claimed(rows: list[tuple[Any, ...]], token: str) -> list[ClaimedJob]:
             dependents=row[13],
             run_at=row[14],
             trace_context=row[15],
+            tags=_json_loads(row[16]) if isinstance(row[16], str) else row[16],
+            meta=_json_loads(row[17]) if isinstance(row[17], str) else row[17],
         )
         for row in rows
     ]
@@ -1969,6 +1993,8 @@ def _copy_rows(jobs: list[NewJob], now: datetime, *, counts: bool = False) -> st
         trace = (
             _COPY_NULL if job.trace_context is None else job.trace_context.translate(_COPY_ESCAPES)
         )
+        tags = _COPY_NULL if job.tags is None else json.dumps(job.tags).translate(_COPY_ESCAPES)
+        meta = _COPY_NULL if job.meta is None else json.dumps(job.meta).translate(_COPY_ESCAPES)
         tail = (
             f"\t{job.waiting_for}\t{job.dependents}\t{_copy_interval(job.release_delay)}"
             f"\t{_COPY_NULL if job.not_before is None else job.not_before.isoformat()}\n"
@@ -1978,7 +2004,7 @@ def _copy_rows(jobs: list[NewJob], now: datetime, *, counts: bool = False) -> st
         lines.append(
             f"{job.id}\t{job.name}\t{job.queue}\t{payload}\t"
             f"{job.priority}\t{run_at}\t{stamp}\t0\t{job.max_attempts}\t[]\t{partition}"
-            f"\t{trace}{tail}"
+            f"\t{trace}\t{tags}\t{meta}{tail}"
         )
     return "".join(lines)
 
@@ -2655,6 +2681,8 @@ class _Letter(NamedTuple):
     fingerprint: str | None
     replayed_at: datetime | None
     trace_context: str | None
+    tags: list[str] | None
+    meta: dict[str, str] | None
 
     @property
     def edge_key(self) -> str:
@@ -2867,6 +2895,8 @@ def _replay_jobs(
             fingerprint=fingerprint,
             partition=_partition_of(letter.name, letter.payload),
             dependents=count,
+            tags=letter.tags,
+            meta=letter.meta,
         )
     tracing.replayed(letters, jobs)
     keys = [job.key for job in jobs.values() if job.key is not None]
@@ -3317,6 +3347,8 @@ class Job(models.Model):
     progress = models.JSONField(
         null=True, blank=True, help_text=_("The running attempt's last ctx.progress().")
     )
+    tags = models.JSONField(null=True, blank=True, help_text=_("Tags to filter by (a list)."))
+    meta = models.JSONField(null=True, blank=True, help_text=_("Metadata to filter by (a dict)."))
 
     objects = JobsDatabaseManager.from_queryset(JobQuerySet)()
 
@@ -3546,6 +3578,8 @@ class DeadLetter(models.Model):
         help_text=_("W3C traceparent (and tracestate) of the span that enqueued the job."),
     )
     progress = models.JSONField(null=True, blank=True, help_text=_("The last ctx.progress()."))
+    tags = models.JSONField(null=True, blank=True, help_text=_("Tags to filter by (a list)."))
+    meta = models.JSONField(null=True, blank=True, help_text=_("Metadata to filter by (a dict)."))
 
     objects = JobsDatabaseManager.from_queryset(DeadLetterQuerySet)()
 

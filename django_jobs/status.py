@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db.models import Count, Exists, OuterRef, QuerySet
 
-from django_jobs import conf, flow, registry
+from django_jobs import conf, flow, registry, tagging
 from django_jobs.fleet import unknown_name_grace
 from django_jobs.models import (
     CompletionMarker,
@@ -328,6 +328,37 @@ def status(alias: str | None = None) -> Status:
         # Without a running job none reports progress: no query.
         progress=running_progress(alias) if any(q.running for q in queues) else [],
     )
+
+
+class TaggedCount(NamedTuple):
+    """The jobs and pending dead letters of a queue that carry some tags (jobs status --tag)."""
+
+    queue: str
+    waiting: int
+    scheduled: int
+    running: int
+    blocked: int
+    dead: int
+
+
+def tagged_counts(tags: list[str], alias: str | None = None) -> list[TaggedCount]:
+    """Count, per queue and state, the jobs (and letters not replayed) with every tag of tags."""
+    alias = alias or conf.database()
+    jobs = tagging.tagged(Job.objects.using(alias).with_state(), tags)
+    counts: dict[str, dict[str, int]] = {}
+    for row in jobs.values("queue", "state").annotate(n=Count("id")).order_by():
+        counts.setdefault(row["queue"], {})[row["state"]] = row["n"]
+    letters = tagging.tagged(DeadLetter.objects.using(alias).filter(replayed_at__isnull=True), tags)
+    for row in letters.values("queue").annotate(n=Count("id")).order_by():
+        counts.setdefault(row["queue"], {})["dead"] = row["n"]
+    return [
+        TaggedCount(
+            queue,
+            *(by.get(state, 0) for state in ("waiting", "scheduled", "running", "blocked")),
+            by.get("dead", 0),
+        )
+        for queue, by in sorted(counts.items())
+    ]
 
 
 def running_progress(alias: str | None = None) -> list[ProgressStatus]:

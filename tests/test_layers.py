@@ -42,7 +42,10 @@ LAYERS: list[tuple[str, set[str]]] = [
         },
     ),
     # The tables and every statement that writes them.
-    ("store", {"managers", "fleet", "models", "ops_models", "sql", "schema", "migrations"}),
+    (
+        "store",
+        {"managers", "fleet", "models", "ops_models", "sql", "schema", "migrations", "tagging"},
+    ),
     # What runs over the store: enqueue, the worker, and the operations' reads and writes.
     ("worker and enqueue", {"api", "worker", "control", "retention", "status", "dashboard"}),
     # What Django, users and operators call: the package's public names, the app config,

@@ -273,10 +273,10 @@ def test_tracing_false_turns_it_off_with_a_provider_set(spans, run_worker):
 
 
 def test_tracing_must_be_a_boolean():
-    from django.core.checks import run_checks
+    from django_jobs.checks.configuration import check_settings
 
     with override_settings(DJANGO_JOBS={"TRACING": "yes"}):
-        errors = [e for e in run_checks() if e.id == "django_jobs.E016"]
+        errors = [e for e in check_settings() if e.id == "django_jobs.E016"]
     assert len(errors) == 1 and "'yes'" in errors[0].msg
 
 

@@ -34,6 +34,7 @@ from django_jobs.admin.display import (
     when,
     when_field,
 )
+from django_jobs.admin.tags import MetaFilter, TagFilter
 from django_jobs.admin.workflows import WorkflowFields
 from django_jobs.attempts import worker_of
 from django_jobs.models import (
@@ -143,7 +144,7 @@ class JobAdmin(
     # the lease (holder and time left) is one column.
     list_display = ["name_cell", "queue_cell", "state_label", "run_at_cell", "lease"]
     list_display_links = ["name_cell"]
-    list_filter = [StateFilter, "queue", "name"]
+    list_filter = [StateFilter, "queue", "name", TagFilter, MetaFilter]
     search_fields = ["id", "key", "name"]
     search_help_text = _("A job id or key (exact), or words of the name.")
     actions = ["run_now", "cancel"]
