@@ -283,6 +283,9 @@ MAX_TAG_LENGTH = 64
 MAX_META_KEYS = 16
 MAX_META_KEY_LENGTH = 64
 MAX_META_VALUE_LENGTH = 200
+# Keys are names (a JSON path of every engine quotes them alike; "=" separates the
+# admin's key=value filter).
+META_KEY_RE = re.compile(rf"[A-Za-z0-9_.:-]{{1,{MAX_META_KEY_LENGTH}}}")
 
 
 def _label(what: str, value: Any, limit: int, error: type[Exception]) -> str:
@@ -307,10 +310,13 @@ def meta(value: Any, *, error: type[Exception] = ValueError) -> dict[str, str]:
         raise error(f"meta must be a dict of strings to strings, not {shown(value)}")
     if len(value) > MAX_META_KEYS:
         raise error(f"meta takes at most {MAX_META_KEYS} keys, not {len(value)}")
-    return {
-        _label("a meta key", key, MAX_META_KEY_LENGTH, error): _meta_value(key, item, error)
-        for key, item in sorted(value.items(), key=lambda kv: str(kv[0]))
-    }
+    for key in value:
+        if not isinstance(key, str) or not META_KEY_RE.fullmatch(key):
+            raise error(
+                f"a meta key must be 1 to {MAX_META_KEY_LENGTH} letters, digits and _ . : -, "
+                f"not {shown(key)}"
+            )
+    return {key: _meta_value(key, item, error) for key, item in sorted(value.items())}
 
 
 def _meta_value(key: str, value: Any, error: type[Exception]) -> str:

@@ -15,6 +15,7 @@ from django.db import connections
 from django.db.models import BooleanField, QuerySet
 from django.db.models.expressions import RawSQL
 from django.db.models.fields.json import KeyTextTransform
+from django.db.models.lookups import Exact
 
 
 def _contains(queryset: QuerySet[Any]) -> bool:
@@ -42,4 +43,6 @@ def with_meta(queryset: QuerySet[Any], key: str, value: str) -> QuerySet[Any]:
     """The rows of queryset whose meta maps key to value."""
     if _contains(queryset):
         return queryset.filter(meta__contains={key: value})
-    return queryset.alias(_meta_value=KeyTextTransform(key, "meta")).filter(_meta_value=value)
+    # A plain comparison of the key's text (Exact itself, not the JSON key's own exact
+    # lookup, which compares JSON values).
+    return queryset.filter(Exact(KeyTextTransform(key, "meta"), value))

@@ -292,3 +292,10 @@ async def async_progressing(payload, ctx):
     for done in range(payload["total"] + 1):
         ctx.progress(done, payload["total"], note="async")
     return "ok"
+
+
+@job(name="tests.tagged", tags=["billing"])
+def tagged(payload, ctx):
+    """A handler whose jobs carry a tag of its own (tests/test_tags.py)."""
+    if payload and payload.get("fatal"):
+        raise FatalError("tagged: fatal")
