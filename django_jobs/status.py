@@ -21,6 +21,7 @@ from django_jobs.models import (
     DeadLetter,
     FlowWindow,
     Job,
+    JobState,
     QueueState,
     UnknownName,
     WorkerBeat,
@@ -346,7 +347,8 @@ def tagged_counts(tags: list[str], alias: str | None = None) -> list[TaggedCount
     alias = alias or conf.database()
     jobs = tagging.tagged(Job.objects.using(alias).with_state(), tags)
     counts: dict[str, dict[str, int]] = {}
-    for row in jobs.values("queue", "state").annotate(n=Count("id")).order_by():
+    # "state" is with_state()'s annotation, which the stubs cannot follow through tagged().
+    for row in jobs.values("queue", "state").annotate(n=Count("id")).order_by():  # type: ignore[misc]
         counts.setdefault(row["queue"], {})[row["state"]] = row["n"]
     letters = tagging.tagged(DeadLetter.objects.using(alias).filter(replayed_at__isnull=True), tags)
     for row in letters.values("queue").annotate(n=Count("id")).order_by():
@@ -354,8 +356,11 @@ def tagged_counts(tags: list[str], alias: str | None = None) -> list[TaggedCount
     return [
         TaggedCount(
             queue,
-            *(by.get(state, 0) for state in ("waiting", "scheduled", "running", "blocked")),
-            by.get("dead", 0),
+            waiting=by.get(JobState.WAITING, 0),
+            scheduled=by.get(JobState.SCHEDULED, 0),
+            running=by.get(JobState.RUNNING, 0),
+            blocked=by.get(JobState.BLOCKED, 0),
+            dead=by.get("dead", 0),
         )
         for queue, by in sorted(counts.items())
     ]

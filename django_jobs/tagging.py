@@ -22,7 +22,7 @@ def _contains(queryset: QuerySet[Any]) -> bool:
     return bool(connections[queryset.db].features.supports_json_field_contains)
 
 
-def tagged(queryset: QuerySet[Any], tags: Iterable[str]) -> QuerySet[Any]:
+def tagged[Q: QuerySet[Any]](queryset: Q, tags: Iterable[str]) -> Q:
     """The rows of queryset that carry every tag of tags."""
     for tag in tags:
         if _contains(queryset):
@@ -39,7 +39,7 @@ def tagged(queryset: QuerySet[Any], tags: Iterable[str]) -> QuerySet[Any]:
     return queryset
 
 
-def with_meta(queryset: QuerySet[Any], key: str, value: str) -> QuerySet[Any]:
+def with_meta[Q: QuerySet[Any]](queryset: Q, key: str, value: str) -> Q:
     """The rows of queryset whose meta maps key to value."""
     if _contains(queryset):
         return queryset.filter(meta__contains={key: value})
