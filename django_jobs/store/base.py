@@ -100,6 +100,9 @@ def new_row(job: NewJob, now: datetime) -> Job:
         dependents=job.dependents,
         release_delay=job.release_delay,
         not_before=job.not_before,
+        trace_context=job.trace_context,
+        tags=job.tags,
+        meta=job.meta,
     )
 
 
