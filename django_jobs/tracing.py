@@ -31,7 +31,7 @@ _OFF: nullcontext[None] = nullcontext()
 
 
 class Message(Protocol):
-    """What a producer span reads and writes of a new job (models.NewJob has it)."""
+    """What a producer span reads and writes of a new job (rows.NewJob has it)."""
 
     id: Any
     name: str
@@ -42,7 +42,7 @@ class Message(Protocol):
 class Attempt(Protocol):
     """What a consumer span reads of an attempt (worker.runs.Run has it)."""
 
-    job: Any  # models.ClaimedJob
+    job: Any  # rows.ClaimedJob
     handler: Any  # registry.Handler
     cancel_requested: bool
 
@@ -175,7 +175,7 @@ def _sending(jobs: Sequence[Message], parent: Any) -> Iterator[None]:
 
 
 def sending_workflow(workflow: str, steps: Sequence[Any]) -> Any:
-    """A context manager: the spans of writing a workflow's steps (models.Step: job, parents).
+    """A context manager: the spans of writing a workflow's steps (rows.Step: job, parents).
 
     A CLIENT span ``send`` around the write and, in it, one PRODUCER span
     ``create {queue}`` per step, linked to the create spans of its parents in the
