@@ -9,7 +9,6 @@ Deadlock retries are engine.retrying_deadlocks' (MySQL's error 1213 there).
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -23,7 +22,7 @@ from django_jobs import limits
 from django_jobs.exceptions import InvalidPayload
 from django_jobs.models import JobQuerySet
 from django_jobs.rows import NewJob
-from django_jobs.store.base import BULK_BATCH
+from django_jobs.store.base import BULK_BATCH, json_text
 from django_jobs.store.portable import Portable
 
 # MySQL and MariaDB refuse a statement longer than the server's max_allowed_packet
@@ -149,12 +148,8 @@ def _labels_size(job: NewJob) -> int:
     """Return the bytes a job's trace context, tags and metadata add to its INSERT."""
     if job.trace_context is None and job.tags is None and job.meta is None:
         return 0  # the common case
-    texts = (job.trace_context, _json_text(job.tags), _json_text(job.meta))
+    texts = (job.trace_context, json_text(job.tags), json_text(job.meta))
     return sum(_sent_size(text) for text in texts if text is not None)
-
-
-def _json_text(value: list[str] | dict[str, str] | None) -> str | None:
-    return None if value is None else json.dumps(value)
 
 
 def _sent_size(payload: str) -> int:

@@ -20,7 +20,7 @@ from django_jobs.exceptions import LeaseLost
 from django_jobs.models import CompletionMarker, JobQuerySet
 from django_jobs.rows import ClaimedJob, ClaimRequest, EnqueueResult, Finished, NewJob, Settled
 from django_jobs.store import sql
-from django_jobs.store.base import DONE, Found, Holder, KeyRaced, WorkflowRows
+from django_jobs.store.base import DONE, Found, Holder, KeyRaced, WorkflowRows, json_text
 from django_jobs.store.portable import Portable, write_beat
 
 # A settle batch with the positions of its jobs in the worker's list.
@@ -302,8 +302,8 @@ def _insert_params(job: NewJob) -> dict[str, Any]:
         "fingerprint": job.fingerprint,
         "partition": job.partition,
         "trace_context": job.trace_context,
-        "tags": _json_text(job.tags),
-        "meta": _json_text(job.meta),
+        "tags": json_text(job.tags),
+        "meta": json_text(job.meta),
         "channel": conf.get("CHANNEL"),
         "notify": bool(conf.get("LISTEN")),
     }
@@ -332,14 +332,9 @@ def _replay_params(jobs: Sequence[NewJob]) -> dict[str, Any]:
             "trace_context",
         )
     } | {
-        "tags": [_json_text(job.tags) for job in jobs],
-        "meta": [_json_text(job.meta) for job in jobs],
+        "tags": [json_text(job.tags) for job in jobs],
+        "meta": [json_text(job.meta) for job in jobs],
     }
-
-
-def _json_text(value: list[str] | dict[str, str] | None) -> str | None:
-    """A job's tags or meta as the JSON text its jsonb column takes; None for none."""
-    return None if value is None else json.dumps(value)
 
 
 def _claimed(rows: list[tuple[Any, ...]], token: str) -> list[ClaimedJob]:
@@ -390,8 +385,8 @@ def _copy_rows(jobs: list[NewJob], now: datetime, *, counts: bool = False) -> st
             payload = payload.translate(_COPY_ESCAPES)
         partition = "\\N" if job.partition is None else job.partition.translate(_COPY_ESCAPES)
         trace = _copy_text(job.trace_context)
-        tags = _copy_text(_json_text(job.tags))
-        meta = _copy_text(_json_text(job.meta))
+        tags = _copy_text(json_text(job.tags))
+        meta = _copy_text(json_text(job.meta))
         tail = (
             f"\t{job.waiting_for}\t{job.dependents}\t{_copy_interval(job.release_delay)}"
             f"\t{_COPY_NULL if job.not_before is None else job.not_before.isoformat()}\n"
