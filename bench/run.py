@@ -6,6 +6,7 @@
     python3 dev.py bench --compare  # E1, D1, D2: PostgreSQL's fast path, its ORM claim, MariaDB
     python3 dev.py bench --engine mariadb   # E1, E1a, E2, W1, D1, D2, RP on MariaDB (mysqlclient)
     python3 dev.py bench --claim orm        # every figure with DJANGO_JOBS["CLAIM"] = "orm"
+    python3 dev.py bench --tracing          # OpenTelemetry on (SDK, spans dropped): its cost
 
 Figures (no-op jobs, as the peers were measured):
   E1   enqueue_on_commit, one job per call, autocommit            (jobs/s)
@@ -537,6 +538,11 @@ def main() -> int:
         "--claim", choices=["auto", "orm"], default="auto", help='DJANGO_JOBS["CLAIM"]'
     )
     parser.add_argument(
+        "--tracing",
+        action="store_true",
+        help="OpenTelemetry on (the SDK, spans dropped): what traces cost, in every process",
+    )
+    parser.add_argument(
         "--compare",
         action="store_true",
         help="E1, D1, D2 of PostgreSQL's fast path, its ORM claim and MariaDB, side by side",
@@ -546,6 +552,7 @@ def main() -> int:
         return compare(args)
     os.environ["BENCH_ENGINE"] = args.engine
     os.environ["BENCH_CLAIM"] = args.claim
+    os.environ["BENCH_TRACING"] = "1" if args.tracing else "0"
     quick = args.quick
     runs = args.runs or (1 if quick else 3)
     size = {
@@ -583,7 +590,8 @@ def main() -> int:
             print(f"  {key:<5} {label}: {_fmt(values)} {unit}", flush=True)  # noqa: T201
 
     print(
-        f"django-jobs benchmarks on {DB} ({args.engine}, claim {args.claim}; "
+        f"django-jobs benchmarks on {DB} ({args.engine}, claim {args.claim}"
+        f"{', tracing on' if args.tracing else ''}; "
         f"{'quick' if quick else f'medians of {runs}'})",
         flush=True,
     )  # noqa: T201

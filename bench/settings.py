@@ -32,6 +32,20 @@ if os.environ.get("BENCH_ENGINE") == "mariadb":
     }
 # bench/run.py --claim orm: the ORM claim on PostgreSQL too.
 DJANGO_JOBS = {"CLAIM": os.environ.get("BENCH_CLAIM", "auto")}
+# bench/run.py --tracing: the OpenTelemetry SDK on, its spans batched and dropped (the
+# cost of making and ending them, not of any exporter's network).
+if os.environ.get("BENCH_TRACING") == "1":
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class _Dropped(SpanExporter):
+        def export(self, spans):
+            return SpanExportResult.SUCCESS
+
+    _provider = TracerProvider()
+    _provider.add_span_processor(BatchSpanProcessor(_Dropped()))
+    trace.set_tracer_provider(_provider)
 INSTALLED_APPS = ["django.contrib.contenttypes", "django_jobs", "bench.benchapp"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LOGGING = {

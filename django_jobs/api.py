@@ -22,7 +22,7 @@ from django.core.exceptions import ValidationError
 from django.db import DatabaseError, ProgrammingError, connections, transaction
 from django.utils import timezone
 
-from django_jobs import conf, flow, limits, registry, signals
+from django_jobs import conf, flow, limits, registry, signals, tracing
 from django_jobs import payloads as codec  # enqueue_many takes a parameter named payloads
 from django_jobs.exceptions import IdempotencyConflict, InvalidJob, InvalidPayload
 from django_jobs.models import OnParentDead
@@ -47,6 +47,8 @@ def enqueue(
     max_attempts: int | None = None,
     after: Iterable[Any] | None = None,
     on_parent_dead: str = "wait",
+    tags: Iterable[str] | None = None,
+    meta: dict[str, str] | None = None,
 ) -> EnqueueResult:
     """Write a job now on the jobs database, inside whatever transaction is open there.
 
@@ -58,8 +60,10 @@ def enqueue(
     this one waits for; it runs once all have finished (docs/workflows.md).
     `on_parent_dead` ("wait" or "dead") says what it does when one of them is
     dead-lettered; "dead" without parents is refused (InvalidJob).
+    `tags` (with the handler's own) and `meta` (text to text) label the job for
+    the admin's and the commands' filters (docs/observability.md).
     """
-    job = _prepare(handler, payload, key, delay, run_at, priority, queue, max_attempts)
+    job = _prepare(handler, payload, key, delay, run_at, priority, queue, max_attempts, tags, meta)
     parents = _parents(after)
     return _write(job, conf.database(), parents, _mode(on_parent_dead, parents))
 
@@ -77,6 +81,8 @@ def enqueue_on_commit(
     commit_of: str | None = None,
     after: Iterable[Any] | None = None,
     on_parent_dead: str = "wait",
+    tags: Iterable[str] | None = None,
+    meta: dict[str, str] | None = None,
 ) -> EnqueueResult:
     """Enqueue a job that exists if and only if the current transaction commits.
 
@@ -86,9 +92,10 @@ def enqueue_on_commit(
     commit, which is NOT atomic (a crash in between loses the job). `after`
     and `on_parent_dead` as for ``enqueue``; with `commit_of`, a parent found
     nowhere is refused from this call, and the parents are looked up again
-    when the row is written (one gone by then raises from the commit).
+    when the row is written (one gone by then raises from the commit). `tags`
+    and `meta` as for ``enqueue``.
     """
-    job = _prepare(handler, payload, key, delay, run_at, priority, queue, max_attempts)
+    job = _prepare(handler, payload, key, delay, run_at, priority, queue, max_attempts, tags, meta)
     alias = conf.database()
     parents = _parents(after)
     mode = _mode(on_parent_dead, parents)
@@ -99,7 +106,10 @@ def enqueue_on_commit(
     if parents:
         # Now, while the caller's transaction on commit_of can still roll back.
         JobStore(alias).check_parents_exist(parents)
-    transaction.on_commit(partial(_write, job, alias, parents, mode), using=commit_of)
+    # The row (and its producer span) is written at that commit: the span's parent is
+    # the context of this call, not whatever is current when the commit runs.
+    later = partial(_write, job, alias, parents, mode, tracing.current())
+    transaction.on_commit(later, using=commit_of)
     return EnqueueResult(job.id, None, job.name, job.queue)
 
 
@@ -113,6 +123,8 @@ class _Options:
     max_attempts: int
     run_at: datetime | None
     delay: float
+    tags: list[str] | None = None
+    meta: dict[str, str] | None = None
 
 
 def _options(
@@ -122,6 +134,8 @@ def _options(
     priority: int | None,
     queue: str | None,
     max_attempts: int | None,
+    tags: Iterable[str] | None = None,
+    meta: dict[str, str] | None = None,
 ) -> _Options:
     handler = _resolve(handler)
     run_at, delay_seconds = _schedule(delay, run_at)
@@ -136,7 +150,18 @@ def _options(
         ),
         run_at=run_at,
         delay=delay_seconds,
+        tags=_tags(handler, tags),
+        meta=None if meta is None else (limits.meta(meta, error=InvalidJob) or None),
     )
+
+
+def _tags(handler: Handler, tags: Iterable[str] | None) -> list[str] | None:
+    """The job's tags: the handler's and the call's, or None for none (the common case)."""
+    if tags is None:
+        return list(handler.tags) or None
+    if isinstance(tags, str) or not isinstance(tags, list | tuple | set | frozenset):
+        limits.tags(tags, error=InvalidJob)  # raises: say what it takes
+    return limits.tags([*handler.tags, *tags], error=InvalidJob) or None
 
 
 _warned: set[str] = set()
@@ -181,6 +206,8 @@ def _item(options: _Options, payload: Any, key: str | None) -> NewJob:
             if handler.partition_by is None
             else flow.partition_of(handler.name, handler.partition_by, payload)
         ),
+        tags=options.tags,
+        meta=options.meta,
     )
 
 
@@ -193,8 +220,11 @@ def _prepare(
     priority: int | None,
     queue: str | None,
     max_attempts: int | None,
+    tags: Iterable[str] | None = None,
+    meta: dict[str, str] | None = None,
 ) -> NewJob:
-    return _item(_options(handler, delay, run_at, priority, queue, max_attempts), payload, key)
+    options = _options(handler, delay, run_at, priority, queue, max_attempts, tags, meta)
+    return _item(options, payload, key)
 
 
 def enqueue_many(
@@ -207,6 +237,8 @@ def enqueue_many(
     priority: int | None = None,
     queue: str | None = None,
     max_attempts: int | None = None,
+    tags: Iterable[str] | None = None,
+    meta: dict[str, str] | None = None,
 ) -> list[EnqueueResult]:
     """Enqueue one job per payload in one round of writes (COPY on PostgreSQL).
 
@@ -214,8 +246,9 @@ def enqueue_many(
     are written in the caller's transaction on the jobs database, and if any
     item is invalid or conflicts, nothing is written. `keys`, when given, holds
     one dedupe key (or None) per payload. Results come back in input order.
+    `tags` and `meta`, as for ``enqueue``, label every job of the call.
     """
-    options = _options(handler, delay, run_at, priority, queue, max_attempts)
+    options = _options(handler, delay, run_at, priority, queue, max_attempts, tags, meta)
     items = list(payloads)
     key_list = [None] * len(items) if keys is None else list(keys)
     if len(key_list) != len(items):
@@ -230,7 +263,8 @@ def enqueue_many(
         return []
     alias = conf.database()
     try:
-        results = JobStore(alias).insert_many(jobs)
+        with tracing.sending(jobs):
+            results = JobStore(alias).insert_many(jobs)
     except Exception as exc:  # COPY raises psycopg's own errors, not Django's
         _explain_missing_tables(exc, alias)
         raise
@@ -288,13 +322,22 @@ def _schedule(
 
 
 def _write(
-    job: NewJob, alias: str, parents: Sequence[Parent] = (), mode: str = "wait"
+    job: NewJob,
+    alias: str,
+    parents: Sequence[Parent] = (),
+    mode: str = "wait",
+    context: Any = None,
 ) -> EnqueueResult:
-    """Insert job (after `parents`, when given) and send job_enqueued at commit."""
+    """Insert job (after `parents`, when given) and send job_enqueued at commit.
+
+    `context`: the OpenTelemetry context to parent the producer span (tracing.current()
+    of a call whose write comes later), else the current one.
+    """
     try:
         # The queryset built directly: a manager's using() clones twice (~10 µs per enqueue).
         store = JobStore(alias)
-        result = store.insert_after(job, parents, mode) if parents else store.insert(job)
+        with tracing.sending([job], parent=context):
+            result = store.insert_after(job, parents, mode) if parents else store.insert(job)
     except DatabaseError as exc:
         _explain_missing_tables(exc, alias)
         raise
@@ -385,6 +428,8 @@ class Workflow:
         max_attempts: int | None = None,
         delay: timedelta | float | None = None,
         run_at: datetime | None = None,
+        tags: Iterable[str] | None = None,
+        meta: dict[str, str] | None = None,
     ) -> EnqueueResult:
         """Validate a step now and return its result (its id made here); it is written at exit.
 
@@ -397,7 +442,9 @@ class Workflow:
         """
         if self._closed:
             raise InvalidJob(f"workflow {self.name!r} is written already: enqueue inside its block")
-        job = _prepare(handler, payload, key, delay, run_at, priority, queue, max_attempts)
+        job = _prepare(
+            handler, payload, key, delay, run_at, priority, queue, max_attempts, tags, meta
+        )
         parents: list[int | Parent] = []
         for parent in _parents(after):
             index = None if parent.id is None else self._ids.get(parent.id)
@@ -423,7 +470,8 @@ class Workflow:
             return
         alias = conf.database()
         try:
-            self.results = JobStore(alias).insert_workflow(self.name, self._steps)
+            with tracing.sending_workflow(self.name, self._steps):
+                self.results = JobStore(alias).insert_workflow(self.name, self._steps)
         except Exception as exc:  # COPY raises psycopg's own errors, not Django's
             _explain_missing_tables(exc, alias)
             raise

@@ -35,6 +35,9 @@ DEFAULTS: dict[str, Any] = {
     # Prepare the hot statements once per connection on PostgreSQL; set False behind
     # a pooler that cannot keep prepared statements (PgBouncer < 1.21, transaction pooling).
     "PREPARED_STATEMENTS": True,
+    # OpenTelemetry traces of enqueues and attempts, when the application has set a
+    # tracer provider (docs/observability.md); False: none even then.
+    "TRACING": True,
     # "transaction" when the jobs database is reached through a transaction pooler
     # (PgBouncer's pool_mode = transaction); a system check then asks for the two above off.
     "POOLER": None,

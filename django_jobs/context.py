@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -41,6 +42,12 @@ class JobContext:
     # called on first use of parent_results, whose answer is kept.
     _parents: Callable[[], dict[str, Any]] | None = field(default=None, repr=False)
     _parent_results: dict[str, Any] | None = field(default=None, repr=False)
+    # ctx.progress(): the worker's writer of a value, the last value, and whether
+    # (and when, on the monotonic clock) it was handed to the writer.
+    _report: Callable[[dict[str, Any]], None] | None = field(default=None, repr=False)
+    _progress: dict[str, Any] | None = field(default=None, repr=False)
+    _progress_sent: bool = field(default=True, repr=False)
+    _progress_at: float = field(default=-limits.PROGRESS_INTERVAL, repr=False)
 
     @property
     def key(self) -> str:
@@ -91,6 +98,31 @@ class JobContext:
     def snooze(self, seconds: float | timedelta) -> NoReturn:
         """Stop this attempt and run the job again after `seconds`, without counting an attempt."""
         raise Snooze(seconds)
+
+    def progress(self, done: float, total: float | None = None, note: str = "") -> None:
+        """Report how far this attempt is: `done` of `total` (None: unknown), and a note.
+
+        Cheap enough for a tight loop: the worker writes the job's row at most
+        once a second, and the last value at its next heartbeat and when the
+        attempt ends, so that the job's marker or dead letter keeps it. Safe to
+        call from async handlers (it never blocks). Raises ValueError for a
+        negative or non-finite count, `done` above `total`, or a note that is not
+        printable text of at most 200 characters.
+        """
+        value = limits.progress(done, total, note)
+        self._progress, self._progress_sent = value, False
+        now = time.monotonic()
+        if now - self._progress_at >= limits.PROGRESS_INTERVAL:
+            self.flush_progress(now)
+
+    def flush_progress(self, now: float | None = None) -> None:
+        """Hand the last value of progress() to the worker's writer, if not handed yet."""
+        value, report = self._progress, self._report
+        if self._progress_sent or value is None or report is None:
+            return
+        self._progress_sent = True
+        self._progress_at = time.monotonic() if now is None else now
+        report(value)
 
     def extend_lease(self, seconds: float) -> None:
         """Ask the worker to keep this job leased for at least `seconds` more."""

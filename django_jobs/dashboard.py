@@ -72,6 +72,7 @@ class Snapshot:
     unknown_names: list[status.UnknownNameStatus] = field(default_factory=list)
     flow: list[status.FlowStatus] = field(default_factory=list)
     live_workers: int = 0
+    progress: list[status.ProgressStatus] = field(default_factory=list)  # running jobs' reports
 
     @property
     def stalled(self) -> bool:
@@ -117,6 +118,8 @@ def snapshot(alias: str | None = None) -> Snapshot:
     snap.unknown_names = status.unknown_names(alias)
     snap.live_workers = WorkerBeat.objects.using(alias).live().count()
     snap.flow = status.flow_status(alias)
+    if any(row.running for row in snap.queues):
+        snap.progress = status.running_progress(alias)
 
     snap.completed = _per_minute(CompletionMarker.objects.using(alias), "completed_at", start)
     snap.dead = _per_minute(DeadLetter.objects.using(alias), "dead_at", start)

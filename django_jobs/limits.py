@@ -38,6 +38,10 @@ MAX_BY_LENGTH = 150
 MAX_REASON_LENGTH = 200
 # A payload fingerprint: a SHA-256 digest in hex.
 FINGERPRINT_LENGTH = 64
+# A job's trace context: a W3C traceparent (55 characters), a space and its
+# tracestate, kept only when at most MAX_TRACESTATE_LENGTH (the W3C's own limit).
+MAX_TRACESTATE_LENGTH = 512
+MAX_TRACE_CONTEXT_LENGTH = 55 + 1 + MAX_TRACESTATE_LENGTH
 # PostgreSQL stores at most 1 GB in one text value.
 MAX_PAYLOAD_BYTES = 2**30
 # How deep lists and objects may nest in a payload (a Task's arguments included) or a
@@ -239,3 +243,86 @@ def shown(value: Any, width: int = 60) -> str:
         return f"an integer of {value.bit_length()} bits"
     text = repr(value)
     return text if len(text) <= width else f"{text[: width - 1]}…"
+
+
+# ctx.progress(): a note's length, and how often a running job's progress is written.
+MAX_PROGRESS_NOTE = 200
+PROGRESS_INTERVAL = 1.0  # seconds; values reported between writes wait for the next one
+
+
+def _count(what: str, value: Any) -> float | int:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond float
+            number = math.inf
+        if 0 <= number < math.inf:  # NaN is neither
+            return value if isinstance(value, int) and value <= 2**53 else number
+    raise ValueError(f"progress: {what} must be a finite number from 0, not {shown(value)}")
+
+
+def progress(done: Any, total: Any, note: Any) -> dict[str, Any]:
+    """Return ctx.progress()'s arguments as the JSON stored with the job, else raise ValueError."""
+    count = _count("done", done)
+    whole = None if total is None else _count("total", total)
+    if whole is not None and (whole == 0 or count > whole):
+        raise ValueError(f"progress: done ({count}) must be at most total ({whole}), total above 0")
+    if not isinstance(note, str):
+        raise ValueError(f"progress: note must be text, not {type(note).__name__}")
+    if len(note) > MAX_PROGRESS_NOTE or not note.isprintable():
+        raise ValueError(
+            f"progress: note must be printable text of at most {MAX_PROGRESS_NOTE} characters"
+        )
+    return {"done": count, "total": whole, "note": note}
+
+
+# Tags and metadata of a job (enqueue(tags=..., meta=...), @job(tags=...)): a few short
+# labels to filter by, not a second payload.
+MAX_TAGS = 16
+MAX_TAG_LENGTH = 64
+MAX_META_KEYS = 16
+MAX_META_KEY_LENGTH = 64
+MAX_META_VALUE_LENGTH = 200
+# Keys are names (a JSON path of every engine quotes them alike; "=" separates the
+# admin's key=value filter).
+META_KEY_RE = re.compile(rf"[A-Za-z0-9_.:-]{{1,{MAX_META_KEY_LENGTH}}}")
+
+
+def _label(what: str, value: Any, limit: int, error: type[Exception]) -> str:
+    if not isinstance(value, str) or not 1 <= len(value) <= limit or not value.isprintable():
+        raise error(f"{what} must be printable text of 1 to {limit} characters, not {shown(value)}")
+    return value
+
+
+def tags(value: Any, *, error: type[Exception] = ValueError) -> list[str]:
+    """Return value as a sorted list of distinct tags, or raise error."""
+    if isinstance(value, str | bytes) or not isinstance(value, list | tuple | set | frozenset):
+        raise error(f"tags must be a list of strings, not {shown(value)}")
+    found = sorted({_label("a tag", tag, MAX_TAG_LENGTH, error) for tag in value})
+    if len(found) > MAX_TAGS:
+        raise error(f"a job takes at most {MAX_TAGS} tags, not {len(found)}")
+    return found
+
+
+def meta(value: Any, *, error: type[Exception] = ValueError) -> dict[str, str]:
+    """Return value as a dict of text keys to text values, or raise error."""
+    if not isinstance(value, dict):
+        raise error(f"meta must be a dict of strings to strings, not {shown(value)}")
+    if len(value) > MAX_META_KEYS:
+        raise error(f"meta takes at most {MAX_META_KEYS} keys, not {len(value)}")
+    for key in value:
+        if not isinstance(key, str) or not META_KEY_RE.fullmatch(key):
+            raise error(
+                f"a meta key must be 1 to {MAX_META_KEY_LENGTH} letters, digits and _ . : -, "
+                f"not {shown(key)}"
+            )
+    return {key: _meta_value(key, item, error) for key, item in sorted(value.items())}
+
+
+def _meta_value(key: str, value: Any, error: type[Exception]) -> str:
+    if not isinstance(value, str) or len(value) > MAX_META_VALUE_LENGTH or not value.isprintable():
+        raise error(
+            f"meta[{key!r}] must be printable text of at most {MAX_META_VALUE_LENGTH} "
+            f"characters, not {shown(value)}"
+        )
+    return value

@@ -45,6 +45,7 @@ from django_jobs.limits import (
     MAX_PRIORITY,
     MAX_QUEUE_LENGTH,
     MAX_TOKEN_LENGTH,
+    MAX_TRACE_CONTEXT_LENGTH,
     MIN_PRIORITY,
 )
 from django_jobs.managers import JobsDatabaseManager
@@ -365,6 +366,17 @@ class Job(models.Model):
         blank=True,
         help_text=_("After its parents finish, the job is not due before this time."),
     )
+    trace_context = models.CharField(
+        max_length=MAX_TRACE_CONTEXT_LENGTH,
+        null=True,
+        blank=True,
+        help_text=_("W3C traceparent (and tracestate) of the span that enqueued it."),
+    )
+    progress = models.JSONField(
+        null=True, blank=True, help_text=_("The running attempt's last ctx.progress().")
+    )
+    tags = models.JSONField(null=True, blank=True, help_text=_("Tags to filter by (a list)."))
+    meta = models.JSONField(null=True, blank=True, help_text=_("Metadata to filter by (a dict)."))
 
     objects = JobsDatabaseManager.from_queryset(JobQuerySet)()
 
@@ -549,6 +561,7 @@ class CompletionMarker(models.Model):
     worker_id = models.CharField(max_length=MAX_TOKEN_LENGTH, blank=True, default="")
     result = models.JSONField(null=True, blank=True, help_text=_("The handler's return value."))
     fingerprint = models.CharField(max_length=FINGERPRINT_LENGTH, null=True, blank=True)
+    progress = models.JSONField(null=True, blank=True, help_text=_("The last ctx.progress()."))
 
     objects = JobsDatabaseManager()
 
@@ -586,6 +599,15 @@ class DeadLetter(models.Model):
     replayed_at = models.DateTimeField(null=True, blank=True)
     replayed_by = models.CharField(max_length=MAX_BY_LENGTH, blank=True, default="")
     replay_job_id = models.UUIDField(null=True, blank=True)
+    trace_context = models.CharField(
+        max_length=MAX_TRACE_CONTEXT_LENGTH,
+        null=True,
+        blank=True,
+        help_text=_("W3C traceparent (and tracestate) of the span that enqueued the job."),
+    )
+    progress = models.JSONField(null=True, blank=True, help_text=_("The last ctx.progress()."))
+    tags = models.JSONField(null=True, blank=True, help_text=_("Tags to filter by (a list)."))
+    meta = models.JSONField(null=True, blank=True, help_text=_("Metadata to filter by (a dict)."))
 
     objects = JobsDatabaseManager.from_queryset(DeadLetterQuerySet)()
 
@@ -646,6 +668,7 @@ class DeadLetter(models.Model):
             enqueued_at=job.enqueued_at,
             started_at=job.started_at,
             dead_at=dead_at or timezone.now(),
+            progress=job.progress,
         )
 
     @property

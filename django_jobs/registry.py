@@ -135,6 +135,8 @@ class Handler(Generic[P, R]):
     global_concurrency: int | None = None
     rate_limit: flow.Rate | None = None
     partition_by: str | flow.Partitioner | None = None
+    # Tags every job of this handler carries (limits.tags), with those of each enqueue.
+    tags: tuple[str, ...] = ()
 
     def __call__(self, payload: P | None = None, ctx: JobContext | None = None) -> R:
         """Call the function directly (in tests, say), bypassing the queue."""
@@ -410,6 +412,7 @@ def job(
     global_concurrency: int | None = None,
     rate_limit: str | None = None,
     partition_by: str | Callable[[Any], str] | None = None,
+    tags: Iterable[str] = (),
 ) -> Callable[[Callable[[P, JobContext], R]], Handler[P, R]]: ...
 
 
@@ -429,6 +432,7 @@ def job(
     global_concurrency: int | None = None,
     rate_limit: str | None = None,
     partition_by: str | Callable[[Any], str] | None = None,
+    tags: Iterable[str] = (),
 ) -> Handler[P, R] | Callable[[Callable[[P, JobContext], R]], Handler[P, R]]:
     """Declare a job handler, called as ``handler(payload, ctx)`` by the worker.
 
@@ -441,6 +445,8 @@ def job(
     Across the fleet (docs/flow-control.md): ``global_concurrency`` (at most N
     running at once), ``rate_limit`` ("N/s", "N/m", "N/h": starts per window),
     ``partition_by`` (a payload key or a callable: the limits hold per value).
+    ``tags``: labels every job of the handler carries, to filter by (with those
+    given to each enqueue).
     """
     if partition_by is not None and global_concurrency is None and rate_limit is None:
         raise InvalidJob("partition_by needs global_concurrency or rate_limit to partition")
@@ -471,6 +477,9 @@ def job(
             ),
             rate_limit=None if rate_limit is None else flow.parse_rate(rate_limit),
             partition_by=None if partition_by is None else flow.check_partition_by(partition_by),
+            tags=tuple(
+                limits.tags(list(tags) if not isinstance(tags, str) else tags, error=InvalidJob)
+            ),
         )
         return register(handler)
 

@@ -65,6 +65,13 @@ class ClaimedJob:
     completed: bool = False  # a completion marker for its key already exists
     dependents: int = 0  # jobs waiting for it, as claimed (the settle's fence, sql.COMPLETE)
     extra: dict[str, Any] = field(default_factory=dict)
+    # Tracing (django_jobs.tracing): when it was due, and its producer's W3C context.
+    run_at: datetime | None = None
+    trace_context: str | None = None
+    # The last progress the worker wrote to its row (context.JobContext.progress).
+    progress: dict[str, Any] | None = None
+    tags: list[str] | None = None
+    meta: dict[str, str] | None = None
 
     @property
     def idempotency_key(self) -> str:
@@ -146,10 +153,26 @@ class NewJob:
     # after its last parent finishes, and not before that time.
     release_delay: timedelta | None = None
     not_before: datetime | None = None
+    # The W3C context of its producer span (django_jobs.tracing), None untraced.
+    trace_context: str | None = None
+    # Labels to filter by (limits.tags, limits.meta); None for none.
+    tags: list[str] | None = None
+    meta: dict[str, str] | None = None
 
 
 # What a job is, apart from its runs: its dead letter keeps these, a replay gives them back.
-DEFINITION = ("name", "queue", "payload", "priority", "max_attempts", "key", "fingerprint")
+DEFINITION = (
+    "name",
+    "queue",
+    "payload",
+    "priority",
+    "max_attempts",
+    "key",
+    "fingerprint",
+    "trace_context",
+    "tags",
+    "meta",
+)
 
 
 def definition(job: Any) -> dict[str, Any]:

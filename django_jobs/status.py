@@ -10,21 +10,23 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db.models import Count, Exists, OuterRef, QuerySet
 
-from django_jobs import conf, flow, registry
+from django_jobs import conf, flow, registry, tagging
 from django_jobs.fleet import unknown_name_grace
 from django_jobs.models import (
     CompletionMarker,
     DeadLetter,
     FlowWindow,
     Job,
+    JobState,
     QueueState,
     UnknownName,
     WorkerBeat,
 )
+from django_jobs.progress import read as read_progress
 from django_jobs.store import JobStore
 from django_jobs.worker.ticker import db_now
 
@@ -110,6 +112,23 @@ class CycleStatus:
     letters: list[str]  # the pending letters of its key: replay them once it is cancelled
 
 
+# Running jobs `jobs status` shows with their progress: the latest attempts first.
+PROGRESS_SHOWN = 20
+
+
+@dataclass
+class ProgressStatus:
+    """A running job that reported progress (ctx.progress())."""
+
+    id: str
+    name: str
+    queue: str
+    done: float
+    total: float | None
+    note: str
+    text: str  # "5/10 (50%) note"
+
+
 @dataclass
 class Status:
     now: datetime
@@ -119,6 +138,7 @@ class Status:
     flow: list[FlowStatus] = field(default_factory=list)
     dead_parents: DeadParentsStatus | None = None
     cycles: list[CycleStatus] = field(default_factory=list)
+    progress: list[ProgressStatus] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -143,6 +163,7 @@ class Status:
             ],
             "dead_parents": self.dead_parents and asdict(self.dead_parents),
             "cycles": [asdict(c) for c in self.cycles],
+            "progress": [asdict(p) for p in self.progress],
         }
 
 
@@ -305,7 +326,66 @@ def status(alias: str | None = None) -> Status:
         # Without a blocked job no parent is waited for: no query.
         dead_parents=dead_parents(alias) if any(q.blocked for q in queues) else None,
         cycles=blocked_cycles(alias) if any(q.blocked for q in queues) else [],
+        # Without a running job none reports progress: no query.
+        progress=running_progress(alias) if any(q.running for q in queues) else [],
     )
+
+
+class TaggedCount(NamedTuple):
+    """The jobs and pending dead letters of a queue that carry some tags (jobs status --tag)."""
+
+    queue: str
+    waiting: int
+    scheduled: int
+    running: int
+    blocked: int
+    dead: int
+
+
+def tagged_counts(tags: list[str], alias: str | None = None) -> list[TaggedCount]:
+    """Count, per queue and state, the jobs (and letters not replayed) with every tag of tags."""
+    alias = alias or conf.database()
+    jobs = tagging.tagged(Job.objects.using(alias).with_state(), tags)
+    counts: dict[str, dict[str, int]] = {}
+    # "state" is with_state()'s annotation, which the stubs cannot follow through tagged().
+    for row in jobs.values("queue", "state").annotate(n=Count("id")).order_by():  # type: ignore[misc]
+        counts.setdefault(row["queue"], {})[row["state"]] = row["n"]
+    letters = tagging.tagged(DeadLetter.objects.using(alias).filter(replayed_at__isnull=True), tags)
+    for row in letters.values("queue").annotate(n=Count("id")).order_by():
+        counts.setdefault(row["queue"], {})["dead"] = row["n"]
+    return [
+        TaggedCount(
+            queue,
+            waiting=by.get(JobState.WAITING, 0),
+            scheduled=by.get(JobState.SCHEDULED, 0),
+            running=by.get(JobState.RUNNING, 0),
+            blocked=by.get(JobState.BLOCKED, 0),
+            dead=by.get("dead", 0),
+        )
+        for queue, by in sorted(counts.items())
+    ]
+
+
+def running_progress(alias: str | None = None) -> list[ProgressStatus]:
+    """Return the running jobs that reported progress, latest attempt first (PROGRESS_SHOWN)."""
+    alias = alias or conf.database()
+    rows = (
+        Job.objects.using(alias)
+        .running()
+        .filter(progress__isnull=False)
+        .order_by("-attempted_at")
+        .values_list("id", "name", "queue", "progress")[:PROGRESS_SHOWN]
+    )
+    shown = []
+    for job_id, name, queue, value in rows:
+        found = read_progress(value)
+        if found is not None:
+            shown.append(
+                ProgressStatus(
+                    str(job_id), name, queue, found.done, found.total, found.note, str(found)
+                )
+            )
+    return shown
 
 
 def blocked_cycles(alias: str | None = None) -> list[CycleStatus]:

@@ -128,6 +128,11 @@ if os.environ.get("JOBS_PGBOUNCER") == "1":
 JOBS_TEST_OLD_RELEASE = os.environ.get("JOBS_TEST_OLD_RELEASE") == "1"
 # Worker subprocesses of a test get extra DJANGO_JOBS keys (schedules, intervals) as JSON.
 DJANGO_JOBS.update(json.loads(os.environ.get("JOBS_TEST_SETTINGS", "{}")))
+# Worker subprocesses of the tracing tests export their spans to this file (tests/otel.py).
+if os.environ.get("JOBS_TEST_SPANS"):
+    from tests import otel
+
+    otel.configure(os.environ["JOBS_TEST_SPANS"])
 
 # Django's Tasks framework (Django >= 6.0; ignored before): @task functions of
 # tests/testapp/tasks.py run on django-jobs. "immediate" is a backend that is not

@@ -103,6 +103,25 @@ def test_a_payload_whose_insert_is_over_max_allowed_packet_is_refused_at_enqueue
 
 
 @pytest.mark.mariadb
+@mariadb_only
+def test_tags_and_metadata_count_against_max_allowed_packet(unlimited_payloads):
+    # The largest payload that fits alone, with the most tags and metadata (~40 kB of
+    # "é"): their INSERT is over max_allowed_packet, refused before anything is sent.
+    largest = _max_allowed_packet() - ROW_OVERHEAD - STATEMENT_OVERHEAD
+    payload = _payload_of(largest - 4)
+    tags = [f"{i:02}" + "é" * 62 for i in range(16)]
+    meta = {f"k{i:02}": "é" * 200 for i in range(16)}
+    with pytest.raises(InvalidPayload, match=r"longer than the server's max_allowed_packet"):
+        enqueue(jobs.noop, payload, tags=tags, meta=meta)
+    with pytest.raises(InvalidPayload, match=r"^job 1: payload is \d+ bytes"):
+        enqueue_many(jobs.noop, [{"n": 1}, payload], tags=tags, meta=meta)
+    assert not Job.objects.exists()
+    # Without them it fits, as the test above says.
+    enqueue(jobs.noop, payload)
+    assert Job.objects.count() == 1
+
+
+@pytest.mark.mariadb
 def test_enqueue_many_splits_its_inserts_under_max_allowed_packet():
     # 500 payloads of 40 kB (within the default MAX_PAYLOAD_BYTES) made one INSERT
     # of 20 MB: MariaDB refused it (error 1153) and dropped the connection.

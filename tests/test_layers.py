@@ -31,11 +31,22 @@ LAYERS: list[tuple[str, set[str]]] = [
     # No models, no database.
     (
         "concepts",
-        {"payloads", "attempts", "rows", "context", "registry", "schedules", "lifecycle", "flow"},
+        {
+            "payloads",
+            "attempts",
+            "rows",
+            "context",
+            "registry",
+            "schedules",
+            "lifecycle",
+            "flow",
+            "tracing",
+            "progress",
+        },
     ),
     # The tables and every statement that writes them (the store imports no registry:
     # its callers hand it what it needs of the handlers).
-    ("store", {"managers", "fleet", "models", "store", "schema", "migrations"}),
+    ("store", {"managers", "fleet", "models", "store", "schema", "migrations", "tagging"}),
     # What runs over the store: enqueue, the worker, and the operations' reads and writes.
     ("worker and enqueue", {"api", "worker", "control", "retention", "status", "dashboard"}),
     # What Django, users and operators call: the package's public names, the app config,

@@ -39,6 +39,7 @@ from django_jobs.admin.display import (
     when_column,
     when_field,
 )
+from django_jobs.admin.tags import MetaFilter, TagFilter
 from django_jobs.admin.workflows import WorkflowFields, parents_list, parents_of
 from django_jobs.models import CompletionMarker, DeadLetter, DeadLetterQuerySet, DeadReason, Job
 from django_jobs.rows import ReplayReport
@@ -71,6 +72,8 @@ class DeadLetterAdmin(IdOrTermSearch, WorkflowFields, ReadOnlyAdmin):
     list_filter = [
         "reason",
         ReplayedFilter,
+        TagFilter,
+        MetaFilter,
         # Dates only: a range of days needs no times (the date-time filter refused empty ones).
         ("dead_at", DateRangeFilter),
         ("enqueued_at", DateRangeFilter),

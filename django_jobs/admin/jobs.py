@@ -14,7 +14,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
-from django_jobs import limits
+from django_jobs import limits, progress
 from django_jobs.admin.base import (
     IdOrTermSearch,
     NameQueueColumns,
@@ -34,6 +34,7 @@ from django_jobs.admin.display import (
     when,
     when_field,
 )
+from django_jobs.admin.tags import MetaFilter, TagFilter
 from django_jobs.admin.workflows import WorkflowFields
 from django_jobs.attempts import worker_of
 from django_jobs.models import (
@@ -145,7 +146,7 @@ class JobAdmin(
     # the lease (holder and time left) is one column.
     list_display = ["name_cell", "queue_cell", "state_label", "run_at_cell", "lease"]
     list_display_links = ["name_cell"]
-    list_filter = [StateFilter, "queue", "name"]
+    list_filter = [StateFilter, "queue", "name", TagFilter, MetaFilter]
     search_fields = ["id", "key", "name"]
     search_help_text = _("A job id or key (exact), or words of the name.")
     actions = ["run_now", "cancel"]
@@ -290,7 +291,7 @@ class JobAdmin(
 @admin.register(RunningJob)
 class RunningJobAdmin(CancelPermission, NameQueueColumns, OperationsAdmin):
     # Fits 1280 px with the sidebar open: the attempt, its start and its lease in one column.
-    list_display = ["name_cell", "queue_cell", "worker", "attempt"]
+    list_display = ["name_cell", "queue_cell", "worker", "attempt", "progress_bar"]
     list_filter = ["queue", "name"]
     search_fields = ["id", "name", "key"]
     actions = [cancel_jobs]
@@ -307,6 +308,7 @@ class RunningJobAdmin(CancelPermission, NameQueueColumns, OperationsAdmin):
         "attempted_at_time",
         "lease_expires_at_time",
         "cancel_requested_at_time",
+        "progress_bar",
     ]
     started_at_time = when_field(Job, "started_at")
     attempted_at_time = when_field(Job, "attempted_at")
@@ -319,6 +321,10 @@ class RunningJobAdmin(CancelPermission, NameQueueColumns, OperationsAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    @admin.display(description=_("progress"))
+    def progress_bar(self, obj: Job) -> SafeString | str:
+        return progress_html(obj.progress)
 
     @admin.display(description=_("worker"))
     def worker(self, obj: Job) -> SafeString | str:
@@ -344,3 +350,19 @@ class RunningJobAdmin(CancelPermission, NameQueueColumns, OperationsAdmin):
             list_when(obj.lease_expires_at),
             cancel,
         )
+
+
+def progress_html(value: Any) -> SafeString | str:
+    """A bar (or, with no total, the count) and the note of a stored ctx.progress()."""
+    found = progress.read(value)
+    if found is None:
+        return "-"
+    text = cell(str(found), 60)
+    if found.fraction is None:
+        return text
+    return format_html(
+        '<progress class="django-jobs-progress" max="1000" value="{}" title="{}"></progress><br>{}',
+        round(found.fraction * 1000),
+        str(found),
+        text,
+    )

@@ -137,6 +137,15 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
                 id="django_jobs.E014",
             )
         )
+    if type(s["TRACING"]) is not bool:
+        errors.append(
+            Error(
+                f"DJANGO_JOBS['TRACING'] must be True or False, not {limits.shown(s['TRACING'])}.",
+                hint="True traces enqueues and attempts when a tracer provider is set "
+                "(docs/observability.md); False never does.",
+                id="django_jobs.E016",
+            )
+        )
 
     mask_keys = s["MASK_KEYS"]
     if mask_keys is not None and (

@@ -88,6 +88,14 @@ job_name = _name(limits.job_name, "job name")
 workflow_name = _name(limits.workflow_name, "workflow name")
 
 
+def tag(text: str) -> str:
+    """A job's tag (enqueue(tags=...)): printable text of 1 to MAX_TAG_LENGTH characters."""
+    try:
+        return limits.tags([text])[0]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def job_id(text: str) -> uuid.UUID:
     try:
         return uuid.UUID(text)

@@ -124,6 +124,9 @@ class JobStore:
     def extend_leases(self, jobs: Iterable[ClaimedJob], seconds: float) -> Leases:
         return settle.extend_leases(self.jobs, jobs, seconds)
 
+    def write_progress(self, job: ClaimedJob, progress: dict[str, Any]) -> bool:
+        return settle.write_progress(self.jobs, job, progress)
+
     def dead_letter(
         self, job: ClaimedJob, *, reason: str, error: dict[str, Any], attempts: int | None = None
     ) -> DeadLetter | None:

@@ -81,6 +81,11 @@ def json_loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
 
+def json_text(value: list[str] | dict[str, str] | None) -> str | None:
+    """A job's tags or meta as the JSON text raw SQL sends for its column; None for none."""
+    return None if value is None else json.dumps(value)
+
+
 def new_row(job: NewJob, now: datetime) -> Job:
     return Job(
         id=job.id,
@@ -100,6 +105,9 @@ def new_row(job: NewJob, now: datetime) -> Job:
         dependents=job.dependents,
         release_delay=job.release_delay,
         not_before=job.not_before,
+        trace_context=job.trace_context,
+        tags=job.tags,
+        meta=job.meta,
     )
 
 

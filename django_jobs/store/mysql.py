@@ -18,10 +18,11 @@ from django.db import connections, models
 from django.db.models.functions import Now
 from django.db.models.sql import DeleteQuery
 
+from django_jobs import limits
 from django_jobs.exceptions import InvalidPayload
 from django_jobs.models import JobQuerySet
 from django_jobs.rows import NewJob
-from django_jobs.store.base import BULK_BATCH
+from django_jobs.store.base import BULK_BATCH, json_text
 from django_jobs.store.portable import Portable
 
 # MySQL and MariaDB refuse a statement longer than the server's max_allowed_packet
@@ -29,6 +30,13 @@ from django_jobs.store.portable import Portable
 # at most: per row (names, key, dates, the other columns escaped) and per statement.
 ROW_OVERHEAD = 4096
 STATEMENT_OVERHEAD = 4096
+# What a job's trace context, tags and metadata (limits.MAX_TAGS...) add at most:
+# 4 bytes a character, with their JSON quotes and separators.
+LABELS_OVERHEAD = ROW_OVERHEAD + 4 * (
+    limits.MAX_TRACE_CONTEXT_LENGTH
+    + limits.MAX_TAGS * (limits.MAX_TAG_LENGTH + 4)
+    + limits.MAX_META_KEYS * (limits.MAX_META_KEY_LENGTH + limits.MAX_META_VALUE_LENGTH + 8)
+)
 
 # Statements this small need no look at max_allowed_packet (MySQL's and MariaDB's
 # defaults are 64 MiB and 16 MiB; 1 MiB is MySQL 5.5's).
@@ -45,11 +53,12 @@ class MySQL(Portable):
         """On MySQL and MariaDB, raise InvalidPayload for a payload whose INSERT would be
         longer than the server's max_allowed_packet (before anything is written)."""
         for index, job in enumerate(jobs):
-            # At most 4 bytes a character, in UTF-8 or escaped: a payload this short fits.
-            if 4 * len(job.payload) + ROW_OVERHEAD + STATEMENT_OVERHEAD <= _SMALLEST_PACKET:
+            # At most 4 bytes a character, in UTF-8 or escaped: a payload this short fits
+            # (with its labels: LABELS_OVERHEAD at most).
+            if 4 * len(job.payload) + LABELS_OVERHEAD + STATEMENT_OVERHEAD <= _SMALLEST_PACKET:
                 continue
             packet = _max_packet(alias)
-            room = packet - ROW_OVERHEAD - STATEMENT_OVERHEAD
+            room = packet - ROW_OVERHEAD - STATEMENT_OVERHEAD - _labels_size(job)
             if (size := _sent_size(job.payload)) > room:
                 raise InvalidPayload(
                     f"{f'job {index}: ' if len(jobs) > 1 else ''}payload is {size} bytes as "
@@ -62,7 +71,7 @@ class MySQL(Portable):
         """Split jobs into bulk_create batches of BULK_BATCH rows, on MySQL and MariaDB
         also each shorter than max_allowed_packet (each job checked by _refuse_oversized)."""
         batches = [jobs[i : i + BULK_BATCH] for i in range(0, len(jobs), BULK_BATCH)]
-        sizes = [_sent_size(job.payload) + ROW_OVERHEAD for job in jobs]
+        sizes = [_sent_size(job.payload) + _labels_size(job) + ROW_OVERHEAD for job in jobs]
         if sum(sizes) + STATEMENT_OVERHEAD <= _SMALLEST_PACKET:
             return batches
         room = _max_packet(alias) - STATEMENT_OVERHEAD
@@ -133,6 +142,14 @@ class MySQL(Portable):
             if len(taken) >= wanted or len(found) < asked:  # all taken, or no more due
                 break
         return taken
+
+
+def _labels_size(job: NewJob) -> int:
+    """Return the bytes a job's trace context, tags and metadata add to its INSERT."""
+    if job.trace_context is None and job.tags is None and job.meta is None:
+        return 0  # the common case
+    texts = (job.trace_context, json_text(job.tags), json_text(job.meta))
+    return sum(_sent_size(text) for text in texts if text is not None)
 
 
 def _sent_size(payload: str) -> int:

@@ -66,6 +66,10 @@ _CLAIMED_FIELDS = (
     "started_at",
     "errors",
     "dependents",
+    "run_at",
+    "trace_context",
+    "tags",
+    "meta",
 )
 
 
@@ -324,7 +328,15 @@ class Portable:
         )
         # A row holds the twelve fields before token, then dependents: mypy cannot count them.
         claimed = [
-            ClaimedJob(*row[:12], token=token, dependents=row[12])  # type: ignore[misc]
+            ClaimedJob(  # type: ignore[misc]
+                *row[:12],
+                token=token,
+                dependents=row[12],
+                run_at=row[13],
+                trace_context=row[14],
+                tags=row[15],
+                meta=row[16],
+            )
             for row in rows
         ]
         keys = {j.idempotency_key for j in claimed if j.key is not None or j.attempts > 1}
@@ -355,7 +367,7 @@ class Portable:
                 jobs.select_for_update()
                 .filter(id__in=list(token_of))
                 .order_by("id")
-                .values_list(*_CLAIMED_FIELDS, "locked_by")
+                .values_list(*_CLAIMED_FIELDS, "progress", "locked_by")
             )
             held = [row for row in rows if row[-1] == token_of[row[0]][0]]
             if not held:
@@ -380,6 +392,7 @@ class Portable:
                         worker_id=worker_of(row[-1]),
                         result=json_loads(token_of[row[0]][1]),
                         fingerprint=row[8],
+                        progress=row[-2],
                     )
                     for row in held
                 ],
@@ -419,6 +432,7 @@ class Portable:
             worker_id=job.worker_id,
             result=json_loads(result),
             fingerprint=job.fingerprint,
+            progress=job.progress,
         )
         try:
             with transaction.atomic(using=alias):

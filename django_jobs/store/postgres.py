@@ -20,7 +20,7 @@ from django_jobs.exceptions import LeaseLost
 from django_jobs.models import CompletionMarker, JobQuerySet
 from django_jobs.rows import ClaimedJob, ClaimRequest, EnqueueResult, Finished, NewJob, Settled
 from django_jobs.store import sql
-from django_jobs.store.base import DONE, Found, Holder, KeyRaced, WorkflowRows
+from django_jobs.store.base import DONE, Found, Holder, KeyRaced, WorkflowRows, json_text
 from django_jobs.store.portable import Portable, write_beat
 
 # A settle batch with the positions of its jobs in the worker's list.
@@ -306,6 +306,9 @@ def _insert_params(job: NewJob) -> dict[str, Any]:
         "key": job.key,
         "fingerprint": job.fingerprint,
         "partition": job.partition,
+        "trace_context": job.trace_context,
+        "tags": json_text(job.tags),
+        "meta": json_text(job.meta),
         "channel": conf.get("CHANNEL"),
         "notify": bool(conf.get("LISTEN")),
     }
@@ -331,7 +334,11 @@ def _replay_params(jobs: Sequence[NewJob]) -> dict[str, Any]:
             "dependents",
             "release_delay",
             "not_before",
+            "trace_context",
         )
+    } | {
+        "tags": [json_text(job.tags) for job in jobs],
+        "meta": [json_text(job.meta) for job in jobs],
     }
 
 
@@ -345,9 +352,18 @@ def _claimed(rows: list[tuple[Any, ...]], token: str) -> list[ClaimedJob]:
             token=token,
             completed=row[12],
             dependents=row[13],
+            run_at=row[14],
+            trace_context=row[15],
+            tags=_json_column(row[16]),
+            meta=_json_column(row[17]),
         )
         for row in rows
     ]
+
+
+def _json_column(value: Any) -> Any:
+    """A jsonb column as read raw: JSON text (Django's psycopg loads jsonb as text), or None."""
+    return json.loads(value) if isinstance(value, str) else value
 
 
 # COPY's text format: backslash, tab, newline and carriage return are escaped.
@@ -373,6 +389,9 @@ def _copy_rows(jobs: list[NewJob], now: datetime, *, counts: bool = False) -> st
         if "\\" in payload or "\t" in payload or "\n" in payload or "\r" in payload:
             payload = payload.translate(_COPY_ESCAPES)
         partition = "\\N" if job.partition is None else job.partition.translate(_COPY_ESCAPES)
+        trace = _copy_text(job.trace_context)
+        tags = _copy_text(json_text(job.tags))
+        meta = _copy_text(json_text(job.meta))
         tail = (
             f"\t{job.waiting_for}\t{job.dependents}\t{_copy_interval(job.release_delay)}"
             f"\t{_COPY_NULL if job.not_before is None else job.not_before.isoformat()}\n"
@@ -381,7 +400,8 @@ def _copy_rows(jobs: list[NewJob], now: datetime, *, counts: bool = False) -> st
         )
         lines.append(
             f"{job.id}\t{job.name}\t{job.queue}\t{payload}\t"
-            f"{job.priority}\t{run_at}\t{stamp}\t0\t{job.max_attempts}\t[]\t{partition}{tail}"
+            f"{job.priority}\t{run_at}\t{stamp}\t0\t{job.max_attempts}\t[]\t{partition}"
+            f"\t{trace}\t{tags}\t{meta}{tail}"
         )
     return "".join(lines)
 

@@ -22,7 +22,7 @@ from django.db import connections, models, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from django_jobs import flow, limits
+from django_jobs import flow, limits, tracing
 from django_jobs.exceptions import InvalidJob
 from django_jobs.limits import MAX_BY_LENGTH
 from django_jobs.models import CompletionMarker, DeadLetter, DeadLetterQuerySet, Dependency, Job
@@ -118,6 +118,9 @@ class _Letter(NamedTuple):
     key: str | None
     fingerprint: str | None
     replayed_at: datetime | None
+    trace_context: str | None
+    tags: list[str] | None
+    meta: dict[str, str] | None
 
     @property
     def edge_key(self) -> str:
@@ -325,7 +328,10 @@ def _replay_jobs(
             fingerprint=fingerprint,
             partition=_partition_of(request, letter.name, letter.payload),
             dependents=count,
+            tags=letter.tags,
+            meta=letter.meta,
         )
+    tracing.replayed(letters, jobs)
     keys = [job.key for job in jobs.values() if job.key is not None]
     completed: set[str | None] = set()
     live: set[str | None] = set()

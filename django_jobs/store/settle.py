@@ -1,5 +1,5 @@
 """Settle: what a worker does with a job it holds (complete, retry, snooze, release,
-dead-letter) and the heartbeat's lease extension.
+dead-letter), the heartbeat's lease extension and the progress it writes.
 
 Each function is the engine-independent half; the statements are the engine's
 (postgres: sql.COMPLETE, COMPLETE_ATOMIC, RELEASE, EXTEND_LEASES; the ORM's in
@@ -129,6 +129,14 @@ def extend_leases(jobs: JobQuerySet, held_jobs: Iterable[ClaimedJob], seconds: f
         held,
         frozenset(j.id for j in missing if (j.id, j.worker_id, j.attempts) not in own),
     )
+
+
+def write_progress(jobs: JobQuerySet, job: ClaimedJob, progress: dict[str, Any]) -> bool:
+    """Store a held job's progress (context.JobContext.progress); False if its lease is gone."""
+    written = jobs.filter(id=job.id, locked_by=job.token).update(progress=progress) > 0
+    if written:
+        job.progress = progress
+    return written
 
 
 def dead_letter(

@@ -84,7 +84,7 @@ SELECT id, name, queue, payload, priority, attempts, max_attempts, key, fingerpr
            SELECT 1 FROM django_jobs_marker AS m
            WHERE m.key = COALESCE(claimed.key, claimed.id::text)
        ) AS completed,
-       dependents
+       dependents, run_at, trace_context, tags, meta
 FROM claimed
 ORDER BY priority DESC, run_at, id
 """
@@ -165,7 +165,7 @@ claimed AS (
       AND (j.locked_by IS NULL OR j.lease_expires_at < statement_timestamp())
     RETURNING j.id, j.name, j.queue, j.payload, j.priority, j.run_at, j.attempts,
               j.max_attempts, j.key, j.fingerprint, j.enqueued_at, j.started_at, j.errors,
-              j.dependents
+              j.dependents, j.trace_context, j.tags, j.meta
 ){_RETURNED}"""  # noqa: S608 - spliced: constants of this module and attempts.py, no input
 
 
@@ -335,7 +335,7 @@ def _claim_limited(column: str) -> str:
       AND (j.locked_by IS NULL OR j.lease_expires_at < statement_timestamp())
     RETURNING j.id, j.name, j.queue, j.payload, j.priority, j.run_at, j.attempts,
               j.max_attempts, j.key, j.fingerprint, j.enqueued_at, j.started_at, j.errors,
-              j.partition, j.dependents
+              j.partition, j.dependents, j.trace_context, j.tags, j.meta
 ),
 counted AS (
     INSERT INTO django_jobs_flow_window (key, partition, window_start, starts)
@@ -410,10 +410,10 @@ def claim_params(
 MARK_DELETED = """
     INSERT INTO django_jobs_marker
         (job_id, key, name, queue, attempts, enqueued_at, started_at, completed_at,
-         worker_id, result, fingerprint)
+         worker_id, result, fingerprint, progress)
     SELECT id, COALESCE(key, id::text), name, queue, attempts, enqueued_at, started_at,
            statement_timestamp(),
-           split_part(locked_by, '#', 1), result, fingerprint
+           split_part(locked_by, '#', 1), result, fingerprint, progress
     FROM deleted
     ON CONFLICT DO NOTHING
 """
@@ -536,7 +536,7 @@ deleted AS (
     USING finished AS f
     WHERE j.id = f.id AND j.locked_by = f.token AND j.dependents = f.d{gate}
     RETURNING f.i, j.id, j.key, j.name, j.queue, j.attempts, j.enqueued_at, j.started_at,
-              j.fingerprint, j.locked_by, f.result, j.dependents
+              j.fingerprint, j.locked_by, f.result, j.dependents, j.progress
 ),
 marked AS ({MARK_DELETED}){tail}"""  # noqa: S608 - spliced: MARK_DELETED and _release, no input
 
@@ -583,7 +583,7 @@ WITH {locking}deleted AS (
     DELETE FROM django_jobs_job
     WHERE id = %(id)s AND locked_by = %(token)s{gate}
     RETURNING id, key, name, queue, attempts, enqueued_at, started_at, fingerprint, locked_by,
-              %(result)s::jsonb AS result, dependents
+              %(result)s::jsonb AS result, dependents, progress
 ),
 marked AS ({MARK_DELETED}    RETURNING job_id
 )
@@ -611,10 +611,11 @@ RETURNING id, cancel_requested_at IS NOT NULL
 INSERT = """
 INSERT INTO django_jobs_job
     (id, name, queue, payload, priority, run_at, enqueued_at, attempts, max_attempts, errors,
-     partition)
+     partition, trace_context, tags, meta)
 VALUES (%(id)s, %(name)s, %(queue)s, %(payload)s, %(priority)s,
         COALESCE(%(run_at)s, statement_timestamp() + %(delay)s * interval '1 second'),
-        statement_timestamp(), 0, %(max_attempts)s, '[]', %(partition)s)
+        statement_timestamp(), 0, %(max_attempts)s, '[]', %(partition)s, %(trace_context)s,
+        %(tags)s::jsonb, %(meta)s::jsonb)
 RETURNING CASE WHEN %(notify)s AND run_at <= statement_timestamp()
     THEN pg_notify(%(channel)s, queue) END, enqueued_at
 """
@@ -633,11 +634,11 @@ WITH completed AS (
 inserted AS (
     INSERT INTO django_jobs_job
         (id, name, queue, payload, priority, run_at, enqueued_at, attempts, max_attempts,
-         key, fingerprint, errors, partition, dependents)
+         key, fingerprint, errors, partition, trace_context, tags, meta, dependents)
     SELECT %(id)s, %(name)s, %(queue)s, %(payload)s, %(priority)s,
            COALESCE(%(run_at)s, statement_timestamp() + %(delay)s * interval '1 second'),
            statement_timestamp(), 0, %(max_attempts)s, %(key)s, %(fingerprint)s, '[]',
-           %(partition)s,
+           %(partition)s, %(trace_context)s, %(tags)s::jsonb, %(meta)s::jsonb,
            (SELECT count(*) FROM django_jobs_dependency
             WHERE parent_key = %(key)s AND satisfied_at IS NULL)
     WHERE NOT EXISTS (SELECT 1 FROM completed)
@@ -664,7 +665,7 @@ MARKER_OF_KEY = "SELECT job_id, fingerprint FROM django_jobs_marker WHERE key = 
 COPY_JOBS = """
 COPY django_jobs_job
     (id, name, queue, payload, priority, run_at, enqueued_at, attempts, max_attempts, errors,
-     partition)
+     partition, trace_context, tags, meta)
 FROM STDIN
 """
 
@@ -674,7 +675,7 @@ FROM STDIN
 COPY_STEPS = """
 COPY django_jobs_job
     (id, name, queue, payload, priority, run_at, enqueued_at, attempts, max_attempts, errors,
-     partition, waiting_for, dependents, release_delay, not_before)
+     partition, trace_context, tags, meta, waiting_for, dependents, release_delay, not_before)
 FROM STDIN
 """
 
@@ -700,18 +701,21 @@ WITH inserted AS (
     INSERT INTO django_jobs_job
         (id, name, queue, payload, priority, run_at, enqueued_at, attempts, max_attempts,
          key, fingerprint, errors, partition, waiting_for, dependents, release_delay,
-         not_before)
+         not_before, trace_context, tags, meta)
     SELECT r.id, r.name, r.queue, r.payload, r.priority,
            COALESCE(r.run_at, statement_timestamp() + r.delay * interval '1 second'),
            statement_timestamp(), 0, r.max_attempts, r.key, r.fingerprint, '[]',
-           r.partition, r.waiting_for, r.dependents, r.release_delay, r.not_before
+           r.partition, r.waiting_for, r.dependents, r.release_delay, r.not_before,
+           r.trace_context, r.tags::jsonb, r.meta::jsonb
     FROM unnest(%(id)s::uuid[], %(name)s::text[], %(queue)s::text[], %(payload)s::text[],
                 %(priority)s::int[], %(run_at)s::timestamptz[], %(delay)s::float8[],
                 %(max_attempts)s::int[], %(key)s::text[], %(fingerprint)s::text[],
                 %(partition)s::text[], %(waiting_for)s::int[], %(dependents)s::int[],
-                %(release_delay)s::interval[], %(not_before)s::timestamptz[])
+                %(release_delay)s::interval[], %(not_before)s::timestamptz[],
+                %(trace_context)s::text[], %(tags)s::text[], %(meta)s::text[])
         AS r(id, name, queue, payload, priority, run_at, delay, max_attempts, key,
-             fingerprint, partition, waiting_for, dependents, release_delay, not_before)
+             fingerprint, partition, waiting_for, dependents, release_delay, not_before,
+             trace_context, tags, meta)
     WHERE r.key IS NULL OR NOT EXISTS (SELECT 1 FROM django_jobs_marker m WHERE m.key = r.key)
     ON CONFLICT (key) WHERE key IS NOT NULL DO NOTHING
     RETURNING id, key, queue, run_at <= statement_timestamp() AS due

@@ -40,6 +40,7 @@ from django_jobs.worker.runs import (
     Extend,
     Finished,
     HandlersStuck,
+    Progress,
     Run,
     Stop,
     Wake,
@@ -422,6 +423,10 @@ class Worker(Settler, ExecutorThreads, Timeouts):
             run = event.run
             if run in self._inflight and not run.abandoned:
                 self._db(lambda: self._store.extend_leases([run.job], event.seconds))
+        elif isinstance(event, Progress):
+            run = event.run
+            if run in self._inflight and not run.abandoned:
+                self._db(lambda: self._store.write_progress(run.job, event.value))
         elif isinstance(event, Stop):
             if not self._stopping:
                 logger.info(
@@ -596,6 +601,7 @@ class Worker(Settler, ExecutorThreads, Timeouts):
             )
             run = Run(job, handler, ctx, timeout=self._timeout_of(handler))
             ctx._extend = lambda seconds: self._inbox.put(Extend(run, seconds))
+            ctx._report = lambda value: self._inbox.put(Progress(run, value))
             self._hand_out(run)
         elif isinstance(transition, lifecycle.Complete):
             logger.info(
@@ -707,6 +713,9 @@ class Worker(Settler, ExecutorThreads, Timeouts):
         leases = self._db(lambda: self._store.extend_leases([run.job for run in held], self.lease))
         if leases is None:
             return
+        for run in held:  # progress reported since its last write (at most one a second)
+            if run.ctx is not None:
+                run.ctx.flush_progress()
         # A job neither held nor lost was settled by its own atomic handler, whose
         # report is on its way: not a takeover, nothing to cancel.
         for run in held:

@@ -20,7 +20,7 @@ from asgiref.sync import async_to_sync
 from django.core.exceptions import ValidationError
 from django.db import DatabaseError, connections, transaction
 
-from django_jobs import lifecycle, payloads, signals
+from django_jobs import lifecycle, payloads, signals, tracing
 from django_jobs.attempts import error_entry
 from django_jobs.context import JobContext
 from django_jobs.exceptions import FatalError, JobCancelled, LeaseLost, Snooze
@@ -98,9 +98,11 @@ class ExecutorThreads:
         run.thread = threading.current_thread()
         run.started = time.monotonic()
         try:
-            outcome = self.outcome_of(run)
+            outcome = tracing.attempt(self.outcome_of, run)  # in its span, when tracing is on
         except BaseException as exc:  # noqa: BLE001 - outcome_of catches all; this is the net
             outcome = self._failure(run.job, exc)
+        if run.ctx is not None:
+            run.ctx.flush_progress()  # its last value, written before the settle (same inbox)
         try:
             _tidy_connections(own)
         except BaseException:  # noqa: BLE001 - a handler can leave a connection in any state

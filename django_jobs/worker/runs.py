@@ -52,6 +52,14 @@ class Extend:
 
 
 @dataclass(slots=True)
+class Progress:
+    """A handler's ctx.progress() value, for the dispatcher to write to its job's row."""
+
+    run: Run
+    value: dict[str, Any]
+
+
+@dataclass(slots=True)
 class Stop:
     pass
 

@@ -251,3 +251,51 @@ if os.environ.get("JOBS_TEST_STUCK"):
     from tests.testapp import stuck_jobs
 
     stuck_jobs.register(flow=os.environ["JOBS_TEST_STUCK"] == "flow")
+
+
+@job(name="tests.traced", max_attempts=3)
+def traced(payload, ctx):
+    """Work in a span of its own, failing until attempt `succeed_on` (tests/test_tracing.py)."""
+    from opentelemetry import trace  # here: the other tests run without OpenTelemetry
+
+    with trace.get_tracer("tests").start_as_current_span("handler work"):
+        Audit.objects.create(label=payload["label"], job_id=ctx.id, attempt=ctx.attempt)
+    if ctx.attempt < payload.get("succeed_on", 1):
+        raise RuntimeError(f"traced failure on attempt {ctx.attempt}")
+    if payload.get("fatal"):
+        raise FatalError("traced: fatal")
+    return ctx.attempt
+
+
+def _wait_for_file(path, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while path and not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+@job(name="tests.progressing", max_attempts=1)
+def progressing(payload, ctx):
+    """Report progress in a tight loop, wait for payload["go"] (a file), then end as told."""
+    total = payload["total"]
+    for done in range(total + 1):
+        ctx.progress(done, total, note=f"row {done}")
+    Audit.objects.create(label="progressing", job_id=ctx.id, attempt=ctx.attempt)
+    _wait_for_file(payload.get("go"))
+    ctx.progress(total, total, note="finished")
+    if payload.get("fatal"):
+        raise FatalError("progressing: fatal")
+    return total
+
+
+@job(name="tests.async_progressing")
+async def async_progressing(payload, ctx):
+    for done in range(payload["total"] + 1):
+        ctx.progress(done, payload["total"], note="async")
+    return "ok"
+
+
+@job(name="tests.tagged", tags=["billing"])
+def tagged(payload, ctx):
+    """A handler whose jobs carry a tag of its own (tests/test_tags.py)."""
+    if payload and payload.get("fatal"):
+        raise FatalError("tagged: fatal")

@@ -18,9 +18,16 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 from django.utils import timezone
 
-from django_jobs import conf, control, limits, registry, status
+from django_jobs import conf, control, limits, registry, status, tagging
 from django_jobs.exceptions import InvalidJob
-from django_jobs.management.arguments import free_text, job_id, queue_name, workflow_name
+from django_jobs.management.arguments import (
+    add_repeatable,
+    free_text,
+    job_id,
+    queue_name,
+    tag,
+    workflow_name,
+)
 from django_jobs.management.tables import require_job_tables
 from django_jobs.store import JobStore
 from django_jobs.worker import ticker
@@ -80,6 +87,14 @@ class Command(BaseCommand):
         sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
         show = sub.add_parser("status", help="Per-queue figures and the live workers.")
         show.add_argument("--json", action="store_true", help="Print JSON instead of tables.")
+        add_repeatable(
+            show,
+            "--tag",
+            dest="tags",
+            type=tag,
+            metavar="TAG",
+            help="Only the jobs and letters with this tag, per queue (repeatable: with all).",
+        )
         pause = sub.add_parser(
             "pause", help="Stop workers claiming from queues (running jobs finish)."
         )
@@ -120,6 +135,14 @@ class Command(BaseCommand):
             metavar="NAME",
             help="Cancel the steps of this workflow that have not finished (instead of JOB_IDs).",
         )
+        add_repeatable(
+            cancel,
+            "--tag",
+            dest="tags",
+            type=tag,
+            metavar="TAG",
+            help="Cancel the live jobs with this tag (repeatable: with all; instead of JOB_IDs).",
+        )
 
     def handle(self, *, action: str, **options: Any) -> None:
         require_job_tables()  # every action reads or writes the job tables
@@ -127,7 +150,12 @@ class Command(BaseCommand):
 
     # ---- actions -----------------------------------------------------------------
 
-    def do_status(self, *, json: bool = False, **options: Any) -> None:
+    def do_status(
+        self, *, json: bool = False, tags: list[str] | None = None, **options: Any
+    ) -> None:
+        if tags:
+            self._tagged_status(tags, json)
+            return
         report = status.status()
         # runjobs serves these by default; the others only with --queue NAME.
         declared = registry.declared_queues()
@@ -185,6 +213,11 @@ class Command(BaseCommand):
                 f"{cycle.keys[0]!r} (`python manage.py replayjobs --id "
                 f"{' --id '.join(cycle.letters)}`)"
             )
+        if report.progress:
+            self.stdout.write("")
+            self.stdout.write("Running jobs reporting progress (latest attempts first)")
+            rows = [[p.id, p.name, p.queue, p.text] for p in report.progress]
+            self.stdout.write(_table(rows, ["job", "name", "queue", "progress"]))
         if report.flow:
             self.stdout.write("")
             self.stdout.write("Flow limits across the fleet (running now, starts this window)")
@@ -329,17 +362,41 @@ class Command(BaseCommand):
             f"disabled {Schedule.objects.filter(name__in=names).disable()} schedule(s)"
         )
 
+    def _tagged_status(self, tags: list[str], json: bool) -> None:
+        rows = status.tagged_counts(tags)
+        if json:
+            self.stdout.write(_dumps({"tags": tags, "queues": [r._asdict() for r in rows]}))
+            return
+        self.stdout.write(f"Jobs and dead letters tagged {', '.join(map(repr, tags))}")
+        header = ["queue", "waiting", "scheduled", "running", "blocked", "dead (not replayed)"]
+        self.stdout.write(_table([list(row) for row in rows], header))
+
     def do_cancel(
-        self, *, ids: list[uuid.UUID], workflow: str | None = None, **options: Any
+        self,
+        *,
+        ids: list[uuid.UUID],
+        workflow: str | None = None,
+        tags: list[str] | None = None,
+        **options: Any,
     ) -> None:
         # Exit code 2 as argparse's own errors: the command line is wrong, nothing was done.
         if workflow is not None and ids:
             raise CommandError("give JOB_IDs or --workflow NAME, not both", returncode=2)
+        if tags and (ids or workflow is not None):
+            raise CommandError("give --tag TAG alone, without JOB_IDs or --workflow", returncode=2)
+        if tags:
+            from django_jobs.models import Job
+
+            ids = list(tagging.tagged(Job.objects.all(), tags).values_list("id", flat=True))
+            if not ids:
+                raise CommandError(f"no live job tagged {', '.join(map(repr, tags))}")
         if workflow is not None:
             self._cancel_workflow(workflow)
             return
         if not ids:
-            raise CommandError("say what to cancel: JOB_ID ... or --workflow NAME", returncode=2)
+            raise CommandError(
+                "say what to cancel: JOB_ID ... or --workflow NAME (or --tag TAG)", returncode=2
+            )
         result = control.cancel(ids, by="manage.py jobs")
         self.stdout.write(_cancelled(result))
         missing = len(ids) - result.cancelled - result.requested

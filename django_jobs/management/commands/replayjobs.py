@@ -14,7 +14,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
-from django_jobs import control, limits
+from django_jobs import control, limits, tagging
 from django_jobs.management.arguments import (
     add_repeatable,
     free_text,
@@ -23,6 +23,7 @@ from django_jobs.management.arguments import (
     positive_int,
     queue_name,
     seconds_or_zero,
+    tag,
 )
 from django_jobs.management.tables import require_job_tables
 from django_jobs.models import DeadLetter, DeadReason
@@ -117,6 +118,14 @@ class Command(BaseCommand):
             metavar="QUEUE",
             help="Only jobs of this queue (repeatable).",
         )
+        add_repeatable(
+            parser,
+            "--tag",
+            dest="tags",
+            type=tag,
+            metavar="TAG",
+            help="Only jobs with this tag (repeatable: with every one given).",
+        )
         parser.add_argument(
             "--dead-after",
             type=when,
@@ -172,6 +181,7 @@ class Command(BaseCommand):
         dead_before: datetime | None,
         ids: list[uuid.UUID] | None,
         everything: bool,
+        tags: list[str] | None = None,
         limit: int | None,
         delay: float | None,
         run_at: datetime | None,
@@ -180,10 +190,12 @@ class Command(BaseCommand):
         verbosity: int,
         **options: Any,
     ) -> None:
-        if not (reasons or names or queues or dead_after or dead_before or ids or everything):
+        if not (
+            reasons or names or queues or tags or dead_after or dead_before or ids or everything
+        ):
             raise CommandError(
-                "say which letters: --reason, --name, --queue, --dead-after, --dead-before "
-                "or --id, or --all for every letter not replayed yet",
+                "say which letters: --reason, --name, --queue, --tag, --dead-after, "
+                "--dead-before or --id, or --all for every letter not replayed yet",
                 returncode=2,
             )
         if dead_after and dead_before and dead_after >= dead_before:
@@ -200,6 +212,8 @@ class Command(BaseCommand):
             letters = letters.filter(name__in=names)
         if queues:
             letters = letters.filter(queue__in=queues)
+        if tags:
+            letters = tagging.tagged(letters, tags)
         if dead_after:
             letters = letters.filter(dead_at__gte=dead_after)
         if dead_before:
