@@ -72,8 +72,6 @@ VENDOR_ALLOWED = {
     "checks/database.py",
     # The check that drops Django's partial-index warnings where MySQL stands in for them.
     "models.py",
-    # A migration must run as it was written, whatever the code becomes.
-    "migrations/0004_job_key_unique_without_partial_indexes.py",
     # The worker's LISTEN, refused-write errors, lock of the ticker and VACUUM (to move).
     "worker/dispatcher.py",
     "worker/ticker.py",
@@ -87,7 +85,10 @@ def test_outside_the_store_features_ask_the_store_not_the_vendor() -> None:
     found = sorted(
         str(path.relative_to(PACKAGE))
         for path in PACKAGE.rglob("*.py")
-        if not path.is_relative_to(STORE) and asking.search(path.read_text(encoding="utf-8"))
+        # A migration must run as it was written, whatever the code becomes.
+        if not path.is_relative_to(STORE)
+        and not path.is_relative_to(PACKAGE / "migrations")
+        and asking.search(path.read_text(encoding="utf-8"))
     )
     assert sorted(set(found) - VENDOR_ALLOWED) == []  # checks, admin, commands, tasks: none
     assert sorted(VENDOR_ALLOWED - set(found)) == []  # the list is kept exact
