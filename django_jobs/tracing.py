@@ -16,7 +16,7 @@ in ``sys.modules``.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -254,10 +254,34 @@ def attempt(execute: Callable[[Any], lifecycle.Outcome], run: Attempt) -> lifecy
 
     The span notes the job, its attempt and the outcome the lifecycle gives
     what execute reported (succeeded, retried, dead with its reason, snoozed,
-    released), and records the handler's exception.
+    released), and records the handler's exception. (The threads' attempts.)
     """
     if not active():
         return execute(run)
+    with _consumer_span(run) as span:
+        outcome = execute(run)
+        _note(span, run, outcome)
+        return outcome
+
+
+async def aattempt(
+    execute: Callable[[Any], Awaitable[lifecycle.Outcome]], run: Attempt
+) -> lifecycle.Outcome:
+    """``attempt`` for the event loop's attempts: await execute(run) in the same span.
+
+    The span is current in the attempt's own task (its context), so the spans the
+    handler makes across its awaits are its children.
+    """
+    if not active():
+        return await execute(run)
+    with _consumer_span(run) as span:
+        outcome = await execute(run)
+        _note(span, run, outcome)
+        return outcome
+
+
+def _consumer_span(run: Attempt) -> Any:
+    """The CONSUMER span of one attempt, as a context manager that makes it current."""
     trace = _trace()
     job = run.job
     producer = span_context(job.trace_context)
@@ -282,7 +306,7 @@ def attempt(execute: Callable[[Any], lifecycle.Outcome], run: Attempt) -> lifecy
         # The time the job waited for a worker since it was due (since it was
         # enqueued, for a job due at once): the queue's delay, not its own.
         attributes["django_jobs.queue_wait"] = max(0.0, (now - _aware(due)).total_seconds())
-    with _get_tracer().start_as_current_span(
+    return _get_tracer().start_as_current_span(
         f"process {job.queue}",
         context=parent,
         kind=trace.SpanKind.CONSUMER,
@@ -290,13 +314,14 @@ def attempt(execute: Callable[[Any], lifecycle.Outcome], run: Attempt) -> lifecy
         links=links,
         record_exception=False,
         set_status_on_exception=False,
-    ) as span:
-        outcome = execute(run)
-        try:
-            _note_outcome(span, run, outcome)
-        except Exception:  # noqa: BLE001 - a span's notes never fail an attempt
-            span.set_attribute("django_jobs.outcome", "unknown")
-        return outcome
+    )
+
+
+def _note(span: Any, run: Attempt, outcome: lifecycle.Outcome) -> None:
+    try:
+        _note_outcome(span, run, outcome)
+    except Exception:  # noqa: BLE001 - a span's notes never fail an attempt
+        span.set_attribute("django_jobs.outcome", "unknown")
 
 
 def _aware(when: datetime) -> datetime:
