@@ -52,7 +52,7 @@ from django_jobs.models import (
 )
 from django_jobs.registry import Handler
 from django_jobs.worker import Worker
-from django_jobs.worker.executor import _call
+from django_jobs.worker.attempt import _call
 
 __all__ = [
     "MAX_ROUNDS",
@@ -244,6 +244,10 @@ class _InlineWorker(Worker):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        # Async handlers run here too, each on a loop of its own (async_to_sync), one
+        # after the other: the attempt's outcome is decided as on the worker's loop.
+        self._eventloop = None
+        self._split_names()
         self.claimed_last = 0
         self._report: list[tuple[ClaimedJob, str, Any]] = []
 

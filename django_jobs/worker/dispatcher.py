@@ -32,6 +32,7 @@ from django_jobs.lifecycle import Outcome
 from django_jobs.models import ClaimedJob, Job, JobQuerySet, notify_freed
 from django_jobs.payloads import safe_str, storable_text
 from django_jobs.registry import Handler
+from django_jobs.worker.eventloop import LoopExecutor
 from django_jobs.worker.executor import ExecutorThreads, _close_quietly
 from django_jobs.worker.listener import RETRY_MAX, RETRY_MIN, Listener
 from django_jobs.worker.runs import (
@@ -85,6 +86,7 @@ class Worker(Settler, ExecutorThreads, Timeouts):
 
     queues: list[str] = _FROM_SETTINGS
     concurrency: int = _FROM_SETTINGS
+    async_concurrency: int = _FROM_SETTINGS
     batch: int = _FROM_SETTINGS
     lease: float = _FROM_SETTINGS
     heartbeat: float = _FROM_SETTINGS
@@ -102,6 +104,7 @@ class Worker(Settler, ExecutorThreads, Timeouts):
             self,
             queues: list[str] | None = None,
             concurrency: int | None = None,
+            async_concurrency: int | None = None,
             batch: int | None = None,
             lease: float | None = None,
             heartbeat: float | None = None,
@@ -150,7 +153,19 @@ class Worker(Settler, ExecutorThreads, Timeouts):
         self._closing = threading.Event()
         self._more = True  # jobs may be due: claim without waiting for the poll
         self._avg_duration: float | None = None
-        self._target = self.concurrency  # in-flight jobs to aim for
+        self._target = self.concurrency  # in-flight jobs to aim for on the threads
+        # Async handlers: tasks on one event loop (started with the first of them),
+        # with targets of their own; the loop's sync_to_async calls get a pool of
+        # `concurrency` threads.
+        self._eventloop: LoopExecutor | None = LoopExecutor(
+            slots=self.async_concurrency,
+            orm_threads=self.concurrency,
+            worker_id=self.id,
+            report=self._inbox.put,
+        )
+        self._loop_target = self.async_concurrency
+        self._loop_load = 0  # runs in flight on the loop (of _inflight)
+        self._avg_loop: float | None = None
         self._claimed_total = 0
         self._db_failures = 0
         self._queryset: JobQuerySet = Job.objects.using(self.database)
@@ -159,6 +174,7 @@ class Worker(Settler, ExecutorThreads, Timeouts):
         # The job names this worker claims (and publishes in its heartbeat row).
         self.names = sorted(registry.all_handlers())
         self._names_generation = registry.generation()
+        self._split_names()
         self._flow_limits = self._limits()
         self._limited = {g.value for g in self._flow_limits if g.kind == "name"}
         self._limited_queues = {g.value for g in self._flow_limits if g.kind == "queue"}
@@ -207,6 +223,12 @@ class Worker(Settler, ExecutorThreads, Timeouts):
         self.concurrency = limits.integer(
             "concurrency", self.concurrency or settings["CONCURRENCY"], 1, limits.MAX_CONCURRENCY
         )
+        self.async_concurrency = limits.integer(
+            "async_concurrency",
+            self.async_concurrency or settings["ASYNC_CONCURRENCY"],
+            1,
+            limits.MAX_ASYNC_CONCURRENCY,
+        )
         self.batch = limits.integer("batch", self.batch or settings["BATCH"], 1, limits.MAX_INT)
         if self.max_jobs is not None:
             limits.integer("max_jobs", self.max_jobs, 1, limits.MAX_INT)
@@ -234,10 +256,12 @@ class Worker(Settler, ExecutorThreads, Timeouts):
     def run(self) -> None:
         """Work until stopped (or, in burst mode, until nothing is due)."""
         logger.info(
-            "worker %s starting: queues=%s concurrency=%d batch=%d lease=%.0fs",
+            "worker %s starting: queues=%s concurrency=%d async_concurrency=%d batch=%d "
+            "lease=%.0fs",
             self.id,
             ",".join(self.queues),
             self.concurrency,
+            self.async_concurrency,
             self.batch,
             self.lease,
         )
@@ -257,6 +281,9 @@ class Worker(Settler, ExecutorThreads, Timeouts):
             self._loop()
         finally:
             self._ops.stopped()
+            if self._eventloop is not None:
+                blocked = self._eventloop.loop_blocker() is not None
+                self._eventloop.shutdown(timeout=0.0 if blocked else 2.0)
             self._shutdown_threads()
         stats = self.stats
         # The rare counts only when they happened: "0 late settles fenced out" on every
@@ -387,8 +414,28 @@ class Worker(Settler, ExecutorThreads, Timeouts):
             deadlines.append(grace_deadline)
         if self._look_again_at is not None:
             deadlines.append(self._look_again_at)
-        deadlines.extend(d for run in self._timed if (d := run.deadline))
+        deadlines.extend(d for run in self._timed if (d := self._due_at(run, now)))
         return max(0.0, min(deadlines) - now)
+
+    def _due_at(self, run: Run, now: float) -> float | None:
+        """When run's timeout passes, as far as is known now (a blocked loop's time excused)."""
+        deadline = run.deadline
+        if deadline is None or not run.on_loop:
+            return deadline
+        excuse = self._excuse(run, now)
+        return max(deadline + excuse, now + 0.02) if excuse else deadline
+
+    def _excuse(self, run: Run, now: float) -> float:
+        loop = self._eventloop
+        return loop.excuse(run, now) if run.on_loop and loop is not None else 0.0
+
+    def _interrupt(self, run: Run) -> None:
+        if self._eventloop is not None:
+            self._eventloop.cancel(run)
+
+    def _loop_blocker(self) -> Run | None:
+        loop = self._eventloop
+        return loop.loop_blocker() if loop is not None and loop.started else None
 
     def _drain_inbox(self, timeout: float) -> None:
         try:
@@ -470,8 +517,36 @@ class Worker(Settler, ExecutorThreads, Timeouts):
 
     # ---- claiming ---------------------------------------------------------
 
+    def _split_names(self) -> None:
+        """Tell the names of handlers the loop runs from those the threads run."""
+        handlers = registry.all_handlers()
+        on_loop = {
+            name
+            for name in self.names
+            if self._eventloop is not None
+            and (h := handlers.get(name)) is not None
+            and h.is_async
+            and not h.atomic
+        }
+        self._loop_names = sorted(on_loop)
+        self._thread_names = [name for name in self.names if name not in on_loop]
+
+    def _free_by_kind(self) -> tuple[int, int]:
+        """Free slots (look-ahead included) on the threads and on the loop."""
+        held_loop = sum(1 for run in self._held_back if run.on_loop) if self._held_back else 0
+        free_threads = free_loop = 0
+        if self._thread_names:
+            on_threads = len(self._inflight) - self._loop_load
+            free_threads = self._target - on_threads - (len(self._held_back) - held_loop)
+        if self._loop_names:
+            free_loop = self._loop_target - self._loop_load - held_loop
+        return max(0, free_threads), max(0, free_loop)
+
     def _free_slots(self) -> int:
-        free = self._target - len(self._inflight) - len(self._held_back)
+        if not self._loop_names:  # the common case, kept short: threads only
+            free = self._target - len(self._inflight) - len(self._held_back)
+        else:
+            free = sum(self._free_by_kind())
         if self.max_jobs is not None:
             free = min(free, self.max_jobs - self._claimed_total)
         return max(0, min(free, self.batch))
@@ -482,9 +557,27 @@ class Worker(Settler, ExecutorThreads, Timeouts):
         free = self._free_slots()
         if free <= 0:
             return False
-        # Claim at once when threads would idle; otherwise wait until half the
-        # look-ahead is free rather than claiming a job at a time.
-        return len(self._inflight) < self.concurrency or free >= self._target // 2
+        # Claim at once when threads (or loop slots) would idle; otherwise wait until
+        # half the look-ahead is free rather than claiming a job at a time.
+        if not self._loop_names:
+            return len(self._inflight) < self.concurrency or free >= self._target // 2
+        on_loop = self._loop_load
+        idle_threads = bool(self._thread_names) and len(self._inflight) - on_loop < self.concurrency
+        target = (self._target if self._thread_names else 0) + self._loop_target
+        return idle_threads or on_loop < self.async_concurrency or free >= target // 2
+
+    def _claim_names(self) -> list[str]:
+        """The names to claim: a kind whose slots are full is left out (and claimed again later)."""
+        if not (self._loop_names and self._thread_names):
+            return self.names
+        free_threads, free_loop = self._free_by_kind()
+        if not free_threads:
+            self._excluded.update(self._thread_names)
+            return self._loop_names
+        if not free_loop:
+            self._excluded.update(self._loop_names)
+            return self._thread_names
+        return self.names
 
     def _claim(self, settle: bool = False) -> tuple[int, int]:
         """Claim what the free slots can take; with `settle`, settle the successes first."""
@@ -499,6 +592,7 @@ class Worker(Settler, ExecutorThreads, Timeouts):
         self._excluded = set(capped)
         if registry.generation() != self._names_generation:
             self._names_changed()
+        names = self._claim_names()
         beat = self._ops.beat(time.monotonic())
         # Rotate the queues so that a busy one does not always come first.
         first = seq % len(self.queues)
@@ -510,7 +604,7 @@ class Worker(Settler, ExecutorThreads, Timeouts):
             "lease": self.lease,
             "exclude_names": capped,
             "beat": beat,
-            "names": self.names,
+            "names": names,
             "flow_limits": self._flow_limits,
             "flow_claim": self._flow_due,
             "others": self._others_due,
@@ -555,6 +649,7 @@ class Worker(Settler, ExecutorThreads, Timeouts):
     def _names_changed(self) -> None:
         self._names_generation = registry.generation()
         self.names = sorted(registry.all_handlers())
+        self._split_names()
         self._flow_limits = self._limits()
         self._limited = {g.value for g in self._flow_limits if g.kind == "name"}
         self._limited_queues = {g.value for g in self._flow_limits if g.kind == "queue"}
@@ -591,7 +686,8 @@ class Worker(Settler, ExecutorThreads, Timeouts):
                 errors=job.errors,
                 _parents=partial(self._queryset.parent_results, job.id),
             )
-            run = Run(job, handler, ctx, timeout=self._timeout_of(handler))
+            on_loop = self._eventloop is not None and handler.is_async and not handler.atomic
+            run = Run(job, handler, ctx, timeout=self._timeout_of(handler), on_loop=on_loop)
             ctx._extend = lambda seconds: self._inbox.put(Extend(run, seconds))
             self._hand_out(run)
         elif isinstance(transition, lifecycle.Complete):
@@ -635,7 +731,12 @@ class Worker(Settler, ExecutorThreads, Timeouts):
         self._by_name[name] = self._by_name.get(name, 0) + 1
         if run.timeout:
             self._timed.add(run)
-        self._work.put(run)
+        if run.on_loop:
+            assert self._eventloop is not None  # on_loop only with a loop
+            self._loop_load += 1
+            self._eventloop.submit(run)
+        else:
+            self._work.put(run)
 
     def _release_held_back(self) -> None:
         waiting, self._held_back = self._held_back, deque()
@@ -655,19 +756,27 @@ class Worker(Settler, ExecutorThreads, Timeouts):
             self._settle(run, event.outcome, 0.0)  # released, attempt not counted
             return
         duration = event.duration
-        avg = self._avg_duration
-        self._avg_duration = avg = duration if avg is None else 0.9 * avg + 0.1 * duration
-        # Short jobs are queued ahead of free threads so that claims stay few;
-        # long ones only as threads free up, so one worker does not hoard them.
-        self._target = self.concurrency + min(
-            self.batch, int(self.concurrency * LOOKAHEAD / max(avg, 1e-6))
-        )
+        # Short jobs are queued ahead of free threads (or loop slots) so that claims
+        # stay few; long ones only as slots free up, so one worker does not hoard them.
+        if run.on_loop:
+            avg = self._avg_loop
+            self._avg_loop = avg = duration if avg is None else 0.9 * avg + 0.1 * duration
+            slots = self.async_concurrency
+            self._loop_target = slots + min(self.batch, int(slots * LOOKAHEAD / max(avg, 1e-6)))
+        else:
+            avg = self._avg_duration
+            self._avg_duration = avg = duration if avg is None else 0.9 * avg + 0.1 * duration
+            self._target = self.concurrency + min(
+                self.batch, int(self.concurrency * LOOKAHEAD / max(avg, 1e-6))
+            )
         self._settle(run, event.outcome, duration)
 
     def _forget(self, run: Run) -> None:
         if run in self._inflight:
             self._inflight.discard(run)
             self._timed.discard(run)
+            if run.on_loop:
+                self._loop_load -= 1
             name = run.job.name
             left = self._by_name.get(name, 1) - 1
             if left:
@@ -735,6 +844,8 @@ class Worker(Settler, ExecutorThreads, Timeouts):
     def _begin_shutdown(self) -> float:
         # Queued runs come back from the executors unstarted and are released.
         self._draining = True
+        if self._eventloop is not None and self._eventloop.started:
+            self._eventloop.drain()
         if self._held_back:
             self._release(list(self._held_back))
             self._freed.update(k for run in self._held_back if (k := self._group_of(run.job)))
@@ -753,6 +864,8 @@ class Worker(Settler, ExecutorThreads, Timeouts):
             run.abandoned = True
             assert run.ctx is not None  # a run handed out has one
             run.ctx.cancel()
+            if run.on_loop:
+                self._interrupt(run)
         if unfinished:
             self._release(unfinished)
             now = time.monotonic()

@@ -16,17 +16,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from asgiref.sync import async_to_sync
-from django.core.exceptions import ValidationError
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, connections
 
-from django_jobs import lifecycle, payloads, signals
-from django_jobs.attempts import error_entry
-from django_jobs.context import JobContext
-from django_jobs.exceptions import FatalError, JobCancelled, LeaseLost, Snooze
+from django_jobs import lifecycle
 from django_jobs.lifecycle import Outcome
 from django_jobs.models import ClaimedJob, JobQuerySet
-from django_jobs.registry import Handler
+from django_jobs.worker import attempt
 from django_jobs.worker.runs import STOP_EXECUTOR, Finished, Run
 
 # A thread idle longer than this checks its connection before the next handler
@@ -101,86 +96,22 @@ class ExecutorThreads:
         except BaseException as exc:  # noqa: BLE001 - outcome_of catches all; this is the net
             outcome = self._failure(run.job, exc)
         try:
-            _tidy_connections(own)
+            tidy_connections(own)
         except BaseException:  # noqa: BLE001 - a handler can leave a connection in any state
-            for conn in own:
-                _close_quietly(conn)
+            close_connections(own)
         return Finished(run, outcome, time.monotonic() - run.started)
 
     def outcome_of(self, run: Run) -> Outcome:
-        """Run a claimed job's handler on this thread and return what happened.
-
-        It never raises. Whatever the handler or its validator raises, any
-        BaseException included (KeyboardInterrupt, SystemExit, CancelledError,
-        GeneratorExit), is a failed attempt: executors are not the main thread,
-        so the worker's own SIGINT/SIGTERM handling never meets it.
-        """
-        job, handler, ctx = run.job, run.handler, run.ctx
-        assert handler is not None and ctx is not None  # a run handed out has both
-        if run.cancel_requested:  # cancelled while it waited for this thread
-            return self._failure(job, JobCancelled("cancelled before it started"))
-        try:
-            payload = payloads.decode(job.payload)
-            if handler.validate is not None:
-                validated = handler.validate(payload)
-                payload = payload if validated is None else validated
-        except (ValueError, TypeError, ValidationError) as exc:
-            return lifecycle.Invalid(error_entry(job.attempts, exc=exc, worker=self.id))
-        except BaseException as exc:  # noqa: BLE001 - a validator that breaks fails the attempt
-            return self._failure(job, exc)
-        try:
-            if signals.job_started.receivers:
-                signals.job_started.send(**signals.about(job), attempt=job.attempts)
-            if handler.atomic:
-                return self._run_atomic(run, payload)
-            return lifecycle.Succeeded(payloads.encode_result(_call(handler, payload, ctx)))
-        except Snooze as exc:
-            seconds = getattr(exc, "seconds", None)
-            if type(seconds) is float and 0.0 <= seconds <= Snooze.MAX_SECONDS:
-                return lifecycle.Snoozed(seconds)
-            return self._failure(job, exc)  # a Snooze tampered with after it was made
-        except FatalError as exc:
-            return self._failure(job, exc, fatal=True)
-        except BaseException as exc:  # noqa: BLE001 - a handler may raise anything
-            return self._failure(job, exc)
+        """Run a claimed job's handler on this thread and return what happened (never raises)."""
+        return attempt.outcome_of(run, self.id, self._queryset, self.database)
 
     def _failure(
         self, job: ClaimedJob, exc: BaseException, fatal: bool = False
     ) -> lifecycle.Failed:
-        return lifecycle.Failed(
-            error_entry(job.attempts, exc=exc, worker=self.id), fatal=fatal, exc=exc
-        )
-
-    def _run_atomic(self, run: Run, payload: Any) -> Outcome:
-        job, handler, ctx = run.job, run.handler, run.ctx
-        assert handler is not None and ctx is not None  # a run handed out has both
-        try:
-            with transaction.atomic(using=self.database):
-                result = payloads.encode_result(_call(handler, payload, ctx))
-                if run.abandoned:
-                    raise LeaseLost(f"job {job.id} timed out or was released; rolling back")
-                if not self._queryset.complete_atomically(job, result):
-                    raise _MarkerExists
-        except _MarkerExists:
-            return lifecycle.AlreadyDone()
-        except LeaseLost:
-            return lifecycle.Lost()
-        return lifecycle.SettledAtomically()
+        return attempt.failure(job, exc, self.id, fatal)
 
 
-class _MarkerExists(Exception):
-    pass
-
-
-def _call(handler: Handler, payload: Any, ctx: JobContext) -> Any:
-    if handler.is_async:
-        # async_to_sync sends the coroutine's thread-sensitive sync_to_async calls
-        # (the ORM) back to this thread, so they use this thread's connection.
-        return async_to_sync(handler.func)(payload, ctx)
-    return handler.func(payload, ctx)
-
-
-def _tidy_connections(own: list[Any]) -> None:
+def tidy_connections(own: list[Any]) -> None:
     """After a handler: roll back what it left open; drop broken connections; keep the rest.
 
     Unlike close_old_connections() this keeps healthy connections whatever
@@ -207,6 +138,12 @@ def _check_connections(own: list[Any]) -> None:
     for conn in own:
         if conn.connection is not None and not conn.is_usable():
             _close_quietly(conn)
+
+
+def close_connections(conns: list[Any]) -> None:
+    """Close every connection of conns, whatever state the handler left it in."""
+    for conn in conns:
+        _close_quietly(conn)
 
 
 def _close_quietly(conn: Any) -> None:

@@ -24,10 +24,16 @@ class Run:
     timed_out: bool = False
     thread: Any = None  # the executor thread running it (set when the handler starts)
     cancel_requested: bool = False  # an operator cancelled it: if it stops, it is dead-lettered
+    on_loop: bool = False  # an async handler run as a task on the worker's event loop
+    task: Any = None  # its asyncio task (set on the loop when it starts)
+    # Seconds its timeout does not count: time the loop was blocked by another handler.
+    excused: float = 0.0
 
     @property
     def deadline(self) -> float | None:
-        return self.started + self.timeout if self.started and self.timeout else None
+        if self.started and self.timeout:
+            return self.started + self.timeout + self.excused
+        return None
 
 
 # ---- inbox events ---------------------------------------------------------
