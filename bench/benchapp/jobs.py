@@ -42,3 +42,17 @@ if os.environ.get("BENCH_FLOW") == "1":
     @job(name="bench.capped", global_concurrency=CAP)
     def capped(payload, ctx):
         time.sleep(CAPPED_SECONDS)
+
+
+# IO (issue 25), registered in worker processes started with BENCH_IO=1: jobs that
+# wait on I/O, written the modern way (await) and the threaded way (time.sleep).
+if os.environ.get("BENCH_IO") == "1":
+    import asyncio
+
+    @job(name="bench.await")
+    async def awaits(payload, ctx):
+        await asyncio.sleep(payload["s"])
+
+    @job(name="bench.block")
+    def blocks(payload, ctx):
+        time.sleep(payload["s"])
