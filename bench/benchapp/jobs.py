@@ -16,8 +16,12 @@ def noop(payload, ctx):
 
 @job(name="bench.started")
 def started(payload, ctx):
-    """Record when the handler started (time.time(): the same clock as the enqueuer's)."""
-    return time.time()
+    """Record when the handler started, and when its claim began (the database's now()).
+
+    Both on the machine's clock, as the enqueuer's time.time(): L1 splits the wait
+    into wake-up (commit to claim) and claim plus hand-off (claim to handler).
+    """
+    return [time.time(), ctx.started_at.timestamp() if ctx.started_at else None]
 
 
 @job(name="bench.sleep")
