@@ -18,7 +18,7 @@ from django_jobs.exceptions import LeaseLost
 from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job, Leases
 from django_jobs.signals import job_dead_lettered, job_finished, job_started
 from django_jobs.worker import Worker
-from django_jobs.worker.dispatcher import _refused
+from django_jobs.worker.guard import _refused
 from tests.conftest import POSTGRES
 from tests.factories import JobFactory, MarkerFactory
 from tests.testapp import jobs

@@ -24,6 +24,7 @@ from collections import deque
 
 from django_jobs.lifecycle import Failed, Outcome, SettledAtomically
 from django_jobs.models import ClaimedJob
+from django_jobs.worker.eventloop import LoopExecutor
 from django_jobs.worker.runs import EXIT_STUCK, Run, WorkerStats, log_extra
 
 logger = logging.getLogger("django_jobs.worker")
@@ -53,6 +54,7 @@ class Timeouts:
     _abandoned: dict[Run, tuple[Outcome, float]]
     _stuck_threads: set[threading.Thread]  # their threads, not waited for at shutdown
     _all_stuck: str | None  # every thread was abandoned: why run() raises HandlersStuck
+    _eventloop: LoopExecutor | None  # the async handlers' executor
 
     def _forget(self, run: Run) -> None:
         raise NotImplementedError
@@ -63,17 +65,25 @@ class Timeouts:
     def _failure(self, job: ClaimedJob, exc: BaseException, fatal: bool = False) -> Failed:
         raise NotImplementedError
 
+    def _due_at(self, run: Run, now: float) -> float | None:
+        """When run's timeout passes, as far as is known now (a blocked loop's time excused)."""
+        deadline = run.deadline
+        if deadline is None or not run.on_loop:
+            return deadline
+        excuse = self._excuse(run, now)
+        return max(deadline + excuse, now + 0.02) if excuse else deadline
+
     def _excuse(self, run: Run, now: float) -> float:
-        """Seconds of run's time that its timeout does not count (a loop blocked by another)."""
-        raise NotImplementedError
+        loop = self._eventloop
+        return loop.excuse(run, now) if run.on_loop and loop is not None else 0.0
 
     def _interrupt(self, run: Run) -> None:
-        """Cancel the task of an async run (its timeout passed)."""
-        raise NotImplementedError
+        if self._eventloop is not None:
+            self._eventloop.cancel(run)
 
     def _loop_blocker(self) -> Run | None:
-        """The async run blocking the event loop now, if any."""
-        raise NotImplementedError
+        loop = self._eventloop
+        return loop.loop_blocker() if loop is not None and loop.started else None
 
     def _running_on(self) -> bool:
         """Whether a run in flight may still report: not abandoned, or within grace of it."""
