@@ -13,8 +13,8 @@ import signal
 
 import pytest
 
-from django_jobs import enqueue
-from django_jobs.models import CompletionMarker, DeadLetter, Job
+from django_jobs import control, enqueue
+from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job
 from django_jobs.worker import EXIT_STUCK
 from tests.conftest import POSTGRES, wait_for
 from tests.test_timeouts import Sampler
@@ -88,6 +88,22 @@ def test_a_timeout_cancels_the_task_and_the_worker_goes_on(handlers, worker_proc
     assert Audit.objects.filter(label="after-the-timeout").exists()
     assert CompletionMarker.objects.filter(job_id=later.id).exists()
     assert "its task is cancelled" in worker.output()
+
+
+def test_cancelling_a_running_async_job_cancels_its_task(handlers, worker_process):
+    job = enqueue(handlers["nap"], {"seconds": 600}).id
+    worker, sampler = _worker(worker_process, "--lease", "1.5")  # heartbeat every 0.5 s
+    wait_for(lambda: Job.objects.filter(id=job, attempts=1).exists(), message="the job to start")
+    outcome = control.cancel([job], by="alice")
+    assert (outcome.cancelled, outcome.requested) == (0, 1)
+    letter = wait_for(
+        lambda: DeadLetter.objects.filter(id=job).first(), timeout=10, message="the dead letter"
+    )
+    assert (letter.reason, letter.attempts) == (DeadReason.CANCELLED, 1)
+    assert "stopped: cancelled" in letter.error
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 0
+    sampler.stop()
 
 
 def test_a_handler_blocking_the_loop_is_named_and_times_no_one_else_out(handlers, worker_process):

@@ -711,6 +711,8 @@ class Worker(Settler, Timeouts):
         if not started:
             self._held_back.remove(run)
         self._settle(run, lifecycle.CancelRequested(started=started), 0.0)
+        if started and run.on_loop:
+            self._interrupt(run)  # an async handler is stopped at its current await
 
     def _release(self, runs: list[Run]) -> None:
         released = self._db(lambda: self._queryset.release(run.job for run in runs))

@@ -36,6 +36,8 @@ from asgiref.sync import AsyncToSync
 from django.db import connections
 
 from django_jobs import lifecycle
+from django_jobs.attempts import type_name
+from django_jobs.exceptions import JobCancelled
 from django_jobs.worker import attempt
 from django_jobs.worker.executor import close_connections, tidy_connections
 from django_jobs.worker.runs import Finished, Run, log_extra
@@ -268,9 +270,11 @@ class LoopExecutor:
         try:
             outcome = await attempt.aoutcome_of(run, self._worker_id)
         except BaseException as exc:  # noqa: BLE001 - the worker's own cancellation
-            # The dispatcher has recorded why it cancelled (a TimeoutError, a release):
-            # this report only says the task has ended.
-            outcome = attempt.failure(run.job, exc, self._worker_id)
+            # At a timeout or a release the dispatcher has recorded why it cancelled, and
+            # this report only says the task has ended; at an operator's cancel it is the
+            # attempt's outcome (a dead letter as cancelled).
+            stopped = JobCancelled(f"stopped: cancelled ({type_name(exc)} in the handler)")
+            outcome = attempt.failure(run.job, stopped, self._worker_id)
         finally:
             self._running.discard(run)
             run.task = None
