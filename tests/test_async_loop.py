@@ -15,6 +15,7 @@ import pytest
 
 from django_jobs import control, enqueue
 from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job
+from django_jobs.signals import job_started
 from django_jobs.worker import EXIT_STUCK
 from tests.conftest import POSTGRES, wait_for
 from tests.test_timeouts import Sampler
@@ -187,6 +188,24 @@ def test_a_non_json_result_and_the_orm_from_async_handlers(handlers, worker_proc
     if POSTGRES:
         # The dispatcher's, 2 ORM threads' (the executors never touched the database).
         assert sampler.sessions <= 1 + 2, sampler.sessions
+
+
+def test_sync_receivers_and_validators_of_async_handlers_may_use_the_orm(handlers, run_worker):
+    """job_started's sync receivers and validators run off the loop, where the ORM works."""
+
+    def on_started(sender, **kw):
+        Audit.objects.create(label=f"started:{sender}", job_id=kw["job_id"])
+
+    job_started.connect(on_started, weak=False)
+    try:
+        # enqueue() runs the validator too: one "validated" row now, one in the worker.
+        job = enqueue(handlers["validated"], {"label": "validated-ran"})
+        run_worker()
+    finally:
+        job_started.disconnect(on_started)
+    assert _results([job.id]) == ["written"], DeadLetter.objects.values_list("error", flat=True)
+    assert Audit.objects.filter(label="validated").count() == 2
+    assert Audit.objects.filter(label="started:tests.async.validated", job_id=job.id).exists()
 
 
 def test_a_child_reads_its_parents_results_with_the_async_form(handlers, worker_process):

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
@@ -45,7 +45,7 @@ def failure(
 
 
 def _begin(run: Run, worker_id: str) -> tuple[Any, None] | tuple[None, Outcome]:
-    """Decode and validate the payload, send job_started: (payload, None) or (None, outcome)."""
+    """Decode and validate the payload: (payload, None), or (None, the attempt's outcome)."""
     job, handler = run.job, run.handler
     assert handler is not None  # a run handed out has one
     if run.cancel_requested:  # cancelled while it waited for a thread or a loop slot
@@ -58,11 +58,6 @@ def _begin(run: Run, worker_id: str) -> tuple[Any, None] | tuple[None, Outcome]:
     except (ValueError, TypeError, ValidationError) as exc:
         return None, lifecycle.Invalid(error_entry(job.attempts, exc=exc, worker=worker_id))
     except BaseException as exc:  # noqa: BLE001 - a validator that breaks fails the attempt
-        return None, failure(job, exc, worker_id)
-    try:
-        if signals.job_started.receivers:
-            signals.job_started.send(**signals.about(job), attempt=job.attempts)
-    except BaseException as exc:  # noqa: BLE001 - a receiver may raise anything
         return None, failure(job, exc, worker_id)
     return payload, None
 
@@ -92,6 +87,8 @@ def outcome_of(run: Run, worker_id: str, queryset: JobQuerySet, database: str) -
         return outcome
     with attempt_scope(run):
         try:
+            if signals.job_started.receivers:
+                signals.job_started.send(**signals.about(job), attempt=job.attempts)
             if handler.atomic:
                 return _run_atomic(run, payload, queryset, database)
             return lifecycle.Succeeded(payloads.encode_result(_call(handler, payload, ctx)))
@@ -110,11 +107,16 @@ async def aoutcome_of(run: Run, worker_id: str) -> Outcome:
     """
     job, handler, ctx = run.job, run.handler, run.ctx
     assert handler is not None and ctx is not None  # a run handed out has both
-    payload, outcome = _begin(run, worker_id)
+    if handler.validate is None:
+        payload, outcome = _begin(run, worker_id)
+    else:  # a validator is sync code, which may use the ORM: on the worker's ORM threads
+        payload, outcome = await sync_to_async(_begin)(run, worker_id)
     if outcome is not None:
         return outcome
     with attempt_scope(run):
         try:
+            if signals.job_started.receivers:  # sync receivers run on the ORM threads
+                await signals.job_started.asend(**signals.about(job), attempt=job.attempts)
             result = await handler.func(payload, ctx)
             return lifecycle.Succeeded(payloads.encode_result(result))
         except asyncio.CancelledError as exc:

@@ -91,6 +91,12 @@ async def child(payload, ctx):
     return await ctx.aparent_results()
 
 
+def _validate_with_the_orm(payload):
+    """A validator that reads the database (sync code, called for an async handler)."""
+    Audit.objects.create(label="validated", job_id=None)
+    return payload
+
+
 def register():
     """Register the handlers; return them by short name."""
     now = Backoff.fixed(0, jitter=0)
@@ -104,6 +110,7 @@ def register():
         "odd": job(name=NAMES[6], max_attempts=1)(odd),
         "child": job(name=NAMES[7], max_attempts=1)(child),
         "short": job(name="tests.async.short", timeout=0.5, max_attempts=1)(nap),
+        "validated": job(name="tests.async.validated", validate=_validate_with_the_orm)(orm),
         "stuck_blocker": job(name="tests.async.stuck_blocker", timeout=0.3, max_attempts=2)(
             blocker
         ),
@@ -111,5 +118,5 @@ def register():
 
 
 def unregister_all():
-    for name in (*NAMES, "tests.async.short", "tests.async.stuck_blocker"):
+    for name in (*NAMES, "tests.async.short", "tests.async.stuck_blocker", "tests.async.validated"):
         unregister(name)
