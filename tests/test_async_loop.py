@@ -19,7 +19,7 @@ from django_jobs.signals import job_started
 from django_jobs.worker import EXIT_STUCK
 from tests.conftest import POSTGRES, wait_for
 from tests.test_timeouts import Sampler
-from tests.testapp import async_jobs, jobs
+from tests.testapp import async_jobs, hostile, jobs
 from tests.testapp.models import Audit
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -242,3 +242,11 @@ def test_after_the_grace_running_async_jobs_are_released_with_their_attempt(
     assert "still running after the grace period" in worker.output()
     for row in Job.objects.filter(id__in=slow):
         assert (row.attempts, row.locked_by) == (0, None)
+
+
+def test_a_generator_exit_raised_under_an_await_is_the_attempts_error(run_worker):
+    """asyncio throws it into the task's outermost frame: still the handler's failure."""
+    job = enqueue(hostile.hostile_async, {"raise": "GeneratorExit", "message": ""})
+    run_worker()
+    letter = DeadLetter.objects.get(id=job.id)
+    assert [e["type"] for e in letter.errors] == ["builtins.GeneratorExit"] * 2

@@ -269,12 +269,16 @@ class LoopExecutor:
         run.started = time.monotonic()
         try:
             outcome = await attempt.aoutcome_of(run, self._worker_id)
-        except BaseException as exc:  # noqa: BLE001 - the worker's own cancellation
+        except asyncio.CancelledError as exc:  # the worker's own cancellation
             # At a timeout or a release the dispatcher has recorded why it cancelled, and
             # this report only says the task has ended; at an operator's cancel it is the
             # attempt's outcome (a dead letter as cancelled).
             stopped = JobCancelled(f"stopped: cancelled ({type_name(exc)} in the handler)")
             outcome = attempt.failure(run.job, stopped, self._worker_id)
+        except BaseException as exc:  # noqa: BLE001 - a GeneratorExit the handler raised
+            # The task throws a GeneratorExit raised below an await (a sync_to_async call's)
+            # into this, its outermost frame, past the handler's and aoutcome_of's.
+            outcome = attempt.failure(run.job, exc, self._worker_id)
         finally:
             self._running.discard(run)
             run.task = None
