@@ -74,8 +74,10 @@ VENDOR_ALLOWED = {
     "models.py",
     # A migration must run as it was written, whatever the code becomes.
     "migrations/0004_job_key_unique_without_partial_indexes.py",
-    # The worker's LISTEN, refused-write errors, lock of the ticker and VACUUM (to move).
+    # The worker's LISTEN, refused-write errors (its DbGuard), lock of the ticker and
+    # VACUUM (to move).
     "worker/dispatcher.py",
+    "worker/guard.py",
     "worker/ticker.py",
     "worker/upkeep.py",
     "testing.py",

@@ -251,3 +251,9 @@ if os.environ.get("JOBS_TEST_STUCK"):
     from tests.testapp import stuck_jobs
 
     stuck_jobs.register(flow=os.environ["JOBS_TEST_STUCK"] == "flow")
+
+# Async handlers on the worker's event loop (issue 25): only in the worker processes that ask.
+if os.environ.get("JOBS_TEST_ASYNC"):
+    from tests.testapp import async_jobs
+
+    async_jobs.register()
