@@ -122,8 +122,7 @@ def test_the_tables_module_and_every_other_stay_small() -> None:
         for path in PACKAGE.rglob("*.py")
     }
     assert sizes["models.py"] <= 900
-    # worker/dispatcher.py is being split on its own (the worker's objects).
-    over = {name: n for name, n in sizes.items() if n > 800 and name != "worker/dispatcher.py"}
+    over = {name: n for name, n in sizes.items() if n > 800}
     assert over == {}
 
 
