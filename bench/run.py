@@ -21,7 +21,11 @@ Figures (no-op jobs, as the peers were measured):
   RP   replay 10,000 dead letters in one call, half of them keyed  (letters/s)
   CAP  a handler capped by global_concurrency=4, 50 ms jobs, 2 workers (% of 80/s)
   CAP0 the same jobs without a limit on one worker of 4 threads, for comparison
-  L1   enqueue-commit to handler start at 20 jobs/s, p50 and p99   (ms)
+  IO10 5,000 async jobs each awaiting 10 ms, one runjobs process at its defaults (jobs/s)
+  IOS  the same with a sync handler calling time.sleep(0.01), --concurrency 100
+  IO1  IO10 with 1 ms awaits (compare with D1)
+  IOT  1,000 async jobs in flight in one process: its threads and peak RSS (MB)
+  L1   enqueue-commit to handler start at 20 and 500 jobs/s, p50 and p99, and its parts (ms)
   idle CPU of a waiting worker (% of one core) and its database round trips per poll
   claim median with 1,000 jobs vs 1,000,000 scheduled + 100,000 due (ms, and the ratio)
   peak RSS of one worker (concurrency 4) draining 100,000 jobs     (MB)
@@ -151,8 +155,13 @@ def compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def spawn_worker(*args: str, flow: bool = False) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **({"BENCH_FLOW": "1"} if flow else {})}
+def spawn_worker(*args: str, flow: bool = False, io: bool = False) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        **({"BENCH_FLOW": "1"} if flow else {}),
+        **({"BENCH_IO": "1"} if io else {}),
+    }
     # Its log goes to a file, not a pipe: at the default -v 1 a worker writes a line per
     # job, which would fill a pipe nobody reads while it runs and block the worker.
     log = tempfile.TemporaryFile()  # read and closed in finish()
@@ -244,6 +253,65 @@ def drain(n: int, workers: int, flow: bool = False) -> float:
     assert CompletionMarker.objects.count() == n, "a job without its marker"
     span = CompletionMarker.objects.aggregate(first=Min("started_at"), last=Max("completed_at"))
     return n / (span["last"] - span["first"]).total_seconds()
+
+
+def _fill_named(name: str, n: int, payload: dict) -> None:
+    """Enqueue n jobs of a handler the benchmark process has not registered (BENCH_IO's)."""
+    from django_jobs import enqueue_many
+    from django_jobs.registry import job
+
+    handler = job(name=name)(lambda payload, ctx: None)  # a stand-in: the worker has the real one
+    try:
+        for start in range(0, n, 10_000):
+            enqueue_many(handler, [payload] * min(10_000, n - start))
+    finally:
+        from django_jobs.registry import unregister
+
+        unregister(name)
+
+
+def io(n: int, seconds: float, kind: str) -> float:
+    """Drain n jobs that wait `seconds` each: awaiting (async) or in time.sleep (sync)."""
+    from django.db.models import Max, Min
+
+    from django_jobs.models import CompletionMarker, Job
+
+    reset()
+    if kind == "async":
+        _fill_named("bench.await", n, {"s": seconds})
+        proc = spawn_worker("--burst", io=True)
+    else:
+        _fill_named("bench.block", n, {"s": seconds})
+        proc = spawn_worker("--burst", "--concurrency", "100", io=True)
+    finish(proc)
+    assert Job.objects.count() == 0, "jobs left after the drain"
+    assert CompletionMarker.objects.count() == n, "a job without its marker"
+    span = CompletionMarker.objects.aggregate(first=Min("started_at"), last=Max("completed_at"))
+    return n / (span["last"] - span["first"]).total_seconds()
+
+
+def in_flight(n: int, seconds: float) -> tuple[float, float]:
+    """Threads and peak RSS (MB) of one worker holding n async jobs that await `seconds`."""
+    from django_jobs.models import CompletionMarker
+
+    reset()
+    _fill_named("bench.await", n, {"s": seconds})
+    proc = spawn_worker("--burst", "--async-concurrency", str(n), io=True)
+    threads = peak = 0
+    status = Path(f"/proc/{proc.pid}/status")
+    while proc.poll() is None:
+        try:
+            for line in status.read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    peak = max(peak, int(line.split()[1]))
+                elif line.startswith("Threads:"):
+                    threads = max(threads, int(line.split()[1]))
+        except (FileNotFoundError, ProcessLookupError):
+            break
+        time.sleep(0.05)
+    finish(proc)
+    assert CompletionMarker.objects.count() == n
+    return float(threads), peak / 1024
 
 
 def workflow_drain(n: int) -> float:
@@ -359,7 +427,13 @@ def capped(n: int, limited: bool = True) -> float:
     return 100 * rate / (CAP / CAPPED_SECONDS)
 
 
-def latency(rate: float, seconds: float) -> tuple[float, float]:
+def latency(rate: float, seconds: float) -> tuple[float, float, float, float]:
+    """Return p50 and p99 of enqueue-commit to handler start, and the p50 of its two parts.
+
+    The parts: commit to the claim's start (NOTIFY delivery, the listener's hand-off,
+    the dispatcher waking), and the claim's start to the handler's (the claim's round
+    trip and the hand-off to a thread).
+    """
     from bench.benchapp.jobs import started
     from django_jobs import enqueue_on_commit
     from django_jobs.models import CompletionMarker
@@ -380,12 +454,17 @@ def latency(rate: float, seconds: float) -> tuple[float, float]:
         time.sleep(0.05)
     worker.send_signal(signal.SIGTERM)
     finish(worker, 30)
-    waits = sorted(
-        (start - committed[job_id]) * 1000
-        for job_id, start in CompletionMarker.objects.values_list("job_id", "result")
+    rows = list(CompletionMarker.objects.values_list("job_id", "result"))
+    assert len(rows) == len(committed), "some jobs did not run"
+    waits = sorted((start - committed[job_id]) * 1000 for job_id, (start, _) in rows)
+    wake = sorted((claimed - committed[job_id]) * 1000 for job_id, (_, claimed) in rows)
+    claim = sorted((start - claimed) * 1000 for _, (start, claimed) in rows)
+    return (
+        _percentile(waits, 50),
+        _percentile(waits, 99),
+        _percentile(wake, 50),
+        _percentile(claim, 50),
     )
-    assert len(waits) == len(committed), "some jobs did not run"
-    return _percentile(waits, 50), _percentile(waits, 99)
 
 
 def _percentile(values: list[float], pct: float) -> float:
@@ -672,10 +751,41 @@ def main() -> int:
         "",
         measure("CAP0", capped, 100 if quick else 800, False),
     )
+    io_jobs = 500 if quick else 5_000
+    add(
+        "IO10",
+        f"{io_jobs:,} async jobs awaiting 10 ms, runjobs defaults",
+        "jobs/s",
+        ">= 8,000",
+        measure("IO10", io, io_jobs, 0.01, "async"),
+    )
+    add(
+        "IOS",
+        f"{io_jobs:,} sync jobs in time.sleep(0.01), --concurrency 100",
+        "jobs/s",
+        "<= IO10",
+        measure("IOS", io, io_jobs, 0.01, "sync"),
+    )
+    add(
+        "IO1",
+        f"{io_jobs:,} async jobs awaiting 1 ms, runjobs defaults",
+        "jobs/s",
+        ">= 80% of D1",
+        measure("IO1", io, io_jobs, 0.001, "async"),
+    )
+    if not only or "IOT" in only:
+        held = 200 if quick else 1_000
+        threads, rss = in_flight(held, 3.0)
+        add("IOT", f"threads of one worker with {held:,} async jobs in flight", "", "", [threads])
+        add("IOT", f"peak RSS with {held:,} async jobs in flight", "MB", "", [rss])
     if not only or "L1" in only:
-        pairs = [latency(20, size["latency_s"]) for _ in range(runs)]
-        add("L1", "enqueue to start p50 at 20/s", "ms", "<= 3", [p[0] for p in pairs])
-        add("L1", "enqueue to start p99 at 20/s", "ms", "<= 10", [p[1] for p in pairs])
+        for rate in (20, 500):
+            found = [latency(rate, size["latency_s"]) for _ in range(runs)]
+            p50, p99 = ("<= 1.0", "<= 2.5") if rate == 20 else ("", "")
+            add("L1", f"enqueue to start p50 at {rate}/s", "ms", p50, [p[0] for p in found])
+            add("L1", f"enqueue to start p99 at {rate}/s", "ms", p99, [p[1] for p in found])
+            add("L1", f"  commit to claim p50 at {rate}/s", "ms", "", [p[2] for p in found])
+            add("L1", f"  claim to handler p50 at {rate}/s", "ms", "", [p[3] for p in found])
     if not only or "IDLE" in only:
         pairs = [idle(size["idle_s"]) for _ in range(runs)]
         add("IDLE", "idle worker CPU", "% of a core", "< 1", [p[0] for p in pairs])

@@ -23,6 +23,8 @@ DEFAULTS: dict[str, Any] = {
     "TIMEOUT": None,
     # Worker defaults (runjobs options override them).
     "CONCURRENCY": 4,
+    # Async handlers a worker runs at once as tasks on its event loop.
+    "ASYNC_CONCURRENCY": 100,
     "BATCH": 100,
     "LEASE": 30.0,
     # Seconds between lease extensions of running jobs; None: lease / 3; 0: never.

@@ -10,6 +10,8 @@ from datetime import datetime, timedelta
 from typing import Any, NoReturn
 from uuid import UUID
 
+from asgiref.sync import sync_to_async
+
 from django_jobs import limits
 from django_jobs.exceptions import Snooze
 
@@ -64,6 +66,17 @@ class JobContext:
         """
         if self._parent_results is None:
             self._parent_results = {} if self._parents is None else self._parents()
+        return self._parent_results
+
+    async def aparent_results(self) -> dict[str, Any]:
+        """The results of the parents, as parent_results, read without blocking the event loop.
+
+        The read runs on the worker's threads for the ORM (``sync_to_async``); its
+        answer is kept, as parent_results keeps it.
+        """
+        if self._parent_results is None:
+            parents = self._parents
+            self._parent_results = {} if parents is None else await sync_to_async(parents)()
         return self._parent_results
 
     @property

@@ -22,6 +22,8 @@ MAX_SECONDS = 10 * 365 * 24 * 3600
 MAX_INT = 2**31 - 1
 # Executor threads of one worker process, each with its own database connection.
 MAX_CONCURRENCY = 1000
+# Async handlers a worker's event loop runs at once (runjobs --async-concurrency).
+MAX_ASYNC_CONCURRENCY = 10_000
 # Priority is a smallint with a check constraint.
 MIN_PRIORITY, MAX_PRIORITY = -100, 100
 # Column lengths of job names, queue names and dedupe keys.

@@ -48,7 +48,7 @@ from django_jobs.registry import Handler
 from django_jobs.rows import ClaimedJob, uuid7
 from django_jobs.store import JobStore
 from django_jobs.worker import Worker
-from django_jobs.worker.executor import _call
+from django_jobs.worker.attempt import _call
 
 __all__ = [
     "MAX_ROUNDS",
@@ -240,20 +240,26 @@ class _InlineWorker(Worker):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        # Async handlers run here too, each on a loop of its own (async_to_sync), one
+        # after the other: the attempt's outcome is decided as on the worker's loop.
+        self._eventloop = None
+        self._slots.loop_enabled = False
+        self._slots.split(self.names, registry.all_handlers())
         self.claimed_last = 0
         self._report: list[tuple[ClaimedJob, str, Any]] = []
 
     def round(self, limit: int, *, raise_errors: bool) -> list[Attempt]:
         """Claim up to limit due jobs, run them one by one in claim order, settle each."""
         self._report = []
-        self.batch = self._target = limit
+        self.batch = self._slots.target = limit
         try:
             # Every round is a poll: every limited group and the other jobs (the worker's
             # state between polls would skip what the last round found too few of).
             self._look_everywhere()
             self.claimed_last, _ = self._claim()
-            while not self._work.empty():
-                self._run_here(self._work.get_nowait(), raise_errors)
+            while queued := self._executor.queued():
+                for run in queued:
+                    self._run_here(run, raise_errors)
             if self._done:  # jobs settled without running (their key's marker existed)
                 self._flush_done()
         finally:
@@ -269,7 +275,8 @@ class _InlineWorker(Worker):
         timer = _Deadline(run) if run.timeout else None
         try:
             with _shielded():
-                finished = self._execute(run, [] if _in_transaction() else _own_connections())
+                own = [] if _in_transaction() else _own_connections()
+                finished = self._executor.execute(run, own)
         finally:
             if timer is not None:
                 timer.cancel()
@@ -295,8 +302,7 @@ class _InlineWorker(Worker):
     def _give_back(self) -> None:
         """Release whatever this round claimed but did not settle (after an error)."""
         left = [run for run in self._inflight if not run.abandoned] + list(self._held_back)
-        while not self._work.empty():
-            self._work.get_nowait()
+        self._executor.queued()
         self._inflight.clear()
         self._timed.clear()
         self._held_back.clear()

@@ -49,6 +49,10 @@ CASES = [
         ("runjobs", "--concurrency", v)
         for v in [*NOT_NUMBERS, BIG, "9" * 5000, "0", "-1", "1001", "1.5", "1e3"]
     ],
+    *[
+        ("runjobs", "--async-concurrency", v)
+        for v in [*NOT_NUMBERS, BIG, "0", "-1", "10001", "1.5", "1e3"]
+    ],
     *[("runjobs", "--batch", v) for v in [BIG, "2147483648", "0", "-3", "1.5", "nan", ""]],
     *[("runjobs", "--max-jobs", v) for v in [BIG, "2147483648", "0", "1e2", "inf"]],
     *[("runjobs", "--queue", v) for v in ["", "bad queue", "q" * 101, "é", "a\x01b", NOT_UTF8]],

@@ -33,6 +33,7 @@ def test_default_configuration_is_clean():
         ({"CONCURENCY": 3}, "django_jobs.E002"),
         ({"DATABASE": "nope"}, "django_jobs.E003"),
         ({"CONCURRENCY": 0}, "django_jobs.E004"),
+        ({"ASYNC_CONCURRENCY": 10_001}, "django_jobs.E004"),
         ({"BATCH": "10"}, "django_jobs.E004"),
         ({"LEASE": -1}, "django_jobs.E005"),
         ({"TIMEOUT": 0}, "django_jobs.E006"),

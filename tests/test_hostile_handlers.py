@@ -179,7 +179,7 @@ def test_the_lease_is_extended_only_while_a_thread_runs_the_job():
         # The single executor survived: the next job runs on it.
         ids = ordinary(1)
         wait_for(lambda: CompletionMarker.objects.filter(job_id__in=ids).exists(), timeout=15)
-        executors = [t for t in worker._threads if t.name.startswith("django-jobs-executor")]
+        executors = worker._executor.threads()
         assert [t.is_alive() for t in executors] == [True]
     finally:
         worker.stop()

@@ -198,6 +198,8 @@ def test_backoff_at_the_limit_gives_storable_retries():
         {"poll_interval": -1},
         {"concurrency": 10**6},
         {"concurrency": -1},
+        {"async_concurrency": 10**6},
+        {"async_concurrency": -1},
         {"batch": HUGE_INT},
         {"max_jobs": HUGE_INT},
         {"max_jobs": 0},

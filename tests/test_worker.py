@@ -20,7 +20,7 @@ from django_jobs.rows import ClaimRequest, Finished, Leases
 from django_jobs.signals import job_dead_lettered, job_finished, job_started
 from django_jobs.store import JobStore
 from django_jobs.worker import Worker
-from django_jobs.worker.dispatcher import _refused
+from django_jobs.worker.guard import _refused
 from tests.conftest import POSTGRES
 from tests.factories import JobFactory, MarkerFactory
 from tests.testapp import jobs

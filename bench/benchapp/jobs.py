@@ -16,8 +16,12 @@ def noop(payload, ctx):
 
 @job(name="bench.started")
 def started(payload, ctx):
-    """Record when the handler started (time.time(): the same clock as the enqueuer's)."""
-    return time.time()
+    """Record when the handler started, and when its claim began (the database's now()).
+
+    Both on the machine's clock, as the enqueuer's time.time(): L1 splits the wait
+    into wake-up (commit to claim) and claim plus hand-off (claim to handler).
+    """
+    return [time.time(), ctx.started_at.timestamp() if ctx.started_at else None]
 
 
 @job(name="bench.sleep")
@@ -42,3 +46,17 @@ if os.environ.get("BENCH_FLOW") == "1":
     @job(name="bench.capped", global_concurrency=CAP)
     def capped(payload, ctx):
         time.sleep(CAPPED_SECONDS)
+
+
+# IO (issue 25), registered in worker processes started with BENCH_IO=1: jobs that
+# wait on I/O, written the modern way (await) and the threaded way (time.sleep).
+if os.environ.get("BENCH_IO") == "1":
+    import asyncio
+
+    @job(name="bench.await")
+    async def awaits(payload, ctx):
+        await asyncio.sleep(payload["s"])
+
+    @job(name="bench.block")
+    def blocks(payload, ctx):
+        time.sleep(payload["s"])

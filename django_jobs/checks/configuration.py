@@ -43,6 +43,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     # one the database cannot add to now() or store (LEASE = 1e13, say).
     for name, high in (
         ("CONCURRENCY", limits.MAX_CONCURRENCY),
+        ("ASYNC_CONCURRENCY", limits.MAX_ASYNC_CONCURRENCY),
         ("BATCH", limits.MAX_INT),
         ("MAX_ATTEMPTS", limits.MAX_INT),
     ):

@@ -51,6 +51,12 @@ def threads(text: str) -> int:
     return _within(limits.integer, _number(text, int, "a whole number"), 1, limits.MAX_CONCURRENCY)
 
 
+def async_slots(text: str) -> int:
+    """A number of async handlers run at once on the event loop, 1 to MAX_ASYNC_CONCURRENCY."""
+    number = _number(text, int, "a whole number")
+    return _within(limits.integer, number, 1, limits.MAX_ASYNC_CONCURRENCY)
+
+
 def seconds(text: str) -> float:
     """A duration of more than 0 and at most ten years."""
     return _within(limits.seconds, _number(text, float, "a number of seconds"))

@@ -1,4 +1,4 @@
-"""The worker: claims due jobs, runs their handlers on threads, settles the outcomes.
+"""The worker: claims due jobs, runs their handlers (threads, an event loop), settles them.
 
 One dispatcher loop (the thread that calls ``Worker.run``) owns one database
 connection and does every claim, settle and heartbeat; ``concurrency`` executor
@@ -23,11 +23,13 @@ the database: claimed jobs go straight onto the executors' queue (up to the
 concurrency plus a short look-ahead sized from how long jobs take), and
 successes are settled together every few milliseconds.
 
-Modules: ``dispatcher`` (Worker: options, the loop, claiming, leases, timeouts,
-shutdown, database retries), ``executor`` (the executor threads), ``settle``
-(carrying out the lifecycle's transitions), ``timeouts`` (handlers that outlive
-their timeout), ``listener`` (NOTIFY), ``upkeep`` (heartbeat row, schedules,
-pruning, counters), ``runs`` (what they pass each other).
+Modules: ``dispatcher`` (Worker: the loop, claiming, leases, shutdown),
+``slots`` (how many jobs to claim), ``attempt`` (one attempt of a handler, for
+both executors), ``executor`` (the threads, for sync handlers), ``eventloop``
+(the event loop, for async handlers), ``settle`` (carrying out the lifecycle's
+transitions), ``timeouts`` (handlers that outlive their timeout), ``guard`` (the
+dispatcher's database access), ``options``, ``listener`` (NOTIFY), ``upkeep``
+(heartbeat row, schedules, pruning, counters), ``runs`` (what they pass each other).
 """
 
 from django_jobs.worker.dispatcher import Worker

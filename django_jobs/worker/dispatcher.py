@@ -23,19 +23,21 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, InterfaceError, OperationalError, connections
+from django.db import connections
 
-from django_jobs import conf, flow, lifecycle, limits, registry
-from django_jobs.attempts import MAX_MESSAGE, DeadReason, lease_token, type_name
+from django_jobs import conf, flow, lifecycle, registry
+from django_jobs.attempts import DeadReason, lease_token
 from django_jobs.context import JobContext
 from django_jobs.lifecycle import Outcome
 from django_jobs.models import Job, JobQuerySet
-from django_jobs.payloads import safe_str, storable_text
 from django_jobs.registry import Handler
 from django_jobs.rows import ClaimedJob, ClaimRequest
 from django_jobs.store import JobStore
-from django_jobs.worker.executor import ExecutorThreads, _close_quietly
-from django_jobs.worker.listener import RETRY_MAX, RETRY_MIN, Listener
+from django_jobs.worker import attempt, options
+from django_jobs.worker.eventloop import LoopExecutor
+from django_jobs.worker.executor import ThreadExecutor
+from django_jobs.worker.guard import DbGuard
+from django_jobs.worker.listener import Listener
 from django_jobs.worker.runs import (
     Extend,
     Finished,
@@ -46,8 +48,10 @@ from django_jobs.worker.runs import (
     Wake,
     WorkerStats,
     log_extra,
+    named_runs,
 )
 from django_jobs.worker.settle import DbRefused, Settler, finished_of
+from django_jobs.worker.slots import Slots
 from django_jobs.worker.timeouts import Timeouts
 from django_jobs.worker.upkeep import Upkeep
 
@@ -55,27 +59,8 @@ logger = logging.getLogger("django_jobs.worker")
 
 # Successes wait at most this long (or for a full batch) before being settled together.
 FLUSH_INTERVAL = 0.01
-# How much work to queue beyond free threads: enough to keep them busy this long.
-LOOKAHEAD = 0.02
 # The unenforced flow limits already logged by this process (engine, group keys).
 _UNENFORCED_TOLD: set[tuple[str, tuple[str, ...]]] = set()
-# A log line names at most this many jobs, then counts the rest.
-MAX_NAMED_IN_LOG = 10
-
-_DB_ERRORS = (OperationalError, InterfaceError)
-# MySQL's and MariaDB's errors that come as an OperationalError although the statement
-# was refused, not the connection lost: sent again, it fails again. 1644 is a SIGNAL (a
-# trigger's SQLSTATE '45000'); 1153 a statement larger than max_allowed_packet, after
-# which the server drops the connection too.
-_MYSQL_SIGNAL = 1644
-_MYSQL_PACKET_TOO_LARGE = 1153
-_MYSQL_REFUSED = frozenset({_MYSQL_SIGNAL, _MYSQL_PACKET_TOO_LARGE})
-
-
-def _refused(vendor: str, exc: Exception) -> bool:
-    """Whether exc, an OperationalError, refused the statement on MySQL or MariaDB."""
-    return vendor == "mysql" and bool(exc.args) and exc.args[0] in _MYSQL_REFUSED
-
 
 # The default of the options that __post_init__ reads from DJANGO_JOBS when left None:
 # the fields are typed as resolved, the constructor (see __init__ below) takes None.
@@ -83,11 +68,12 @@ _FROM_SETTINGS: Any = None
 
 
 @dataclass
-class Worker(Settler, ExecutorThreads, Timeouts):
+class Worker(Settler, Timeouts):
     """Run jobs until stopped (or, in burst mode, until nothing is due)."""
 
     queues: list[str] = _FROM_SETTINGS
     concurrency: int = _FROM_SETTINGS
+    async_concurrency: int = _FROM_SETTINGS
     batch: int = _FROM_SETTINGS
     lease: float = _FROM_SETTINGS
     heartbeat: float = _FROM_SETTINGS
@@ -105,6 +91,7 @@ class Worker(Settler, ExecutorThreads, Timeouts):
             self,
             queues: list[str] | None = None,
             concurrency: int | None = None,
+            async_concurrency: int | None = None,
             batch: int | None = None,
             lease: float | None = None,
             heartbeat: float | None = None,
@@ -121,7 +108,7 @@ class Worker(Settler, ExecutorThreads, Timeouts):
         settings = conf.get_settings()
         self.database = self.database or settings["DATABASE"]
         try:  # before any SQL: a lease of 1e13 s would fail every claim
-            self._check_options(settings)
+            options.resolve(self, settings)
         except ValueError as exc:
             raise ImproperlyConfigured(f"Worker: {exc}") from None
         if cast("bool | None", self.listen) is None:
@@ -132,7 +119,6 @@ class Worker(Settler, ExecutorThreads, Timeouts):
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._claims = itertools.count(1)
         self._inbox: queue_module.SimpleQueue[Any] = queue_module.SimpleQueue()
-        self._work: queue_module.SimpleQueue[Any] = queue_module.SimpleQueue()
         # Runs handed to the executors (queued or running), and those a per-handler cap holds back.
         self._inflight: set[Run] = set()
         self._held_back: deque[Run] = deque()
@@ -140,29 +126,49 @@ class Worker(Settler, ExecutorThreads, Timeouts):
         self._timed: set[Run] = set()  # in-flight runs that have a timeout
         # Handlers past their timeout, still running (django_jobs.worker.timeouts).
         self._abandoned: dict[Run, tuple[Outcome, float]] = {}
-        self._stuck_threads: set[threading.Thread] = set()
         self._all_stuck: str | None = None
         self._done: list[tuple[Run, str | None, float]] = []
         self._done_since = 0.0
         self._unsettled: list[tuple[Run, Outcome, float]] = []  # settles that hit a DB error
         self._next_unsettled_retry = 0.0
         self._to_release: list[Run] = []
-        self._threads: list[threading.Thread] = []
+        self._threads: list[threading.Thread] = []  # the listener's
         self._stopping = False
-        self._draining = False  # executors hand queued runs back instead of starting them
         self._closing = threading.Event()
         self._more = True  # jobs may be due: claim without waiting for the poll
-        self._avg_duration: float | None = None
-        self._target = self.concurrency  # in-flight jobs to aim for
-        self._claimed_total = 0
-        self._db_failures = 0
         self._queryset: JobQuerySet = Job.objects.using(self.database)
         self._store = JobStore(self.database)
+        # The two executors: sync handlers on threads, async ones as tasks on one event
+        # loop (started with the first of them), whose sync_to_async calls get a pool of
+        # `concurrency` threads.
+        self._executor = ThreadExecutor(
+            size=self.concurrency,
+            worker_id=self.id,
+            database=self.database,
+            store=self._store,
+            report=self._inbox.put,
+        )
+        self._stuck_threads = self._executor.stuck
+        self._eventloop: LoopExecutor | None = LoopExecutor(
+            slots=self.async_concurrency,
+            orm_threads=self.concurrency,
+            worker_id=self.id,
+            report=self._inbox.put,
+        )
+        self._slots = Slots(
+            threads=self.concurrency,
+            loop=self.async_concurrency,
+            batch=self.batch,
+            loop_enabled=True,
+        )
+        self._claimed_total = 0
+        self._guard = DbGuard(database=self.database, worker_id=self.id, pause=self._pause)
         self._timeouts: dict[str, float | None] = {}
         self._excluded: set[str] = set()  # capped handlers the last claim left out
         # The job names this worker claims (and publishes in its heartbeat row).
         self.names = sorted(registry.all_handlers())
         self._names_generation = registry.generation()
+        self._slots.split(self.names, registry.all_handlers())
         self._flow_limits = self._limits()
         self._limited = {g.value for g in self._flow_limits if g.kind == "name"}
         self._limited_queues = {g.value for g in self._flow_limits if g.kind == "queue"}
@@ -206,29 +212,6 @@ class Worker(Settler, ExecutorThreads, Timeouts):
             return []
         return found
 
-    def _check_options(self, settings: dict[str, Any]) -> None:
-        """Fill unset options from settings; raise ValueError for any outside django_jobs.limits."""
-        self.concurrency = limits.integer(
-            "concurrency", self.concurrency or settings["CONCURRENCY"], 1, limits.MAX_CONCURRENCY
-        )
-        self.batch = limits.integer("batch", self.batch or settings["BATCH"], 1, limits.MAX_INT)
-        if self.max_jobs is not None:
-            limits.integer("max_jobs", self.max_jobs, 1, limits.MAX_INT)
-        self.lease = limits.seconds("lease", self.lease or settings["LEASE"])
-        if cast("float | None", self.heartbeat) is None:
-            self.heartbeat = settings["HEARTBEAT"]
-        if cast("float | None", self.heartbeat) is None:
-            self.heartbeat = self.lease / 3
-        self.heartbeat = limits.seconds("heartbeat", self.heartbeat, zero=True)
-        if self.heartbeat >= self.lease:
-            raise ValueError(f"heartbeat ({self.heartbeat:g}s) must be shorter than the lease")
-        grace = self.grace if cast("float | None", self.grace) is not None else settings["GRACE"]
-        self.grace = limits.seconds("grace", grace, zero=True)
-        poll = self.poll_interval or settings["POLL_INTERVAL"]
-        self.poll_interval = limits.seconds("poll_interval", poll)
-        for name in self.queues or ():
-            registry.check_queue(name, allowlist=False)
-
     # ---- public -----------------------------------------------------------
 
     def stop(self) -> None:
@@ -238,15 +221,16 @@ class Worker(Settler, ExecutorThreads, Timeouts):
     def run(self) -> None:
         """Work until stopped (or, in burst mode, until nothing is due)."""
         logger.info(
-            "worker %s starting: queues=%s concurrency=%d batch=%d lease=%.0fs",
+            "worker %s starting: queues=%s concurrency=%d async_concurrency=%d batch=%d "
+            "lease=%.0fs",
             self.id,
             ",".join(self.queues),
             self.concurrency,
+            self.async_concurrency,
             self.batch,
             self.lease,
         )
-        for _ in range(self.concurrency):
-            self._start_executor()
+        self._executor.start()
         if self.listen and not self.burst:  # burst mode drains and leaves: nothing to wait for
             listener = Listener(
                 database=self.database,
@@ -255,34 +239,16 @@ class Worker(Settler, ExecutorThreads, Timeouts):
                 closing=self._closing,
                 worker_id=self.id,
             )
-            self._start_thread(listener.run, "django-jobs-listener")
+            thread = threading.Thread(target=listener.run, name="django-jobs-listener", daemon=True)
+            thread.start()
+            self._threads.append(thread)
         try:
             self._ops.start()
             self._loop()
         finally:
             self._ops.stopped()
-            self._shutdown_threads()
-        stats = self.stats
-        # The rare counts only when they happened: "0 late settles fenced out" on every
-        # stop is jargon a first run does not need.
-        rare = [
-            f"{n} {what}"
-            for n, what in (
-                (stats.released, "released"),
-                (stats.reexecuted, "re-executed after an expired lease"),
-                (stats.lost, "late settles fenced out"),
-                (stats.skipped, "skipped"),
-            )
-            if n
-        ]
-        logger.info(
-            "worker %s stopped: %d succeeded, %d retried, %d dead%s",
-            self.id,
-            stats.succeeded,
-            stats.retried,
-            stats.dead,
-            "".join(f", {part}" for part in rare),
-        )
+            self._shutdown_executors()
+        logger.info("worker %s stopped: %s", self.id, self.stats.summary())
         if self._all_stuck is not None:
             raise HandlersStuck(self._all_stuck)
 
@@ -391,8 +357,23 @@ class Worker(Settler, ExecutorThreads, Timeouts):
             deadlines.append(grace_deadline)
         if self._look_again_at is not None:
             deadlines.append(self._look_again_at)
-        deadlines.extend(d for run in self._timed if (d := run.deadline))
+        deadlines.extend(d for run in self._timed if (d := self._due_at(run, now)))
         return max(0.0, min(deadlines) - now)
+
+    def _failure(
+        self, job: ClaimedJob, exc: BaseException, fatal: bool = False
+    ) -> lifecycle.Failed:
+        return attempt.failure(job, exc, self.id, fatal)
+
+    def _shutdown_executors(self) -> None:
+        self._closing.set()  # the listener's
+        if self._eventloop is not None:
+            blocked = self._eventloop.loop_blocker() is not None
+            self._eventloop.shutdown(timeout=0.0 if blocked else 2.0)
+        self._executor.shutdown(timeout=2.0)
+        for thread in self._threads:
+            thread.join(timeout=1.0)
+        connections[self.database].close()
 
     def _drain_inbox(self, timeout: float) -> None:
         try:
@@ -479,7 +460,7 @@ class Worker(Settler, ExecutorThreads, Timeouts):
     # ---- claiming ---------------------------------------------------------
 
     def _free_slots(self) -> int:
-        free = self._target - len(self._inflight) - len(self._held_back)
+        free = self._slots.free(len(self._inflight), self._held_back)
         if self.max_jobs is not None:
             free = min(free, self.max_jobs - self._claimed_total)
         return max(0, min(free, self.batch))
@@ -488,11 +469,7 @@ class Worker(Settler, ExecutorThreads, Timeouts):
         if not (self._more or poll_due):
             return False
         free = self._free_slots()
-        if free <= 0:
-            return False
-        # Claim at once when threads would idle; otherwise wait until half the
-        # look-ahead is free rather than claiming a job at a time.
-        return len(self._inflight) < self.concurrency or free >= self._target // 2
+        return free > 0 and self._slots.claim_now(free, len(self._inflight))
 
     def _claim(self, settle: bool = False) -> tuple[int, int]:
         """Claim what the free slots can take; with `settle`, settle the successes first."""
@@ -507,6 +484,9 @@ class Worker(Settler, ExecutorThreads, Timeouts):
         self._excluded = set(capped)
         if registry.generation() != self._names_generation:
             self._names_changed()
+        names = self._slots.names_to_claim(
+            self.names, len(self._inflight), self._held_back, self._excluded
+        )
         beat = self._ops.beat(time.monotonic())
         # Rotate the queues so that a busy one does not always come first.
         first = seq % len(self.queues)
@@ -518,7 +498,7 @@ class Worker(Settler, ExecutorThreads, Timeouts):
             lease=self.lease,
             exclude_names=capped,
             beat=beat,
-            names=self.names,
+            names=names,
             flow_limits=self._flow_limits,
             flow_claim=self._flow_due,
             others=self._others_due,
@@ -563,6 +543,7 @@ class Worker(Settler, ExecutorThreads, Timeouts):
     def _names_changed(self) -> None:
         self._names_generation = registry.generation()
         self.names = sorted(registry.all_handlers())
+        self._slots.split(self.names, registry.all_handlers())
         self._flow_limits = self._limits()
         self._limited = {g.value for g in self._flow_limits if g.kind == "name"}
         self._limited_queues = {g.value for g in self._flow_limits if g.kind == "queue"}
@@ -599,7 +580,8 @@ class Worker(Settler, ExecutorThreads, Timeouts):
                 errors=job.errors,
                 _parents=partial(self._store.parent_results, job.id),
             )
-            run = Run(job, handler, ctx, timeout=self._timeout_of(handler))
+            on_loop = self._slots.runs_on_loop(handler)
+            run = Run(job, handler, ctx, timeout=self._timeout_of(handler), on_loop=on_loop)
             ctx._extend = lambda seconds: self._inbox.put(Extend(run, seconds))
             ctx._report = lambda value: self._inbox.put(Progress(run, value))
             self._hand_out(run)
@@ -644,7 +626,12 @@ class Worker(Settler, ExecutorThreads, Timeouts):
         self._by_name[name] = self._by_name.get(name, 0) + 1
         if run.timeout:
             self._timed.add(run)
-        self._work.put(run)
+        if run.on_loop:
+            assert self._eventloop is not None  # on_loop only with a loop
+            self._slots.on_loop += 1
+            self._eventloop.submit(run)
+        else:
+            self._executor.submit(run)
 
     def _release_held_back(self) -> None:
         waiting, self._held_back = self._held_back, deque()
@@ -663,20 +650,17 @@ class Worker(Settler, ExecutorThreads, Timeouts):
         if type(event.outcome) is lifecycle.Unstarted:
             self._settle(run, event.outcome, 0.0)  # released, attempt not counted
             return
-        duration = event.duration
-        avg = self._avg_duration
-        self._avg_duration = avg = duration if avg is None else 0.9 * avg + 0.1 * duration
-        # Short jobs are queued ahead of free threads so that claims stay few;
-        # long ones only as threads free up, so one worker does not hoard them.
-        self._target = self.concurrency + min(
-            self.batch, int(self.concurrency * LOOKAHEAD / max(avg, 1e-6))
-        )
-        self._settle(run, event.outcome, duration)
+        # Short jobs are queued ahead of free slots so that claims stay few; long
+        # ones only as slots free up, so one worker does not hoard them.
+        self._slots.finished(run, event.duration)
+        self._settle(run, event.outcome, event.duration)
 
     def _forget(self, run: Run) -> None:
         if run in self._inflight:
             self._inflight.discard(run)
             self._timed.discard(run)
+            if run.on_loop:
+                self._slots.on_loop -= 1
             name = run.job.name
             left = self._by_name.get(name, 1) - 1
             if left:
@@ -737,6 +721,8 @@ class Worker(Settler, ExecutorThreads, Timeouts):
         if not started:
             self._held_back.remove(run)
         self._settle(run, lifecycle.CancelRequested(started=started), 0.0)
+        if started and run.on_loop:
+            self._interrupt(run)  # an async handler is stopped at its current await
 
     def _release(self, runs: list[Run]) -> None:
         released = self._db(lambda: self._store.release(run.job for run in runs))
@@ -744,7 +730,9 @@ class Worker(Settler, ExecutorThreads, Timeouts):
 
     def _begin_shutdown(self) -> float:
         # Queued runs come back from the executors unstarted and are released.
-        self._draining = True
+        self._executor.drain()
+        if self._eventloop is not None and self._eventloop.started:
+            self._eventloop.drain()
         if self._held_back:
             self._release(list(self._held_back))
             self._freed.update(k for run in self._held_back if (k := self._group_of(run.job)))
@@ -763,29 +751,17 @@ class Worker(Settler, ExecutorThreads, Timeouts):
             run.abandoned = True
             assert run.ctx is not None  # a run handed out has one
             run.ctx.cancel()
+            if run.on_loop:
+                self._interrupt(run)
         if unfinished:
             self._release(unfinished)
-            now = time.monotonic()
-            shown = unfinished[:MAX_NAMED_IN_LOG]
-            named = "; ".join(
-                f"job {run.job.id} ({run.job.name}"
-                + (
-                    f", running {limits.format_duration(now - run.started)}"
-                    if run.started
-                    else ", not started"
-                )
-                + ")"
-                for run in shown
-            )
-            more = len(unfinished) - len(shown)
             logger.warning(
                 "worker %s: %d job(s) still running after the grace period (%s) were released "
-                "without consuming an attempt; another worker runs them again: %s%s",
+                "without consuming an attempt; another worker runs them again: %s",
                 self.id,
                 len(unfinished),
                 f"{self.grace:g}s",
-                named,
-                f"; and {more} more" if more else "",
+                named_runs(unfinished, time.monotonic()),
             )
         self._settle_abandoned()
         self._inflight.clear()
@@ -803,51 +779,8 @@ class Worker(Settler, ExecutorThreads, Timeouts):
     # ---- database access ------------------------------------------------------
 
     def _db(self, operation: Callable[[], Any], *, settle: bool = False) -> Any:
-        """Run operation; on a connection error, reconnect later and return None.
-
-        With `settle`, any other error (the database refused this row's write:
-        a value, a trigger, a constraint) comes back as a DbRefused, for the
-        caller to record against that one job instead of retrying it forever.
-        """
-        conn = connections[self.database]
-        try:
-            result = operation()
-        except Exception as exc:
-            if not isinstance(exc, _DB_ERRORS) or _refused(conn.vendor, exc):
-                if exc.args and exc.args[0] == _MYSQL_PACKET_TOO_LARGE:
-                    _close_quietly(conn)  # the server closed it: reconnect at the next use
-                return self._db_refused(exc, settle=settle)
-            self._db_failures += 1
-            pause = min(RETRY_MAX, RETRY_MIN * 2 ** min(self._db_failures - 1, 10))
-            logger.warning(
-                "worker %s: database error (%s); retrying in %.1fs",
-                self.id,
-                storable_text(safe_str(exc), MAX_MESSAGE),
-                pause,
-            )
-            _close_quietly(conn)
-            self._pause(pause)
-            return None
-        self._db_failures = 0
-        return result
-
-    def _db_refused(self, exc: Exception, *, settle: bool) -> DbRefused | None:
-        """Handle a failed statement (a value, a constraint, a trigger): the connection is fine."""
-        if not settle:
-            if not isinstance(exc, DatabaseError):
-                raise exc
-            logger.exception("worker %s: database operation failed", self.id, exc_info=exc)
-            self._pause(RETRY_MIN)
-            return None
-        # Capped: PostgreSQL's error context can quote megabytes of the value.
-        logger.error(
-            "worker %s: the database refused a settle (%s: %s)",
-            self.id,
-            type_name(exc),
-            storable_text(safe_str(exc), MAX_MESSAGE),
-            exc_info=exc if not isinstance(exc, DatabaseError) else None,
-        )
-        return DbRefused(exc)
+        """Run operation on the dispatcher's connection (django_jobs.worker.guard)."""
+        return self._guard.run(operation, settle=settle)
 
     def _pause(self, seconds: float) -> None:
         """Sleep, but wake early for a stop request."""

@@ -16,18 +16,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from asgiref.sync import async_to_sync
-from django.core.exceptions import ValidationError
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, connections
 
-from django_jobs import lifecycle, payloads, signals, tracing
-from django_jobs.attempts import error_entry
-from django_jobs.context import JobContext
-from django_jobs.exceptions import FatalError, JobCancelled, LeaseLost, Snooze
-from django_jobs.lifecycle import Outcome
-from django_jobs.registry import Handler
-from django_jobs.rows import ClaimedJob
+from django_jobs import lifecycle, tracing
 from django_jobs.store import JobStore
+from django_jobs.worker import attempt
 from django_jobs.worker.runs import STOP_EXECUTOR, Finished, Run
 
 # A thread idle longer than this checks its connection before the next handler
@@ -35,42 +28,77 @@ from django_jobs.worker.runs import STOP_EXECUTOR, Finished, Run
 IDLE_CHECK = 5.0
 
 
-class ExecutorThreads:
-    """The executor side of Worker (a mixin).
+class ThreadExecutor:
+    """Run sync handlers on `size` threads; report each run on the dispatcher's inbox.
 
-    It uses only: database, id, _store (complete_atomically), _work (runs to
-    take), _inbox (reports to put), _draining, _closing, _threads and _stuck_threads
-    (threads still running an abandoned handler, not waited for at shutdown).
+    One of the worker's two executors (the event loop is the other,
+    django_jobs.worker.eventloop), behind the same small interface: submit,
+    drain, cancel, shutdown. ``execute`` runs one job on the calling thread
+    (the test helpers' drain() calls it).
     """
 
-    database: str
-    id: str
-    _store: JobStore
-    _work: queue_module.SimpleQueue[Any]
-    _inbox: queue_module.SimpleQueue[Any]
-    _draining: bool
-    _closing: threading.Event
-    _threads: list[threading.Thread]
-    _stuck_threads: set[threading.Thread]
+    def __init__(
+        self,
+        *,
+        size: int,
+        worker_id: str,
+        database: str,
+        store: JobStore,
+        report: Callable[[Finished], None],
+    ) -> None:
+        self.size = size
+        self._worker_id = worker_id
+        self._database = database
+        self._store = store
+        self._report = report
+        self._work: queue_module.SimpleQueue[Any] = queue_module.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._draining = False  # queued runs are handed back instead of started
+        # Threads still running a handler abandoned past its timeout: not waited for
+        # at shutdown (django_jobs.worker.timeouts adds and removes them).
+        self.stuck: set[threading.Thread] = set()
 
-    def _start_thread(self, target: Callable[[], None], name: str) -> None:
-        thread = threading.Thread(target=target, name=name, daemon=True)
-        thread.start()
-        self._threads.append(thread)
+    def start(self) -> None:
+        for number in range(self.size):
+            thread = threading.Thread(
+                target=self._execute_loop, name=f"django-jobs-executor-{number}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
 
-    def _start_executor(self) -> None:
-        self._start_thread(self._execute_loop, f"django-jobs-executor-{len(self._threads)}")
+    def threads(self) -> list[threading.Thread]:
+        """The executor threads started."""
+        return list(self._threads)
 
-    def _shutdown_threads(self) -> None:
-        self._closing.set()
+    def submit(self, run: Run) -> None:
+        """Queue run for the threads."""
+        self._work.put(run)
+
+    def queued(self) -> list[Run]:
+        """Take the runs queued and not started (for a caller that runs them itself)."""
+        taken = []
+        while not self._work.empty():
+            item = self._work.get_nowait()
+            if item is not STOP_EXECUTOR:
+                taken.append(item)
+        return taken
+
+    def drain(self) -> None:
+        """Hand back the queued runs unstarted from now on."""
+        self._draining = True
+
+    def cancel(self, run: Run) -> None:
+        """A thread cannot be stopped: ctx.cancelled (set by the dispatcher) asks the handler."""
+
+    def shutdown(self, timeout: float) -> None:
+        """Stop the threads; wait at most timeout for those not stuck in a handler."""
         for _ in self._threads:
             self._work.put(STOP_EXECUTOR)
-        deadline = time.monotonic() + 2.0
+        deadline = time.monotonic() + timeout
         for thread in self._threads:
-            if thread in self._stuck_threads:
+            if thread in self.stuck:
                 continue  # its handler outlived its timeout: it ends with the process
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
-        connections[self.database].close()
 
     def _execute_loop(self) -> None:
         last_job = time.monotonic()
@@ -82,108 +110,41 @@ class ExecutorThreads:
                 if run is STOP_EXECUTOR:
                     return
                 if self._draining:
-                    self._inbox.put(Finished(run, lifecycle.Unstarted(), 0.0))
+                    self._report(Finished(run, lifecycle.Unstarted(), 0.0))
                     continue
                 if time.monotonic() - last_job > IDLE_CHECK:
                     _check_connections(own)
                 # Every run taken from the queue is reported, whatever happens in it:
                 # a run stays in flight (and its lease extended) only until then.
-                self._inbox.put(self._execute(run, own))
+                self._report(self.execute(run, own))
                 last_job = time.monotonic()
         finally:
             connections.close_all()
 
-    def _execute(self, run: Run, own: list[Any]) -> Finished:
-        """Run one job on this thread and return its report; it never raises."""
+    def execute(self, run: Run, own: list[Any]) -> Finished:
+        """Run one job on this thread and return its report; it never raises.
+
+        `own` are the connections to tidy after the handler (this thread's).
+        """
         run.thread = threading.current_thread()
         run.started = time.monotonic()
         try:
-            outcome = tracing.attempt(self.outcome_of, run)  # in its span, when tracing is on
+            # In its span, when tracing is on.
+            outcome = tracing.attempt(
+                lambda r: attempt.outcome_of(r, self._worker_id, self._store, self._database), run
+            )
         except BaseException as exc:  # noqa: BLE001 - outcome_of catches all; this is the net
-            outcome = self._failure(run.job, exc)
+            outcome = attempt.failure(run.job, exc, self._worker_id)
         if run.ctx is not None:
             run.ctx.flush_progress()  # its last value, written before the settle (same inbox)
         try:
-            _tidy_connections(own)
+            tidy_connections(own)
         except BaseException:  # noqa: BLE001 - a handler can leave a connection in any state
-            for conn in own:
-                _close_quietly(conn)
+            close_connections(own)
         return Finished(run, outcome, time.monotonic() - run.started)
 
-    def outcome_of(self, run: Run) -> Outcome:
-        """Run a claimed job's handler on this thread and return what happened.
 
-        It never raises. Whatever the handler or its validator raises, any
-        BaseException included (KeyboardInterrupt, SystemExit, CancelledError,
-        GeneratorExit), is a failed attempt: executors are not the main thread,
-        so the worker's own SIGINT/SIGTERM handling never meets it.
-        """
-        job, handler, ctx = run.job, run.handler, run.ctx
-        assert handler is not None and ctx is not None  # a run handed out has both
-        if run.cancel_requested:  # cancelled while it waited for this thread
-            return self._failure(job, JobCancelled("cancelled before it started"))
-        try:
-            payload = payloads.decode(job.payload)
-            if handler.validate is not None:
-                validated = handler.validate(payload)
-                payload = payload if validated is None else validated
-        except (ValueError, TypeError, ValidationError) as exc:
-            return lifecycle.Invalid(error_entry(job.attempts, exc=exc, worker=self.id))
-        except BaseException as exc:  # noqa: BLE001 - a validator that breaks fails the attempt
-            return self._failure(job, exc)
-        try:
-            if signals.job_started.receivers:
-                signals.job_started.send(**signals.about(job), attempt=job.attempts)
-            if handler.atomic:
-                return self._run_atomic(run, payload)
-            return lifecycle.Succeeded(payloads.encode_result(_call(handler, payload, ctx)))
-        except Snooze as exc:
-            seconds = getattr(exc, "seconds", None)
-            if type(seconds) is float and 0.0 <= seconds <= Snooze.MAX_SECONDS:
-                return lifecycle.Snoozed(seconds)
-            return self._failure(job, exc)  # a Snooze tampered with after it was made
-        except FatalError as exc:
-            return self._failure(job, exc, fatal=True)
-        except BaseException as exc:  # noqa: BLE001 - a handler may raise anything
-            return self._failure(job, exc)
-
-    def _failure(
-        self, job: ClaimedJob, exc: BaseException, fatal: bool = False
-    ) -> lifecycle.Failed:
-        return lifecycle.Failed(
-            error_entry(job.attempts, exc=exc, worker=self.id), fatal=fatal, exc=exc
-        )
-
-    def _run_atomic(self, run: Run, payload: Any) -> Outcome:
-        job, handler, ctx = run.job, run.handler, run.ctx
-        assert handler is not None and ctx is not None  # a run handed out has both
-        try:
-            with transaction.atomic(using=self.database):
-                result = payloads.encode_result(_call(handler, payload, ctx))
-                if run.abandoned:
-                    raise LeaseLost(f"job {job.id} timed out or was released; rolling back")
-                if not self._store.complete_atomically(job, result):
-                    raise _MarkerExists
-        except _MarkerExists:
-            return lifecycle.AlreadyDone()
-        except LeaseLost:
-            return lifecycle.Lost()
-        return lifecycle.SettledAtomically()
-
-
-class _MarkerExists(Exception):
-    pass
-
-
-def _call(handler: Handler, payload: Any, ctx: JobContext) -> Any:
-    if handler.is_async:
-        # async_to_sync sends the coroutine's thread-sensitive sync_to_async calls
-        # (the ORM) back to this thread, so they use this thread's connection.
-        return async_to_sync(handler.func)(payload, ctx)
-    return handler.func(payload, ctx)
-
-
-def _tidy_connections(own: list[Any]) -> None:
+def tidy_connections(own: list[Any]) -> None:
     """After a handler: roll back what it left open; drop broken connections; keep the rest.
 
     Unlike close_old_connections() this keeps healthy connections whatever
@@ -210,6 +171,12 @@ def _check_connections(own: list[Any]) -> None:
     for conn in own:
         if conn.connection is not None and not conn.is_usable():
             _close_quietly(conn)
+
+
+def close_connections(conns: list[Any]) -> None:
+    """Close every connection of conns, whatever state the handler left it in."""
+    for conn in conns:
+        _close_quietly(conn)
 
 
 def _close_quietly(conn: Any) -> None:

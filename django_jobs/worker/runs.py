@@ -7,6 +7,7 @@ from typing import Any
 
 from django_jobs.context import JobContext
 from django_jobs.lifecycle import Outcome
+from django_jobs.limits import format_duration
 from django_jobs.registry import Handler
 from django_jobs.rows import ClaimedJob
 
@@ -24,10 +25,16 @@ class Run:
     timed_out: bool = False
     thread: Any = None  # the executor thread running it (set when the handler starts)
     cancel_requested: bool = False  # an operator cancelled it: if it stops, it is dead-lettered
+    on_loop: bool = False  # an async handler run as a task on the worker's event loop
+    task: Any = None  # its asyncio task (set on the loop when it starts)
+    # Seconds its timeout does not count: time the loop was blocked by another handler.
+    excused: float = 0.0
 
     @property
     def deadline(self) -> float | None:
-        return self.started + self.timeout if self.started and self.timeout else None
+        if self.started and self.timeout:
+            return self.started + self.timeout + self.excused
+        return None
 
 
 # ---- inbox events ---------------------------------------------------------
@@ -103,6 +110,41 @@ class WorkerStats:
     # Not a counter: handlers running now past their timeout, each holding its job,
     # its slots and its thread until it returns (shown by `jobs status`).
     abandoned: int = 0
+
+    def summary(self) -> str:
+        """The counts of a worker's "stopped" log line."""
+        # The rare counts only when they happened: "0 late settles fenced out" on every
+        # stop is jargon a first run does not need.
+        rare = [
+            f", {n} {what}"
+            for n, what in (
+                (self.released, "released"),
+                (self.reexecuted, "re-executed after an expired lease"),
+                (self.lost, "late settles fenced out"),
+                (self.skipped, "skipped"),
+            )
+            if n
+        ]
+        return f"{self.succeeded} succeeded, {self.retried} retried, {self.dead} dead" + "".join(
+            rare
+        )
+
+
+# A log line names at most this many jobs, then counts the rest.
+MAX_NAMED_IN_LOG = 10
+
+
+def named_runs(runs: list[Run], now: float) -> str:
+    """Name runs in a log line: each job, and how long it has run (the first ten)."""
+    shown = runs[:MAX_NAMED_IN_LOG]
+    named = "; ".join(
+        f"job {run.job.id} ({run.job.name}"
+        + (f", running {format_duration(now - run.started)}" if run.started else ", not started")
+        + ")"
+        for run in shown
+    )
+    more = len(runs) - len(shown)
+    return named + (f"; and {more} more" if more else "")
 
 
 def log_extra(job: ClaimedJob) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from collections import deque
 
 from django_jobs.lifecycle import Failed, Outcome, SettledAtomically
 from django_jobs.rows import ClaimedJob
+from django_jobs.worker.eventloop import LoopExecutor
 from django_jobs.worker.runs import EXIT_STUCK, Run, WorkerStats, log_extra
 
 logger = logging.getLogger("django_jobs.worker")
@@ -39,6 +40,8 @@ class Timeouts:
 
     id: str
     concurrency: int
+    async_concurrency: int
+    _stuck_what = "all handler thread(s) are"  # what _stuck_for_good found stuck
     grace: float
     stats: WorkerStats
     _inflight: set[Run]
@@ -51,6 +54,7 @@ class Timeouts:
     _abandoned: dict[Run, tuple[Outcome, float]]
     _stuck_threads: set[threading.Thread]  # their threads, not waited for at shutdown
     _all_stuck: str | None  # every thread was abandoned: why run() raises HandlersStuck
+    _eventloop: LoopExecutor | None  # the async handlers' executor
 
     def _forget(self, run: Run) -> None:
         raise NotImplementedError
@@ -61,6 +65,26 @@ class Timeouts:
     def _failure(self, job: ClaimedJob, exc: BaseException, fatal: bool = False) -> Failed:
         raise NotImplementedError
 
+    def _due_at(self, run: Run, now: float) -> float | None:
+        """When run's timeout passes, as far as is known now (a blocked loop's time excused)."""
+        deadline = run.deadline
+        if deadline is None or not run.on_loop:
+            return deadline
+        excuse = self._excuse(run, now)
+        return max(deadline + excuse, now + 0.02) if excuse else deadline
+
+    def _excuse(self, run: Run, now: float) -> float:
+        loop = self._eventloop
+        return loop.excuse(run, now) if run.on_loop and loop is not None else 0.0
+
+    def _interrupt(self, run: Run) -> None:
+        if self._eventloop is not None:
+            self._eventloop.cancel(run)
+
+    def _loop_blocker(self) -> Run | None:
+        loop = self._eventloop
+        return loop.loop_blocker() if loop is not None and loop.started else None
+
     def _running_on(self) -> bool:
         """Whether a run in flight may still report: not abandoned, or within grace of it."""
         if len(self._inflight) > len(self._abandoned):
@@ -69,14 +93,31 @@ class Timeouts:
         return any(now < at + self.grace for _, at in self._abandoned.values())
 
     def _stuck_for_good(self, now: float) -> bool:
-        """Whether abandoned handlers have held every thread for the grace period."""
-        if len(self._abandoned) < self.concurrency:
-            return False
-        return now >= max(at for _, at in self._abandoned.values()) + self.grace
+        """Whether abandoned handlers have held every thread (or the loop) for the grace period.
+
+        For async handlers that is every loop slot, or the loop itself: a handler
+        past its timeout that blocks the loop (it never awaits) holds them all.
+        """
+        threads = [at for run, (_, at) in self._abandoned.items() if not run.on_loop]
+        if len(threads) >= self.concurrency and now >= max(threads) + self.grace:
+            self._stuck_what = f"all {self.concurrency} handler thread(s) are"
+            return True
+        slots = [at for run, (_, at) in self._abandoned.items() if run.on_loop]
+        if slots and len(slots) >= self.async_concurrency and now >= max(slots) + self.grace:
+            self._stuck_what = f"all {self.async_concurrency} event loop slot(s) are"
+            return True
+        blocker = self._loop_blocker()
+        if blocker is not None and blocker in self._abandoned:
+            if now >= self._abandoned[blocker][1] + self.grace:
+                self._stuck_what = "the event loop of async handlers is"
+                return True
+        return False
 
     def _expire_timeouts(self, now: float) -> None:
         """Abandon the runs past their deadline: their attempts failed with TimeoutError."""
-        for run in [run for run in self._timed if (d := run.deadline) and now >= d]:
+        for run in [
+            run for run in self._timed if (d := run.deadline) and now >= d + self._excuse(run, now)
+        ]:
             job = run.job
             self._timed.discard(run)
             run.abandoned = run.timed_out = True
@@ -84,10 +125,25 @@ class Timeouts:
             run.ctx.cancel()
             exc = TimeoutError(f"handler ran longer than its {run.timeout:g}s timeout")
             self._abandoned[run] = (self._failure(job, exc), now)
+            self.stats.abandoned = len(self._abandoned)
+            if run.on_loop:
+                self._interrupt(run)
+                logger.warning(
+                    "job %s[%s] attempt %d: its async handler ran past its %gs timeout "
+                    "(TimeoutError): its task is cancelled; until it ends, the job stays "
+                    "leased and holds its slot on the event loop",
+                    job.name,
+                    job.id,
+                    job.attempts,
+                    run.timeout,
+                    extra=log_extra(job),
+                )
+                self._release_capped(run)
+                continue
             if run.thread is not None:
                 self._stuck_threads.add(run.thread)
-            self.stats.abandoned = len(self._abandoned)
-            every = len(self._abandoned) >= self.concurrency
+            abandoned = sum(1 for r in self._abandoned if not r.on_loop)
+            every = abandoned >= self.concurrency
             logger.warning(
                 "job %s[%s] attempt %d: its handler ran past its %gs timeout (TimeoutError; "
                 "ctx.cancelled is set). Until it returns, the job stays leased and holds its "
@@ -96,7 +152,7 @@ class Timeouts:
                 job.id,
                 job.attempts,
                 run.timeout,
-                len(self._abandoned),
+                abandoned,
                 self.concurrency,
                 f"; the worker exits unless one returns within {self.grace:g}s" if every else "",
                 extra=log_extra(job),
@@ -149,7 +205,7 @@ class Timeouts:
     def _give_up_stuck(self) -> None:
         """Every thread runs an abandoned handler: stop claiming, to exit for a restart."""
         self._all_stuck = (
-            f"all {self.concurrency} handler thread(s) are stuck in handlers past their "
+            f"{self._stuck_what} stuck in handlers past their "
             f"timeout and the {self.grace:g}s grace: {self._stuck_list()}"
         )
         logger.error(

@@ -299,3 +299,10 @@ def tagged(payload, ctx):
     """A handler whose jobs carry a tag of its own (tests/test_tags.py)."""
     if payload and payload.get("fatal"):
         raise FatalError("tagged: fatal")
+
+
+# Async handlers on the worker's event loop (issue 25): only in the worker processes that ask.
+if os.environ.get("JOBS_TEST_ASYNC"):
+    from tests.testapp import async_jobs
+
+    async_jobs.register()

@@ -17,6 +17,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django_jobs import registry
 from django_jobs.management.arguments import (
     add_repeatable,
+    async_slots,
     positive_int,
     queue_name,
     seconds,
@@ -76,6 +77,11 @@ class Command(BaseCommand):
             help="Handler threads (default CONCURRENCY, 4).",
         )
         parser.add_argument(
+            "--async-concurrency",
+            type=async_slots,
+            help="Async handlers run at once on the event loop (default ASYNC_CONCURRENCY, 100).",
+        )
+        parser.add_argument(
             "--batch", type=positive_int, help="Most jobs claimed at once (default BATCH, 100)."
         )
         parser.add_argument("--burst", action="store_true", help="Run what is due, then exit 0.")
@@ -111,6 +117,7 @@ class Command(BaseCommand):
         *,
         queues: list[str] | None,
         concurrency: int | None,
+        async_concurrency: int | None,
         batch: int | None,
         burst: bool,
         max_jobs: int | None,
@@ -127,6 +134,7 @@ class Command(BaseCommand):
             worker = Worker(
                 queues=queues,
                 concurrency=concurrency,
+                async_concurrency=async_concurrency,
                 batch=batch,
                 burst=burst,
                 max_jobs=max_jobs,

@@ -1,0 +1,94 @@
+"""The dispatcher's database access: connection errors retried later, refusals reported.
+
+Every statement the dispatcher sends goes through DbGuard.run: a lost connection
+(or a restarted server) is logged, closed and retried with backoff, the dispatcher
+pausing meanwhile; a statement the database refuses (a value, a trigger, a
+constraint) comes back as a DbRefused for a settle to record against its job.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from django.db import DatabaseError, InterfaceError, OperationalError, connections
+
+from django_jobs.attempts import MAX_MESSAGE, type_name
+from django_jobs.payloads import safe_str, storable_text
+from django_jobs.worker.executor import _close_quietly
+from django_jobs.worker.listener import RETRY_MAX, RETRY_MIN
+from django_jobs.worker.settle import DbRefused
+
+logger = logging.getLogger("django_jobs.worker")
+
+_DB_ERRORS = (OperationalError, InterfaceError)
+# MySQL's and MariaDB's errors that come as an OperationalError although the statement
+# was refused, not the connection lost: sent again, it fails again. 1644 is a SIGNAL (a
+# trigger's SQLSTATE '45000'); 1153 a statement larger than max_allowed_packet, after
+# which the server drops the connection too.
+_MYSQL_SIGNAL = 1644
+_MYSQL_PACKET_TOO_LARGE = 1153
+_MYSQL_REFUSED = frozenset({_MYSQL_SIGNAL, _MYSQL_PACKET_TOO_LARGE})
+
+
+def _refused(vendor: str, exc: Exception) -> bool:
+    """Whether exc, an OperationalError, refused the statement on MySQL or MariaDB."""
+    return vendor == "mysql" and bool(exc.args) and exc.args[0] in _MYSQL_REFUSED
+
+
+class DbGuard:
+    """Run the dispatcher's operations on its connection (the one seam they all go through)."""
+
+    def __init__(self, *, database: str, worker_id: str, pause: Callable[[float], None]) -> None:
+        self._database = database
+        self._worker_id = worker_id
+        self._pause = pause
+        self._failures = 0
+
+    def run(self, operation: Callable[[], Any], *, settle: bool = False) -> Any:
+        """Run operation; on a connection error, reconnect later and return None.
+
+        With `settle`, any other error (the database refused this row's write:
+        a value, a trigger, a constraint) comes back as a DbRefused, for the
+        caller to record against that one job instead of retrying it forever.
+        """
+        conn = connections[self._database]
+        try:
+            result = operation()
+        except Exception as exc:
+            if not isinstance(exc, _DB_ERRORS) or _refused(conn.vendor, exc):
+                if exc.args and exc.args[0] == _MYSQL_PACKET_TOO_LARGE:
+                    _close_quietly(conn)  # the server closed it: reconnect at the next use
+                return self._refused_by_db(exc, settle=settle)
+            self._failures += 1
+            pause = min(RETRY_MAX, RETRY_MIN * 2 ** min(self._failures - 1, 10))
+            logger.warning(
+                "worker %s: database error (%s); retrying in %.1fs",
+                self._worker_id,
+                storable_text(safe_str(exc), MAX_MESSAGE),
+                pause,
+            )
+            _close_quietly(conn)
+            self._pause(pause)
+            return None
+        self._failures = 0
+        return result
+
+    def _refused_by_db(self, exc: Exception, *, settle: bool) -> DbRefused | None:
+        """Handle a failed statement (a value, a constraint, a trigger): the connection is fine."""
+        if not settle:
+            if not isinstance(exc, DatabaseError):
+                raise exc
+            logger.exception("worker %s: database operation failed", self._worker_id, exc_info=exc)
+            self._pause(RETRY_MIN)
+            return None
+        # Capped: PostgreSQL's error context can quote megabytes of the value.
+        logger.error(
+            "worker %s: the database refused a settle (%s: %s)",
+            self._worker_id,
+            type_name(exc),
+            storable_text(safe_str(exc), MAX_MESSAGE),
+            exc_info=exc if not isinstance(exc, DatabaseError) else None,
+        )
+        return DbRefused(exc)

@@ -1,0 +1,107 @@
+"""How many jobs a worker holds: its threads and its event loop, each with a look-ahead.
+
+The dispatcher asks Slots how many jobs to claim and whether to claim now; it
+tells it what it hands out and what finishes. Sync handlers run on the
+threads, async ones on the loop (django_jobs.worker.eventloop); each kind has
+its own target: its concurrency plus a short look-ahead sized from how long its
+jobs take, so that short jobs are queued ahead and long ones only as slots free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from django_jobs.worker.runs import Run
+
+# How much work to queue beyond free slots: enough to keep them busy this long.
+LOOKAHEAD = 0.02
+
+
+class Slots:
+    """The worker's capacity, per kind of handler (threads, loop)."""
+
+    def __init__(self, *, threads: int, loop: int, batch: int, loop_enabled: bool) -> None:
+        self.threads, self.loop, self.batch = threads, loop, batch
+        self.loop_enabled = loop_enabled
+        self.target = threads  # in-flight jobs to aim for on the threads
+        self.loop_target = loop
+        self.on_loop = 0  # runs handed to the loop and not finished
+        self._avg: float | None = None
+        self._avg_loop: float | None = None
+        self.thread_names: list[str] = []
+        self.loop_names: list[str] = []
+
+    def split(self, names: Iterable[str], handlers: Mapping[str, Any]) -> None:
+        """Tell the names whose handlers run on the loop from those the threads run."""
+        thread_names: list[str] = []
+        loop_names: list[str] = []
+        for name in names:
+            handler = handlers.get(name)
+            async_ = handler is not None and handler.is_async and not handler.atomic
+            (loop_names if async_ and self.loop_enabled else thread_names).append(name)
+        self.thread_names, self.loop_names = thread_names, loop_names
+
+    def runs_on_loop(self, handler: Any) -> bool:
+        return self.loop_enabled and handler.is_async and not handler.atomic
+
+    def finished(self, run: Run, duration: float) -> None:
+        """Count a finished run's duration into its kind's look-ahead."""
+        if run.on_loop:
+            avg = self._avg_loop
+            self._avg_loop = avg = duration if avg is None else 0.9 * avg + 0.1 * duration
+            self.loop_target = self.loop + min(
+                self.batch, int(self.loop * LOOKAHEAD / max(avg, 1e-6))
+            )
+        else:
+            avg = self._avg
+            self._avg = avg = duration if avg is None else 0.9 * avg + 0.1 * duration
+            self.target = self.threads + min(
+                self.batch, int(self.threads * LOOKAHEAD / max(avg, 1e-6))
+            )
+
+    def free_by_kind(self, inflight: int, held_back: Iterable[Run]) -> tuple[int, int]:
+        """Free slots (look-ahead included) on the threads and on the loop."""
+        held = held_loop = 0
+        for run in held_back:
+            held += 1
+            held_loop += run.on_loop
+        free_threads = free_loop = 0
+        if self.thread_names:
+            free_threads = self.target - (inflight - self.on_loop) - (held - held_loop)
+        if self.loop_names:
+            free_loop = self.loop_target - self.on_loop - held_loop
+        return max(0, free_threads), max(0, free_loop)
+
+    def free(self, inflight: int, held_back: Any) -> int:
+        """Free slots of both kinds (not capped by the batch size)."""
+        if not self.loop_names:  # the common case, kept short: threads only
+            return self.target - inflight - len(held_back)
+        return sum(self.free_by_kind(inflight, held_back))
+
+    def claim_now(self, free: int, inflight: int) -> bool:
+        """Whether to claim free jobs now, rather than wait for more to be free.
+
+        At once when threads (or loop slots) would idle; otherwise once half the
+        look-ahead is free, rather than claiming a job at a time.
+        """
+        if not self.loop_names:
+            return inflight < self.threads or free >= self.target // 2
+        idle_threads = bool(self.thread_names) and inflight - self.on_loop < self.threads
+        target = (self.target if self.thread_names else 0) + self.loop_target
+        return idle_threads or self.on_loop < self.loop or free >= target // 2
+
+    def names_to_claim(
+        self, names: list[str], inflight: int, held_back: Any, excluded: set[str]
+    ) -> list[str]:
+        """The names to claim: a kind whose slots are full is left out (added to excluded)."""
+        if not (self.loop_names and self.thread_names):
+            return names
+        free_threads, free_loop = self.free_by_kind(inflight, held_back)
+        if not free_threads:
+            excluded.update(self.thread_names)
+            return self.loop_names
+        if not free_loop:
+            excluded.update(self.loop_names)
+            return self.thread_names
+        return names

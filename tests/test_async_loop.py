@@ -1,0 +1,252 @@
+"""Async handlers on the worker's event loop (issue 25), run by real runjobs processes.
+
+Async jobs run as tasks on one loop per process, beyond the thread count, up
+to --async-concurrency and their handler's concurrency; timeouts cancel the
+task; a handler that blocks the loop is named in the log and does not time
+the others out; one that swallows its cancellation holds its slot, and a
+worker whose slots (or loop) are all held exits 3 as one whose threads are.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from django_jobs import control, enqueue
+from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job
+from django_jobs.signals import job_started
+from django_jobs.worker import EXIT_STUCK
+from tests.conftest import POSTGRES, wait_for
+from tests.test_timeouts import Sampler
+from tests.testapp import async_jobs, hostile, jobs
+from tests.testapp.models import Audit
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+TIMEOUT = "builtins.TimeoutError"
+
+
+@pytest.fixture
+def handlers():
+    registered = async_jobs.register()
+    yield registered
+    async_jobs.unregister_all()
+
+
+def _worker(worker_process, *args):
+    name = f"jobs-h25-{len(args)}-{id(args) % 100000}"
+    worker = worker_process(*args, extra_env={"JOBS_TEST_ASYNC": "1", "PGAPPNAME": name})
+    return worker, Sampler(worker.pid, name)
+
+
+def _results(ids):
+    return [m.result for m in CompletionMarker.objects.filter(job_id__in=ids)]
+
+
+def test_async_jobs_run_together_on_the_loop_beyond_the_threads(handlers, worker_process):
+    ids = [enqueue(handlers["nap"], {"seconds": 0.5}).id for _ in range(150)]
+    worker, sampler = _worker(worker_process, "--burst", "--concurrency", "2")
+    assert worker.wait(timeout=60) == 0, worker.output()[-3000:]
+    sampler.stop()
+    peaks = _results(ids)
+    assert len(peaks) == 150
+    # Far more at once than its 2 threads, never more than the default 100 slots.
+    assert 50 <= max(peaks) <= 100, max(peaks)
+    # Dispatcher, 2 executors, the loop and its watchdog (no listener in burst mode).
+    assert sampler.threads <= 2 + 1 + 2, sampler.threads
+
+
+def test_async_concurrency_bounds_the_loop(handlers, worker_process):
+    ids = [enqueue(handlers["nap"], {"seconds": 0.3}).id for _ in range(40)]
+    worker, sampler = _worker(worker_process, "--burst", "--async-concurrency", "8")
+    assert worker.wait(timeout=60) == 0, worker.output()[-3000:]
+    sampler.stop()
+    peaks = _results(ids)
+    assert len(peaks) == 40 and max(peaks) == 8, peaks
+    assert "async_concurrency=8" in worker.output()
+
+
+def test_the_handlers_cap_holds_on_the_loop(handlers, worker_process):
+    ids = [enqueue(handlers["capped"], {"seconds": 0.2}).id for _ in range(12)]
+    worker, sampler = _worker(worker_process, "--burst")
+    assert worker.wait(timeout=60) == 0, worker.output()[-3000:]
+    sampler.stop()
+    peaks = _results(ids)
+    assert len(peaks) == 12 and max(peaks) == 3, peaks
+
+
+def test_a_timeout_cancels_the_task_and_the_worker_goes_on(handlers, worker_process):
+    job = enqueue(handlers["timed"], {})
+    later = enqueue(jobs.record, {"label": "after-the-timeout"})
+    worker, sampler = _worker(worker_process, "--burst", "--concurrency", "1")
+    assert worker.wait(timeout=60) == 0, worker.output()[-3000:]
+    sampler.stop()
+    letter = DeadLetter.objects.get(id=job.id)
+    assert [e["type"] for e in letter.errors] == [TIMEOUT, TIMEOUT]
+    # Each attempt's task was cancelled for real (the handler saw its CancelledError).
+    assert Audit.objects.filter(label="cancelled", job_id=job.id).count() == 2
+    assert Audit.objects.filter(label="after-the-timeout").exists()
+    assert CompletionMarker.objects.filter(job_id=later.id).exists()
+    assert "its task is cancelled" in worker.output()
+
+
+def test_cancelling_a_running_async_job_cancels_its_task(handlers, worker_process):
+    job = enqueue(handlers["nap"], {"seconds": 600}).id
+    worker, sampler = _worker(worker_process, "--lease", "1.5")  # heartbeat every 0.5 s
+    wait_for(lambda: Job.objects.filter(id=job, attempts=1).exists(), message="the job to start")
+    outcome = control.cancel([job], by="alice")
+    assert (outcome.cancelled, outcome.requested) == (0, 1)
+    letter = wait_for(
+        lambda: DeadLetter.objects.filter(id=job).first(), timeout=10, message="the dead letter"
+    )
+    assert (letter.reason, letter.attempts) == (DeadReason.CANCELLED, 1)
+    assert "stopped: cancelled" in letter.error
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 0
+    sampler.stop()
+
+
+def test_a_handler_blocking_the_loop_is_named_and_times_no_one_else_out(handlers, worker_process):
+    # Five short-timeout jobs await 0.3 s while another handler blocks the loop for 1.5 s.
+    short = [enqueue(handlers["short"], {"seconds": 0.3}).id for _ in range(5)]
+    block = enqueue(handlers["blocker"], {"seconds": 1.5}).id
+    worker, sampler = _worker(worker_process, "--burst")
+    assert worker.wait(timeout=60) == 0, worker.output()[-3000:]
+    sampler.stop()
+    log = worker.output()
+    assert "tests.async.blocker[" in log and "has blocked the event loop" in log, log[-3000:]
+    assert "async_jobs.py" in log  # where it blocks
+    assert len(_results([*short, block])) == 6, log[-3000:]
+    assert not DeadLetter.objects.exists()
+
+
+def test_a_handler_swallowing_its_cancellation_holds_its_slot_until_it_returns(
+    handlers, worker_process
+):
+    job = enqueue(handlers["swallow"], {"after": 1.0})
+    worker, sampler = _worker(worker_process, "--burst")
+    assert worker.wait(timeout=60) == 0, worker.output()[-3000:]
+    sampler.stop()
+    log = worker.output()
+    letter = DeadLetter.objects.get(id=job.id)
+    assert [e["type"] for e in letter.errors] == [TIMEOUT]
+    assert Audit.objects.filter(label="swallowed", job_id=job.id).exists()
+    assert "its abandoned handler returned after" in log
+    assert "what it returned is discarded" in log
+
+
+@pytest.mark.slow
+def test_a_worker_whose_loop_slots_are_all_held_past_their_timeout_exits_3(
+    handlers, worker_process
+):
+    stuck = [enqueue(handlers["swallow"], {"after": 600}).id for _ in range(2)]
+    worker, sampler = _worker(worker_process, "--async-concurrency", "2", "--grace", "1")
+    code = worker.wait(timeout=30)
+    sampler.stop()
+    log = worker.output()
+    assert code == EXIT_STUCK, log[-3000:]
+    assert "all 2 event loop slot(s) are stuck in handlers past their timeout" in log
+    for row in Job.objects.filter(id__in=stuck):
+        assert (row.attempts, row.locked_by, [e["type"] for e in row.errors]) == (
+            1,
+            None,
+            [TIMEOUT],
+        )
+
+
+@pytest.mark.slow
+def test_a_worker_whose_loop_is_blocked_past_a_timeout_exits_3(handlers, worker_process):
+    job = enqueue(handlers["stuck_blocker"], {"seconds": 600}).id
+    later = enqueue(handlers["nap"], {"seconds": 0.1}).id
+    worker, sampler = _worker(worker_process, "--grace", "1")
+    code = worker.wait(timeout=30)
+    sampler.stop()
+    log = worker.output()
+    assert code == EXIT_STUCK, log[-3000:]
+    assert "has blocked the event loop" in log
+    assert "the event loop of async handlers is stuck in handlers past their timeout" in log
+    row = Job.objects.get(id=job)
+    assert (row.attempts, row.locked_by, [e["type"] for e in row.errors]) == (1, None, [TIMEOUT])
+    # The job that waited for the loop was released, its attempt given back.
+    row = Job.objects.get(id=later)
+    assert (row.attempts, row.locked_by) == (0, None)
+
+
+def test_a_non_json_result_and_the_orm_from_async_handlers(handlers, worker_process):
+    odd = enqueue(handlers["odd"], {}).id
+    written = [enqueue(handlers["orm"], {"label": f"orm-{i}"}).id for i in range(30)]
+    worker, sampler = _worker(worker_process, "--burst", "--concurrency", "2")
+    assert worker.wait(timeout=60) == 0, worker.output()[-3000:]
+    sampler.stop()
+    letter = DeadLetter.objects.get(id=odd)
+    assert "JSON" in letter.error or "serializable" in letter.error, letter.error
+    assert Audit.objects.filter(label__startswith="orm-").count() == 30
+    assert len(_results(written)) == 30
+    # The ORM calls ran on a pool of 2 threads (the --concurrency), not one per job.
+    assert sampler.threads <= 2 + 1 + 2 + 2, sampler.threads
+    if POSTGRES:
+        # The dispatcher's, 2 ORM threads' (the executors never touched the database).
+        assert sampler.sessions <= 1 + 2, sampler.sessions
+
+
+def test_sync_receivers_and_validators_of_async_handlers_may_use_the_orm(handlers, run_worker):
+    """job_started's sync receivers and validators run off the loop, where the ORM works."""
+
+    def on_started(sender, **kw):
+        Audit.objects.create(label=f"started:{sender}", job_id=kw["job_id"])
+
+    job_started.connect(on_started, weak=False)
+    try:
+        # enqueue() runs the validator too: one "validated" row now, one in the worker.
+        job = enqueue(handlers["validated"], {"label": "validated-ran"})
+        run_worker()
+    finally:
+        job_started.disconnect(on_started)
+    assert _results([job.id]) == ["written"], DeadLetter.objects.values_list("error", flat=True)
+    assert Audit.objects.filter(label="validated").count() == 2
+    assert Audit.objects.filter(label="started:tests.async.validated", job_id=job.id).exists()
+
+
+def test_a_child_reads_its_parents_results_with_the_async_form(handlers, worker_process):
+    parent = enqueue(jobs.record, {"label": "parent"}, key="the-parent")
+    child = enqueue(handlers["child"], {}, after=[parent])
+    worker, _sampler = _worker(worker_process, "--burst")
+    assert worker.wait(timeout=60) == 0, worker.output()[-3000:]
+    _sampler.stop()
+    parent_result = CompletionMarker.objects.get(job_id=parent.id).result
+    assert _results([child.id]) == [{"the-parent": parent_result}]
+
+
+def test_sigterm_lets_running_async_jobs_finish(handlers, worker_process):
+    ids = [enqueue(handlers["nap"], {"seconds": 1.0}).id for _ in range(5)]
+    worker, sampler = _worker(worker_process, "--grace", "10")
+    wait_for(lambda: Job.objects.filter(id__in=ids, attempts=1).count() == 5, timeout=30)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0, worker.output()[-3000:]
+    sampler.stop()
+    assert len(_results(ids)) == 5
+    assert not Job.objects.exists()
+
+
+@pytest.mark.slow
+def test_after_the_grace_running_async_jobs_are_released_with_their_attempt(
+    handlers, worker_process
+):
+    slow = [enqueue(handlers["nap"], {"seconds": 60}).id for _ in range(3)]
+    worker, sampler = _worker(worker_process, "--grace", "1")
+    wait_for(lambda: Job.objects.filter(id__in=slow, attempts=1).count() == 3, timeout=30)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0, worker.output()[-3000:]
+    sampler.stop()
+    assert "still running after the grace period" in worker.output()
+    for row in Job.objects.filter(id__in=slow):
+        assert (row.attempts, row.locked_by) == (0, None)
+
+
+def test_a_generator_exit_raised_under_an_await_is_the_attempts_error(run_worker):
+    """asyncio throws it into the task's outermost frame: still the handler's failure."""
+    job = enqueue(hostile.hostile_async, {"raise": "GeneratorExit", "message": ""})
+    run_worker()
+    letter = DeadLetter.objects.get(id=job.id)
+    assert [e["type"] for e in letter.errors] == ["builtins.GeneratorExit"] * 2
