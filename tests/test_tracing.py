@@ -152,6 +152,44 @@ def test_a_request_its_enqueue_the_attempts_and_a_retry_form_one_linked_trace(
 
 
 @pytest.mark.mariadb
+def test_an_async_handler_on_the_event_loop_runs_in_its_attempts_span(
+    spans, worker_process, tmp_path
+):
+    with transaction.atomic():
+        result = enqueue(jobs.traced_async, {"succeed_on": 2})
+    send = one(spans(), name="send default", attr_messaging__message__id=str(result.id))
+    path = tmp_path / "worker.jsonl"
+    worker = worker_process(extra_env={"JOBS_TEST_SPANS": str(path)})
+    wait_for(
+        lambda: CompletionMarker.objects.filter(job_id=result.id).exists(),
+        timeout=60,
+        message="the async job's marker",
+    )
+    stop(worker)
+    found = otel.read(path)
+    first, second = (
+        one(
+            found,
+            name="process default",
+            attr_django_jobs__attempt=n,
+            attr_messaging__message__id=str(result.id),
+        )
+        for n in (1, 2)
+    )
+    assert first["parent_id"] == send["span_id"] and first["trace_id"] == send["trace_id"]
+    assert first["attributes"]["django_jobs.outcome"] == "retried"
+    assert first["status"] == "ERROR"
+    [exception] = [e for e in first["events"] if e["name"] == "exception"]
+    assert "async traced failure on attempt 1" in exception["attributes"]["exception.message"]
+    assert second["attributes"]["django_jobs.outcome"] == "succeeded"
+    # The span the handler opens after an await, on the loop, is its attempt's child.
+    work = [span for span in found if span["name"] == "async handler work"]
+    assert sorted(span["parent_id"] for span in work) == sorted(
+        [first["span_id"], second["span_id"]]
+    )
+
+
+@pytest.mark.mariadb
 def test_workflow_steps_link_to_their_parents_and_run_under_their_own_create_spans(
     spans, worker_process, tmp_path
 ):

@@ -1,5 +1,6 @@
 """Handlers the tests enqueue; worker subprocesses discover them like any app's jobs.py."""
 
+import asyncio
 import os
 import time
 
@@ -292,6 +293,19 @@ async def async_progressing(payload, ctx):
     for done in range(payload["total"] + 1):
         ctx.progress(done, payload["total"], note="async")
     return "ok"
+
+
+@job(name="tests.traced_async", max_attempts=2)
+async def traced_async(payload, ctx):
+    """traced on the worker's event loop: a span of its own across awaits (test_tracing)."""
+    from opentelemetry import trace  # here: the other tests run without OpenTelemetry
+
+    await asyncio.sleep(0.01)
+    with trace.get_tracer("tests").start_as_current_span("async handler work"):
+        await asyncio.sleep(0.01)
+    if ctx.attempt < payload.get("succeed_on", 1):
+        raise RuntimeError(f"async traced failure on attempt {ctx.attempt}")
+    return ctx.attempt
 
 
 @job(name="tests.tagged", tags=["billing"])
