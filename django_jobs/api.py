@@ -397,8 +397,16 @@ def _mode(on_parent_dead: object, parents: Sequence[object]) -> str:
 class Workflow:
     """Steps enqueued together: see ``workflow()`` and docs/workflows.md."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(
+        self,
+        name: str,
+        tags: Iterable[str] | None = None,
+        meta: dict[str, str] | None = None,
+    ) -> None:
         self.name = limits.workflow_name(name, error=InvalidJob)
+        # What every step carries besides its own (validated here, and with each step's).
+        self.tags = [] if tags is None else limits.tags(tags, error=InvalidJob)
+        self.meta = {} if meta is None else limits.meta(meta, error=InvalidJob)
         # One per step, in order; after the block, what was written (a keyed
         # step whose key a live or finished job holds: that job's, duplicate).
         self.results: list[EnqueueResult] = []
@@ -442,6 +450,11 @@ class Workflow:
         """
         if self._closed:
             raise InvalidJob(f"workflow {self.name!r} is written already: enqueue inside its block")
+        if self.tags:
+            own = [] if tags is None else limits.tags(tags, error=InvalidJob)
+            tags = [*self.tags, *own]
+        if self.meta:
+            meta = {**self.meta, **({} if meta is None else limits.meta(meta, error=InvalidJob))}
         job = _prepare(
             handler, payload, key, delay, run_at, priority, queue, max_attempts, tags, meta
         )
@@ -480,7 +493,9 @@ class Workflow:
                 transaction.on_commit(partial(_send_enqueued, result), using=alias)
 
 
-def workflow(*, name: str) -> Workflow:
+def workflow(
+    *, name: str, tags: Iterable[str] | None = None, meta: dict[str, str] | None = None
+) -> Workflow:
     """Enqueue steps that wait for each other, written together when the block exits.
 
     ::
@@ -493,9 +508,10 @@ def workflow(*, name: str) -> Workflow:
     it raised nothing) they are written in bulk in the caller's transaction on
     the jobs database, as ``enqueue_on_commit`` writes; a block that raises
     writes nothing. Raises InvalidJob for a name that is not printable text of
-    1 to 255 characters.
+    1 to 255 characters. `tags` and `meta` go on every step, besides the step's own
+    (a step's meta wins for a key both give).
     """
-    return Workflow(name)
+    return Workflow(name, tags, meta)
 
 
 # PostgreSQL's undefined_table and undefined_column.

@@ -94,6 +94,39 @@ def test_tags_and_meta_are_stored_by_every_way_of_enqueueing():
     assert Job.objects.filter(name="tests.tagged", tags__isnull=False).count() == 2
 
 
+def test_a_workflows_tags_and_meta_go_on_every_step_besides_the_steps_own():
+    with workflow(name="w", tags=["import-7"], meta={"import": "7", "by": "ann"}) as w:
+        first = w.enqueue(jobs.noop, tags=["step"], meta={"by": "bob"})
+        second = w.enqueue(jobs.tagged, after=[first])
+    assert (Job.objects.get(id=first.id).tags, Job.objects.get(id=first.id).meta) == (
+        ["import-7", "step"],
+        {"by": "bob", "import": "7"},  # the step's own value wins
+    )
+    assert (Job.objects.get(id=second.id).tags, Job.objects.get(id=second.id).meta) == (
+        ["billing", "import-7"],
+        {"by": "ann", "import": "7"},
+    )
+
+
+@pytest.mark.parametrize(
+    ("workflow_kwargs", "step_kwargs"),
+    [
+        ({"tags": "import-7"}, {}),
+        ({"tags": [f"t{i}" for i in range(17)]}, {}),
+        ({"meta": {"bad key": "v"}}, {}),
+        ({"tags": ["a"]}, {"tags": "step"}),  # a string is no list, even merged
+        ({"tags": [f"w{i}" for i in range(9)]}, {"tags": [f"s{i}" for i in range(8)]}),
+        ({"meta": {"a": "1"}}, {"meta": ["not", "a", "dict"]}),
+    ],
+)
+def test_bad_workflow_tags_are_refused_before_any_sql(
+    workflow_kwargs, step_kwargs, django_assert_num_queries
+):
+    with django_assert_num_queries(0), pytest.raises(InvalidJob):  # noqa: PT012
+        with workflow(name="w", **workflow_kwargs) as w:
+            w.enqueue(jobs.noop, **step_kwargs)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_dead_letter_keeps_them_and_a_replay_gives_them_back(run_worker):
     dead = enqueue(jobs.tagged, {"fatal": True}, meta={"customer": "42"})
