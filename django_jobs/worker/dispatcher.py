@@ -139,8 +139,7 @@ class Worker(Settler, Timeouts):
         self._queryset: JobQuerySet = Job.objects.using(self.database)
         self._store = JobStore(self.database)
         # The two executors: sync handlers on threads, async ones as tasks on one event
-        # loop (started with the first of them), whose sync_to_async calls get a pool of
-        # `concurrency` threads.
+        # loop (started with the first), its sync_to_async calls on `concurrency` threads.
         self._executor = ThreadExecutor(
             size=self.concurrency,
             worker_id=self.id,
@@ -484,9 +483,10 @@ class Worker(Settler, Timeouts):
         self._excluded = set(capped)
         if registry.generation() != self._names_generation:
             self._names_changed()
-        names = self._slots.names_to_claim(
+        names, kind_free = self._slots.names_to_claim(
             self.names, len(self._inflight), self._held_back, self._excluded
         )
+        asked = asked if kind_free is None else max(1, min(asked, kind_free))
         beat = self._ops.beat(time.monotonic())
         # Rotate the queues so that a busy one does not always come first.
         first = seq % len(self.queues)

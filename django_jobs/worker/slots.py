@@ -31,6 +31,10 @@ class Slots:
         self._avg_loop: float | None = None
         self.thread_names: list[str] = []
         self.loop_names: list[str] = []
+        # Which kind a claim asks for when both have free slots: one claim asks for one
+        # kind, as many as that kind's slots take (a claim of both kinds could bring
+        # the loop's free count of sync jobs, queued behind the threads past their leases).
+        self._threads_turn = False
 
     def split(self, names: Iterable[str], handlers: Mapping[str, Any]) -> None:
         """Tell the names whose handlers run on the loop from those the threads run."""
@@ -93,15 +97,24 @@ class Slots:
 
     def names_to_claim(
         self, names: list[str], inflight: int, held_back: Any, excluded: set[str]
-    ) -> list[str]:
-        """The names to claim: a kind whose slots are full is left out (added to excluded)."""
+    ) -> tuple[list[str], int | None]:
+        """The names to claim, and at most how many (None: what free() says).
+
+        With both kinds, a claim asks for one kind only, up to its own free slots: the
+        kind whose slots are full is left out (added to excluded), and when both have
+        room the kinds take turns.
+        """
         if not (self.loop_names and self.thread_names):
-            return names
+            return names, None
         free_threads, free_loop = self.free_by_kind(inflight, held_back)
+        if free_threads and free_loop:
+            self._threads_turn = not self._threads_turn
+            if self._threads_turn:
+                free_loop = 0
+            else:
+                free_threads = 0
         if not free_threads:
             excluded.update(self.thread_names)
-            return self.loop_names
-        if not free_loop:
-            excluded.update(self.loop_names)
-            return self.thread_names
-        return names
+            return self.loop_names, free_loop
+        excluded.update(self.loop_names)
+        return self.thread_names, free_threads
