@@ -250,3 +250,27 @@ def test_a_generator_exit_raised_under_an_await_is_the_attempts_error(run_worker
     run_worker()
     letter = DeadLetter.objects.get(id=job.id)
     assert [e["type"] for e in letter.errors] == ["builtins.GeneratorExit"] * 2
+
+
+@pytest.mark.skipif(not POSTGRES, reason="wake-ups are PostgreSQL's NOTIFY")
+def test_a_wake_up_reaches_both_kinds_of_handler_without_waiting_for_the_poll(
+    handlers, worker_process
+):
+    # A worker with sync and async handlers claims one kind at a time: the claim a
+    # NOTIFY brings must not be spent on the kind that has no job due.
+    worker, sampler = _worker(worker_process, "--concurrency", "1", "--poll-interval", "60")
+    sampler.stop()
+    wait_for(lambda: Job.objects.count() == 0 and worker.output(), message="worker start")
+    for round_ in range(3):
+        for kind, started in (
+            ("sync", lambda r=round_: enqueue(jobs.record, {"label": f"sync-{r}"})),
+            ("async", lambda: enqueue(handlers["nap"], {"seconds": 0})),
+        ):
+            job = started()
+            wait_for(
+                lambda job=job: CompletionMarker.objects.filter(job_id=job.id).exists(),
+                timeout=10,  # far within the 60 s poll: the wake-up claimed it
+                message=f"the {kind} job of round {round_}",
+            )
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 0, worker.output()[-3000:]

@@ -154,12 +154,7 @@ class Worker(Settler, Timeouts):
             worker_id=self.id,
             report=self._inbox.put,
         )
-        self._slots = Slots(
-            threads=self.concurrency,
-            loop=self.async_concurrency,
-            batch=self.batch,
-            loop_enabled=True,
-        )
+        self._slots = Slots(threads=self.concurrency, loop=self.async_concurrency, batch=self.batch)
         self._claimed_total = 0
         self._guard = DbGuard(database=self.database, worker_id=self.id, pause=self._pause)
         self._timeouts: dict[str, float | None] = {}
@@ -483,10 +478,10 @@ class Worker(Settler, Timeouts):
         self._excluded = set(capped)
         if registry.generation() != self._names_generation:
             self._names_changed()
-        names, kind_free = self._slots.names_to_claim(
+        share = self._slots.names_to_claim(
             self.names, len(self._inflight), self._held_back, self._excluded
         )
-        asked = asked if kind_free is None else max(1, min(asked, kind_free))
+        asked = asked if share.limit is None else max(1, min(asked, share.limit))
         beat = self._ops.beat(time.monotonic())
         # Rotate the queues so that a busy one does not always come first.
         first = seq % len(self.queues)
@@ -498,7 +493,7 @@ class Worker(Settler, Timeouts):
             lease=self.lease,
             exclude_names=capped,
             beat=beat,
-            names=names,
+            names=share.names,
             flow_limits=self._flow_limits,
             flow_claim=self._flow_due,
             others=self._others_due,
@@ -524,7 +519,9 @@ class Worker(Settler, Timeouts):
         got = len(jobs)
         if got:
             self._empty_looks = 0
-        if self._flow_limits:
+        if share.another_due:
+            got = asked  # the loop's claim comes next, the flow state as it was
+        elif self._flow_limits:
             looked_everywhere = self._others_due and len(self._flow_due) == len(self._flow_limits)
             self._flow_due = {key for job in jobs if (key := self._group_of(job))}
             # The other half found fewer than asked: none left until a poll or wake-up.

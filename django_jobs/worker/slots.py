@@ -10,6 +10,7 @@ jobs take, so that short jobs are queued ahead and long ones only as slots free.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from django_jobs.worker.runs import Run
@@ -21,7 +22,7 @@ LOOKAHEAD = 0.02
 class Slots:
     """The worker's capacity, per kind of handler (threads, loop)."""
 
-    def __init__(self, *, threads: int, loop: int, batch: int, loop_enabled: bool) -> None:
+    def __init__(self, *, threads: int, loop: int, batch: int, loop_enabled: bool = True) -> None:
         self.threads, self.loop, self.batch = threads, loop, batch
         self.loop_enabled = loop_enabled
         self.target = threads  # in-flight jobs to aim for on the threads
@@ -31,10 +32,7 @@ class Slots:
         self._avg_loop: float | None = None
         self.thread_names: list[str] = []
         self.loop_names: list[str] = []
-        # Which kind a claim asks for when both have free slots: one claim asks for one
-        # kind, as many as that kind's slots take (a claim of both kinds could bring
-        # the loop's free count of sync jobs, queued behind the threads past their leases).
-        self._threads_turn = False
+        self._loop_owed = False  # the last claim was the threads' while the loop had room
 
     def split(self, names: Iterable[str], handlers: Mapping[str, Any]) -> None:
         """Tell the names whose handlers run on the loop from those the threads run."""
@@ -97,24 +95,36 @@ class Slots:
 
     def names_to_claim(
         self, names: list[str], inflight: int, held_back: Any, excluded: set[str]
-    ) -> tuple[list[str], int | None]:
-        """The names to claim, and at most how many (None: what free() says).
+    ) -> ClaimShare:
+        """The names to claim and at most how many (None: what free() says).
 
-        With both kinds, a claim asks for one kind only, up to its own free slots: the
-        kind whose slots are full is left out (added to excluded), and when both have
-        room the kinds take turns.
+        With both kinds, a claim asks for one kind only, up to its own free slots (a
+        claim of both could bring the loop's free count of sync jobs, queued behind
+        the threads past their leases): the kind whose slots are full is left out
+        (added to excluded). When both have room, the threads' claim owes one to the
+        loop, which the dispatcher makes next, so that a wake-up reaches both kinds.
         """
         if not (self.loop_names and self.thread_names):
-            return names, None
+            return ClaimShare(names, None)
         free_threads, free_loop = self.free_by_kind(inflight, held_back)
-        if free_threads and free_loop:
-            self._threads_turn = not self._threads_turn
-            if self._threads_turn:
-                free_loop = 0
-            else:
-                free_threads = 0
-        if not free_threads:
+        owed, self._loop_owed = self._loop_owed, False
+        on_loop = set(self.loop_names)  # filtered from names: what the burst check asks
+        if free_loop and (owed or not free_threads):
             excluded.update(self.thread_names)
-            return self.loop_names, free_loop
+            return ClaimShare([name for name in names if name in on_loop], free_loop)
         excluded.update(self.loop_names)
-        return self.thread_names, free_threads
+        self._loop_owed = bool(free_loop)
+        return ClaimShare(
+            [name for name in names if name not in on_loop],
+            free_threads,
+            another_due=self._loop_owed,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimShare:
+    """What one claim asks for: these names, at most limit of them."""
+
+    names: list[str]
+    limit: int | None  # None: as many as the worker's free slots
+    another_due: bool = False  # the other kind has room too: claim it next, at once
