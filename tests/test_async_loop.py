@@ -274,3 +274,41 @@ def test_a_wake_up_reaches_both_kinds_of_handler_without_waiting_for_the_poll(
             )
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0, worker.output()[-3000:]
+
+
+def test_jobs_held_back_behind_their_cap_keep_their_leases_from_a_second_worker(
+    handlers, worker_process
+):
+    # 9 jobs of a handler capped at 3 in a worker: one claim takes all 9 (the loop has
+    # room), 3 run and 6 wait their turn for up to 3 s, twice the 1.5 s lease. The
+    # heartbeat keeps the waiting ones leased too: a second worker polling all along
+    # takes none of them over, and each runs once, as attempt 1.
+    ids = [enqueue(handlers["capped"], {"seconds": 1.0}).id for _ in range(9)]
+    first, sampler = _worker(worker_process, "--concurrency", "1", "--lease", "1.5")
+    sampler.stop()
+    wait_for(
+        lambda: not Job.objects.filter(id__in=ids, locked_by__isnull=True).exists(),
+        message="the first worker to claim all 9",
+    )
+    second = worker_process(
+        "--concurrency",
+        "1",
+        "--lease",
+        "1.5",
+        "--poll-interval",
+        "0.1",
+        extra_env={"JOBS_TEST_ASYNC": "1"},
+    )
+    wait_for(
+        lambda: CompletionMarker.objects.filter(job_id__in=ids).count() == 9,
+        timeout=30,
+        message="all 9 jobs",
+    )
+    for worker in (first, second):
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=20) == 0, worker.output()[-3000:]
+    attempts = list(
+        CompletionMarker.objects.filter(job_id__in=ids).values_list("attempts", flat=True)
+    )
+    assert attempts == [1] * 9
+    assert "taking it over" not in first.output() + second.output()

@@ -478,22 +478,22 @@ class Worker(Settler, Timeouts):
         self._excluded = set(capped)
         if registry.generation() != self._names_generation:
             self._names_changed()
-        share = self._slots.names_to_claim(
-            self.names, len(self._inflight), self._held_back, self._excluded
+        first_share, *other_shares = shares = self._slots.shares(
+            self.names, asked, len(self._inflight), self._held_back, self._excluded
         )
-        asked = asked if share.limit is None else max(1, min(asked, share.limit))
+        asked = sum(share.limit for share in shares)
         beat = self._ops.beat(time.monotonic())
         # Rotate the queues so that a busy one does not always come first.
         first = seq % len(self.queues)
         queues = self.queues[first:] + self.queues[:first]
         request = ClaimRequest(
             queues=queues,
-            limit=asked,
+            limit=first_share.limit,
             token=token,
             lease=self.lease,
             exclude_names=capped,
             beat=beat,
-            names=share.names,
+            names=first_share.names,
             flow_limits=self._flow_limits,
             flow_claim=self._flow_due,
             others=self._others_due,
@@ -514,14 +514,15 @@ class Worker(Settler, Timeouts):
             else:
                 self._completed(batch, None if found is None else found[0])
                 jobs = None if found is None else found[1]
+        for share in other_shares if jobs is not None else ():  # the other kind's, no beat
+            other = request._replace(limit=share.limit, names=share.names, beat=None)
+            jobs += self._db(lambda other=other: self._store.claim(other)) or []
         if jobs is None:
             return asked, asked  # the database is away: try again, do not conclude "idle"
         got = len(jobs)
         if got:
             self._empty_looks = 0
-        if share.another_due:
-            got = asked  # the loop's claim comes next, the flow state as it was
-        elif self._flow_limits:
+        if self._flow_limits:
             looked_everywhere = self._others_due and len(self._flow_due) == len(self._flow_limits)
             self._flow_due = {key for job in jobs if (key := self._group_of(job))}
             # The other half found fewer than asked: none left until a poll or wake-up.

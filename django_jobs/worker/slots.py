@@ -32,7 +32,6 @@ class Slots:
         self._avg_loop: float | None = None
         self.thread_names: list[str] = []
         self.loop_names: list[str] = []
-        self._loop_owed = False  # the last claim was the threads' while the loop had room
 
     def split(self, names: Iterable[str], handlers: Mapping[str, Any]) -> None:
         """Tell the names whose handlers run on the loop from those the threads run."""
@@ -93,38 +92,32 @@ class Slots:
         target = (self.target if self.thread_names else 0) + self.loop_target
         return idle_threads or self.on_loop < self.loop or free >= target // 2
 
-    def names_to_claim(
-        self, names: list[str], inflight: int, held_back: Any, excluded: set[str]
-    ) -> ClaimShare:
-        """The names to claim and at most how many (None: what free() says).
+    def shares(
+        self, names: list[str], asked: int, inflight: int, held_back: Any, excluded: set[str]
+    ) -> list[ClaimShare]:
+        """How a claim of up to `asked` jobs of names is made: one statement per kind.
 
-        With both kinds, a claim asks for one kind only, up to its own free slots (a
-        claim of both could bring the loop's free count of sync jobs, queued behind
-        the threads past their leases): the kind whose slots are full is left out
-        (added to excluded). When both have room, the threads' claim owes one to the
-        loop, which the dispatcher makes next, so that a wake-up reaches both kinds.
+        With both kinds, each kind is claimed by a statement of its own, up to its own
+        free slots (one for both could bring the loop's free count of sync jobs, queued
+        behind the threads past their leases), so that every wake-up looks at both; a
+        kind without room is left out (added to excluded).
         """
         if not (self.loop_names and self.thread_names):
-            return ClaimShare(names, None)
+            return [ClaimShare(names, asked)]
         free_threads, free_loop = self.free_by_kind(inflight, held_back)
-        owed, self._loop_owed = self._loop_owed, False
         on_loop = set(self.loop_names)  # filtered from names: what the burst check asks
-        if free_loop and (owed or not free_threads):
+        threads = ClaimShare([n for n in names if n not in on_loop], min(asked, free_threads))
+        loop = ClaimShare([n for n in names if n in on_loop], min(asked - threads.limit, free_loop))
+        if not threads.limit:
             excluded.update(self.thread_names)
-            return ClaimShare([name for name in names if name in on_loop], free_loop)
-        excluded.update(self.loop_names)
-        self._loop_owed = bool(free_loop)
-        return ClaimShare(
-            [name for name in names if name not in on_loop],
-            free_threads,
-            another_due=self._loop_owed,
-        )
+        if not loop.limit:
+            excluded.update(self.loop_names)
+        return [share for share in (threads, loop) if share.limit] or [threads]  # or: beat only
 
 
 @dataclass(frozen=True, slots=True)
 class ClaimShare:
-    """What one claim asks for: these names, at most limit of them."""
+    """One claim statement: up to limit jobs of these names."""
 
     names: list[str]
-    limit: int | None  # None: as many as the worker's free slots
-    another_due: bool = False  # the other kind has room too: claim it next, at once
+    limit: int
