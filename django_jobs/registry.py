@@ -411,6 +411,7 @@ def job(
     validate: Callable[[Any], object] | None = None,
     global_concurrency: int | None = None,
     rate_limit: str | None = None,
+    rate_window: str | None = None,
     partition_by: str | Callable[[Any], str] | None = None,
     tags: Iterable[str] = (),
 ) -> Callable[[Callable[[P, JobContext], R]], Handler[P, R]]: ...
@@ -431,6 +432,7 @@ def job(
     validate: Callable[[Any], object] | None = None,
     global_concurrency: int | None = None,
     rate_limit: str | None = None,
+    rate_window: str | None = None,
     partition_by: str | Callable[[Any], str] | None = None,
     tags: Iterable[str] = (),
 ) -> Handler[P, R] | Callable[[Callable[[P, JobContext], R]], Handler[P, R]]:
@@ -444,12 +446,19 @@ def job(
     before running; raising ValueError/TypeError dead-letters the job).
     Across the fleet (docs/flow-control.md): ``global_concurrency`` (at most N
     running at once), ``rate_limit`` ("N/s", "N/m", "N/h": starts per window),
+    ``rate_window`` ("fixed", the default, or "sliding": no interval of the
+    window's length holds more than N starts),
     ``partition_by`` (a payload key or a callable: the limits hold per value).
     ``tags``: labels every job of the handler carries, to filter by (with those
     given to each enqueue).
     """
     if partition_by is not None and global_concurrency is None and rate_limit is None:
         raise InvalidJob("partition_by needs global_concurrency or rate_limit to partition")
+    rate = (
+        None
+        if rate_limit is None and rate_window is None
+        else flow.parse_rate(rate_limit, window=rate_window)
+    )
 
     def decorate(f: Callable[[P, JobContext], R]) -> Handler[P, R]:
         if not callable(f):
@@ -475,7 +484,7 @@ def job(
             global_concurrency=(
                 None if global_concurrency is None else flow.check_concurrency(global_concurrency)
             ),
-            rate_limit=None if rate_limit is None else flow.parse_rate(rate_limit),
+            rate_limit=rate,
             partition_by=None if partition_by is None else flow.check_partition_by(partition_by),
             tags=tuple(
                 limits.tags(list(tags) if not isinstance(tags, str) else tags, error=InvalidJob)
