@@ -223,6 +223,18 @@ def window_start(now: datetime, rate: Rate) -> datetime:
     return datetime.fromtimestamp(now.timestamp() // rate.seconds * rate.seconds, tz=UTC)
 
 
+def admits_again_in(rate: Rate, now: float) -> float:
+    """Return the seconds after which a full window of rate may admit a start again.
+
+    A fixed window: at its end (now: the epoch time). A sliding one: as its oldest
+    starts age out, at an unknown time; N starts spread over a window are this far
+    apart, so a worker that looks that often lags the window by one spacing at most.
+    """
+    if rate.sliding:
+        return rate.seconds / rate.count
+    return rate.seconds - now % rate.seconds
+
+
 def queue_limits(setting: object) -> dict[str, tuple[int | None, Rate | None]]:
     """Return the limits of a QUEUES setting ({queue: {"global_concurrency", "rate_limit"}}).
 

@@ -145,7 +145,7 @@ def test_queue_windows_parse(settings):
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("claim", ["sql", "orm"])
+@pytest.mark.parametrize("claim", ["auto", "orm"])
 def test_a_boundary_lets_a_fixed_window_start_2n_and_a_sliding_one_n(handlers, settings, claim):
     # N claimed late in a second, then N early in the next: the fixed window's
     # counter resets at the boundary, the sliding one still counts the first N.
@@ -268,7 +268,7 @@ def test_jobs_status_counts_the_sliding_window():
 @pytest.mark.slow
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("claim", ["sql", "orm"])
+@pytest.mark.parametrize("claim", ["auto", "orm"])
 def test_three_workers_never_start_more_than_n_in_any_sliding_second(
     handlers, worker_process, claim
 ):
