@@ -1,4 +1,4 @@
-# The log of starts of sliding rate windows (docs/flow-control.md); one row per claim.
+# Sliding rate windows: the log of starts (docs/flow-control.md); dead reason undecryptable.
 
 from django.db import migrations, models
 
@@ -9,6 +9,23 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.AlterField(
+            model_name="deadletter",
+            name="reason",
+            field=models.CharField(
+                choices=[
+                    ("invalid_payload", "invalid payload"),
+                    ("unknown_name", "unknown name"),
+                    ("attempts_exhausted", "attempts exhausted"),
+                    ("fatal", "fatal error"),
+                    ("cancelled", "cancelled"),
+                    ("parent_dead", "parent dead"),
+                    ("malformed", "malformed row"),
+                    ("undecryptable", "undecryptable payload"),
+                ],
+                max_length=32,
+            ),
+        ),
         migrations.CreateModel(
             name="FlowStart",
             fields=[
