@@ -153,9 +153,12 @@ def seal_result(text: str | None) -> str | None:
     return None if text is None else json.dumps(_seal(json.loads(text)))
 
 
-def unseal_result(text: str | None) -> Any:
-    """Return an encrypted stored result decrypted (None stays None)."""
-    return None if text is None else _unseal(json.loads(text), "the result")
+def unseal_result(stored: Any) -> Any:
+    """Return an encrypted stored result (JSON text, or as the marker's field reads it)
+    decrypted; None stays None."""
+    if isinstance(stored, str | bytes):
+        stored = json.loads(stored)
+    return None if stored is None else _unseal(stored, "the result")
 
 
 def blind(fingerprint: str) -> str:

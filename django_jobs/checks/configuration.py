@@ -201,7 +201,7 @@ def _check_encryption(keys: Any) -> list[Any]:
                 id="django_jobs.E401",
             )
         )
-    wrong = [] if not sealed and not keys else encryption.problems(keys)
+    wrong = [] if keys in ([], (), None) else encryption.problems(keys)
     if sealed and keys in ([], (), None):
         found.append(
             Error(
