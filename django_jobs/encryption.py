@@ -16,7 +16,7 @@ import hashlib
 import hmac
 import json
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from django.core.signals import setting_changed
 from django.dispatch import receiver
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 # The one key of the JSON object that stands for an encrypted value.
 SEALED = "$encrypted"
 # What encrypt= says: None (nothing), True (the whole payload) or the keys encrypted.
-Spec = bool | tuple[str, ...] | None
+Spec = Literal[True] | tuple[str, ...] | None
 
 
 class Undecryptable(ValueError):

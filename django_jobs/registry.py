@@ -138,7 +138,7 @@ class Handler(Generic[P, R]):
     # Tags every job of this handler carries (limits.tags), with those of each enqueue.
     tags: tuple[str, ...] = ()
     # What of the payload (and the result) is stored encrypted (encryption.Spec).
-    encrypt: bool | tuple[str, ...] | None = None
+    encrypt: encryption.Spec = None
 
     def __call__(self, payload: P | None = None, ctx: JobContext | None = None) -> R:
         """Call the function directly (in tests, say), bypassing the queue."""
