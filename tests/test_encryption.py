@@ -191,3 +191,9 @@ def test_the_admin_shows_encrypted_values_masked(handlers, keys, admin_client_):
     text = admin_client_.get(url("job_change", stored.pk)).content.decode()
     assert token[:20] not in text and "4242424242424242" not in text
     assert "******** (encrypted)" in text and "1250" in text
+    # A dead letter keeps the payload as stored, encrypted: masked too, even with MASK_KEYS [].
+    keys.DJANGO_JOBS = {**keys.DJANGO_JOBS, "ENCRYPTION_KEYS": [NEW], "MASK_KEYS": []}
+    drain()
+    letter = DeadLetter.objects.get()
+    text = admin_client_.get(url("deadletter_change", letter.pk)).content.decode()
+    assert token[:20] not in text and "******** (encrypted)" in text
