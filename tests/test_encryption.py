@@ -7,9 +7,9 @@ import sys
 
 import pytest
 from cryptography.fernet import Fernet, MultiFernet
-from django.core.checks import run_checks
 
 from django_jobs import encryption, enqueue, job
+from django_jobs.checks import check_settings
 from django_jobs.exceptions import InvalidJob
 from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job
 from django_jobs.registry import unregister
@@ -66,7 +66,7 @@ def test_bad_encrypt_values_are_refused_at_declaration(value):
 
 
 def _ids():
-    return {m.id for m in run_checks() if m.id.startswith("django_jobs.E4")}
+    return {m.id for m in check_settings() if m.id.startswith("django_jobs.E4")}
 
 
 def test_an_encrypting_handler_without_keys_is_a_check_error(handlers, settings):
@@ -76,11 +76,13 @@ def test_an_encrypting_handler_without_keys_is_a_check_error(handlers, settings)
 
 
 @pytest.mark.parametrize(
-    "value", [OLD, ["not-a-key"], [OLD, OLD[:-4]], [OLD, 42], "", {"a": OLD}, [b"x" * 44]]
+    "value",
+    [OLD, ["not-a-key"], [OLD, OLD[:-4]], [OLD, 42], "", {"a": OLD}, [b"x" * 44]],
+    ids=["a string", "short", "cut", "a number", "empty string", "a dict", "40 bytes"],
 )
 def test_malformed_keys_are_a_check_error_that_never_shows_them(settings, value):
     settings.DJANGO_JOBS = {**settings.DJANGO_JOBS, "ENCRYPTION_KEYS": value}
-    messages = [m for m in run_checks() if m.id == "django_jobs.E403"]
+    messages = [m for m in check_settings() if m.id == "django_jobs.E403"]
     assert messages, value
     assert OLD[:8] not in " ".join(m.msg for m in messages)
 
@@ -197,3 +199,21 @@ def test_the_admin_shows_encrypted_values_masked(handlers, keys, admin_client_):
     letter = DeadLetter.objects.get()
     text = admin_client_.get(url("deadletter_change", letter.pk)).content.decode()
     assert token[:20] not in text and "******** (encrypted)" in text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_async_handler_gets_the_plain_payload_and_its_result_is_encrypted(keys):
+    async def charge(payload, ctx):
+        seen.append(payload)
+        return {"ssn": payload["ssn"]}
+
+    handler = job(name="tests.enc.async", encrypt=("ssn",))(charge)
+    seen.clear()
+    try:
+        enqueue(handler, SECRET)
+        assert drain().succeeded and seen == [SECRET]
+        marker = CompletionMarker.objects.get()
+        assert "078-05-1120" not in json.dumps(marker.result)
+        assert encryption.unseal_result(marker.result) == {"ssn": "078-05-1120"}
+    finally:
+        unregister(handler.name)
