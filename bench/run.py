@@ -21,6 +21,8 @@ Figures (no-op jobs, as the peers were measured):
   RP   replay 10,000 dead letters in one call, half of them keyed  (letters/s)
   CAP  a handler capped by global_concurrency=4, 50 ms jobs, 2 workers (% of 80/s)
   CAP0 the same jobs without a limit on one worker of 4 threads, for comparison
+  RL   claims of one job of a rate-limited handler (1,000,000/h, fixed window)   (ms/claim)
+  RLS  the same in a sliding window: its log of an hour of claims read and pruned (ms/claim)
   IO10 5,000 async jobs each awaiting 10 ms, one runjobs process at its defaults (jobs/s)
   IOS  the same with a sync handler calling time.sleep(0.01), --concurrency 100
   IO1  IO10 with 1 ms awaits (compare with D1)
@@ -427,6 +429,40 @@ def capped(n: int, limited: bool = True) -> float:
     return 100 * rate / (CAP / CAPPED_SECONDS)
 
 
+def rate_limited_claims(n: int, sliding: bool) -> float:
+    """Return the milliseconds of one claim of one job of a rate-limited group, in process.
+
+    The rate never fills (1,000,000/h), so every claim takes a job; an hourly window
+    is a sliding window's largest log: the claim reads every claim of the run.
+    """
+    from django.db import connection
+
+    from django_jobs import enqueue_many, flow
+    from django_jobs.registry import Handler, register, unregister
+    from django_jobs.rows import ClaimRequest
+    from django_jobs.store import JobStore
+
+    reset()
+    with connection.cursor() as cursor:  # each run counts from an empty window
+        cursor.execute("TRUNCATE django_jobs_flow_start, django_jobs_flow_window")
+    name = "bench.rated"
+    register(Handler(func=lambda payload, ctx: None, name=name))
+    try:
+        enqueue_many(name, [{"i": i} for i in range(n)])
+    finally:
+        unregister(name)
+    rate = flow.parse_rate("1000000/h", window="sliding" if sliding else "fixed")
+    limit = flow.Limit("name", name, None, rate)
+    store = JobStore()
+    started = time.perf_counter()
+    for i in range(n):
+        request = ClaimRequest(
+            queues=["default"], limit=1, token=f"bench#{i}", lease=600, flow_limits=[limit]
+        )
+        assert len(store.claim(request)) == 1, "a claim took no job"
+    return 1000 * (time.perf_counter() - started) / n
+
+
 def latency(rate: float, seconds: float) -> tuple[float, float, float, float]:
     """Return p50 and p99 of enqueue-commit to handler start, and the p50 of its two parts.
 
@@ -750,6 +786,20 @@ def main() -> int:
         "% of 80/s",
         "",
         measure("CAP0", capped, 100 if quick else 800, False),
+    )
+    add(
+        "RL",
+        "claims of one rate-limited job, fixed window",
+        "ms/claim",
+        "",
+        measure("RL", rate_limited_claims, 200 if quick else 2_000, False),
+    )
+    add(
+        "RLS",
+        "the same, sliding window",
+        "ms/claim",
+        "within 10% of RL",
+        measure("RLS", rate_limited_claims, 200 if quick else 2_000, True),
     )
     io_jobs = 500 if quick else 5_000
     add(

@@ -22,7 +22,7 @@ from django.core.exceptions import ValidationError
 from django.db import DatabaseError, ProgrammingError, connections, transaction
 from django.utils import timezone
 
-from django_jobs import conf, flow, limits, registry, signals, tracing
+from django_jobs import conf, encryption, flow, limits, registry, signals, tracing
 from django_jobs import payloads as codec  # enqueue_many takes a parameter named payloads
 from django_jobs.exceptions import IdempotencyConflict, InvalidJob, InvalidPayload
 from django_jobs.models import OnParentDead
@@ -190,6 +190,10 @@ def _item(options: _Options, payload: Any, key: str | None) -> NewJob:
         except (ValueError, TypeError, ValidationError) as exc:
             raise InvalidPayload(f"payload rejected by {handler.name}'s validator: {exc}") from exc
     text = codec.encode(payload)
+    fingerprint = None if key is None else codec.fingerprint(handler.name, text)
+    if handler.encrypt is not None:  # after validate and partition_by, which read the values
+        text = codec.encode(encryption.seal(payload, handler.encrypt))
+        fingerprint = None if fingerprint is None else encryption.blind(fingerprint)
     return NewJob(
         id=uuid7(),
         name=handler.name,
@@ -200,7 +204,7 @@ def _item(options: _Options, payload: Any, key: str | None) -> NewJob:
         delay=options.delay,
         max_attempts=options.max_attempts,
         key=key,
-        fingerprint=codec.fingerprint(handler.name, text) if key is not None else None,
+        fingerprint=fingerprint,
         partition=(
             None
             if handler.partition_by is None

@@ -45,6 +45,8 @@ class DeadReason(models.TextChoices):
     PARENT_DEAD = "parent_dead", _("parent dead")
     # A hand-edited column the worker cannot use, or a row the database refused to update.
     MALFORMED = "malformed", _("malformed row")
+    # An encrypted payload no key of ENCRYPTION_KEYS decrypts (removed, or altered).
+    UNDECRYPTABLE = "undecryptable", _("undecryptable payload")
 
 
 # A lease token is "<worker id>#<claim number>": the worker id holds no "#".

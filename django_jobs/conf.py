@@ -66,6 +66,8 @@ DEFAULTS: dict[str, Any] = {
         "cookie",
         "sessionid",
     ],
+    # Fernet keys of @job(encrypt=...) handlers: the first encrypts, every one decrypts.
+    "ENCRYPTION_KEYS": [],
     # ---- operations (schedules, retention, control, metrics) ----
     # Periodic jobs: {"name": {"cron": "0 3 * * *", "job": "app.jobs.nightly", ...}};
     # see schedules.py.

@@ -38,6 +38,13 @@ COUNTED_WINDOWS = tuple(WINDOWS.values())
 # A window counter whose window started this long ago (the longest window, an
 # hour, and an hour's margin) is pruned by the workers' upkeep.
 KEEP_ENDED_WINDOWS = timedelta(seconds=2 * max(WINDOWS.values()))
+# How a rate limit counts: in fixed windows aligned to the epoch (the default: one
+# counter row per group, but 2N can start within one window's length, across a
+# boundary), or in a sliding window (no interval of the window's length ever holds
+# more than N starts: a log of each claim's starts, one row per claim, read over the
+# last window and pruned by the claims once older than the longest window).
+RATE_WINDOWS = ("fixed", "sliding")
+KEEP_STARTS = max(WINDOWS.values())  # seconds
 # Exactly the form the docs show: "100/m". ASCII digits (\d would take "５"), no
 # spaces, no leading zeros ("0/s" matches, to be refused by its range).
 _RATE_RE = re.compile(r"(0|[1-9][0-9]*)/([smh])")
@@ -55,20 +62,30 @@ NOT_IN_PARTITION = (
 
 @dataclass(frozen=True, slots=True)
 class Rate:
-    """At most `count` starts per fixed window of `seconds`."""
+    """At most `count` starts per fixed window of `seconds` (per sliding one if `sliding`)."""
 
     count: int
     seconds: int
+    sliding: bool = False
 
     def __str__(self) -> str:
         unit = next(u for u, s in WINDOWS.items() if s == self.seconds)
         return f"{self.count}/{unit}"
 
 
-def parse_rate(value: object, *, what: str = "rate_limit") -> Rate:
-    """Return value ("100/m": N/s, N/m or N/h) as a Rate, else raise InvalidJob."""
+def parse_rate(
+    value: object, *, what: str = "rate_limit", window: object = None, what_window: str = ""
+) -> Rate:
+    """Return value ("100/m": N/s, N/m or N/h) as a Rate, else raise InvalidJob.
+
+    `window` ("fixed", the default, or "sliding") says how it counts; a window
+    given without a rate (value None) is refused.
+    """
+    sliding = check_window(window, what=what_window or "rate_window")
+    if value is None and window is not None:
+        raise InvalidJob(f"{what_window or 'rate_window'}={window!r} needs a {what} to count")
     if isinstance(value, Rate):
-        return value
+        return Rate(value.count, value.seconds, sliding) if window is not None else value
     match = _RATE_RE.fullmatch(value) if isinstance(value, str) else None
     if match is None:
         raise InvalidJob(
@@ -77,7 +94,14 @@ def parse_rate(value: object, *, what: str = "rate_limit") -> Rate:
             f"not {limits.shown(value)}"
         )
     count = limits.integer(f"{what}'s N", int(match[1]), 1, limits.MAX_INT, error=InvalidJob)
-    return Rate(count, WINDOWS[match[2]])
+    return Rate(count, WINDOWS[match[2]], sliding)
+
+
+def check_window(value: object, *, what: str = "rate_window") -> bool:
+    """Return whether value (None or one of RATE_WINDOWS) is "sliding", else raise InvalidJob."""
+    if value is None or (isinstance(value, str) and value in RATE_WINDOWS):
+        return value == "sliding"
+    raise InvalidJob(f"{what} must be 'fixed' or 'sliding', not {limits.shown(value)}")
 
 
 def check_concurrency(value: object, *, what: str = "global_concurrency") -> int:
@@ -145,6 +169,11 @@ class Limit:
     partitioned: bool = False
 
     @property
+    def sliding(self) -> bool:
+        """Whether the group's rate counts in a sliding window (flow.RATE_WINDOWS)."""
+        return self.rate is not None and self.rate.sliding
+
+    @property
     def key(self) -> str:
         """The group's key in locks (and its window counter before COUNTED_WINDOWS)."""
         return f"{self.kind}:{self.value}"
@@ -194,6 +223,18 @@ def window_start(now: datetime, rate: Rate) -> datetime:
     return datetime.fromtimestamp(now.timestamp() // rate.seconds * rate.seconds, tz=UTC)
 
 
+def admits_again_in(rate: Rate, now: float) -> float:
+    """Return the seconds after which a full window of rate may admit a start again.
+
+    A fixed window: at its end (now: the epoch time). A sliding one: as its oldest
+    starts age out, at an unknown time; N starts spread over a window are this far
+    apart, so a worker that looks that often lags the window by one spacing at most.
+    """
+    if rate.sliding:
+        return rate.seconds / rate.count
+    return rate.seconds - now % rate.seconds
+
+
 def queue_limits(setting: object) -> dict[str, tuple[int | None, Rate | None]]:
     """Return the limits of a QUEUES setting ({queue: {"global_concurrency", "rate_limit"}}).
 
@@ -207,11 +248,11 @@ def queue_limits(setting: object) -> dict[str, tuple[int | None, Rate | None]]:
             continue
         if not isinstance(options, Mapping):
             raise InvalidJob(f"QUEUES[{queue!r}] must be a dict of limits or None")
-        unknown = set(options) - {"global_concurrency", "rate_limit"}
+        unknown = set(options) - {"global_concurrency", "rate_limit", "rate_window"}
         if unknown:
             raise InvalidJob(
                 f"QUEUES[{queue!r}] has unknown keys {sorted(unknown)}; "
-                "known: global_concurrency, rate_limit"
+                "known: global_concurrency, rate_limit, rate_window"
             )
         concurrency = options.get("global_concurrency")
         rate = options.get("rate_limit")
@@ -220,7 +261,17 @@ def queue_limits(setting: object) -> dict[str, tuple[int | None, Rate | None]]:
             if concurrency is None
             else check_concurrency(concurrency, what=f"QUEUES[{queue!r}]['global_concurrency']")
         )
-        parsed = None if rate is None else parse_rate(rate, what=f"QUEUES[{queue!r}]['rate_limit']")
+        window = options.get("rate_window")
+        parsed = (
+            None
+            if rate is None and window is None
+            else parse_rate(
+                rate,
+                what=f"QUEUES[{queue!r}]['rate_limit']",
+                window=window,
+                what_window=f"QUEUES[{queue!r}]['rate_window']",
+            )
+        )
         if limit is not None or parsed is not None:
             found[queue] = (limit, parsed)
     return found

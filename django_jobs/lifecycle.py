@@ -80,9 +80,10 @@ class Failed:
 
 @dataclass(slots=True)
 class Invalid:
-    """The payload did not decode or validate: retrying cannot help."""
+    """The payload did not decode, decrypt or validate: retrying cannot help."""
 
     error: dict[str, Any]
+    reason: DeadReason = DeadReason.INVALID_PAYLOAD
 
 
 @dataclass(slots=True)
@@ -295,7 +296,7 @@ def on_outcome(
     if isinstance(outcome, Unstarted):
         return Release()
     if isinstance(outcome, Invalid):
-        return DeadLetter(DeadReason.INVALID_PAYLOAD, outcome.error)
+        return DeadLetter(outcome.reason, outcome.error)
     if isinstance(outcome, Snoozed):
         if cancel_requested:
             exc = Snooze(outcome.seconds)

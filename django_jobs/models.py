@@ -471,6 +471,29 @@ class FlowWindow(models.Model):
         return f"{self.key} {self.partition}"
 
 
+class FlowStart(models.Model):
+    """The starts of one claim of a group (and partition) with a sliding rate window.
+
+    Append-only, one row per claim that started jobs: the claim counts those of the
+    last window (the (key, started_at) index) and deletes those older than
+    flow.KEEP_STARTS seconds.
+    """
+
+    key = models.CharField(max_length=MAX_NAME_LENGTH + 10, help_text=_("The limited group."))
+    partition = models.CharField(max_length=flow.MAX_PARTITION_LENGTH, default="", blank=True)
+    started_at = models.DateTimeField()
+    starts = models.IntegerField()
+
+    objects = JobsDatabaseManager()
+
+    class Meta:
+        db_table = "django_jobs_flow_start"
+        indexes = [models.Index(fields=["key", "started_at"], name="django_jobs_flow_start_at")]
+
+    def __str__(self) -> str:
+        return f"{self.key} {self.partition} {self.started_at}"
+
+
 class OnParentDead(models.TextChoices):
     """What a workflow step does when a job it waits for is dead-lettered."""
 

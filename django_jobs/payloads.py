@@ -18,10 +18,16 @@ from django.db.models import Model
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
-from django_jobs import conf, limits
+from django_jobs import conf, encryption, limits
 from django_jobs.exceptions import InvalidPayload, UnstorableResult
 
 MASK = "********"
+# How an encrypted value ({"$encrypted": token}, encryption.py) shows, its token hidden.
+ENCRYPTED = "******** (encrypted)"
+
+
+def _sealed(value: Any) -> bool:
+    return isinstance(value, dict) and len(value) == 1 and encryption.SEALED in value
 
 
 class _StrictEncoder(json.JSONEncoder):
@@ -324,7 +330,9 @@ def mask(value: Any, keys: frozenset[str] | None = None) -> Any:
     """
     if keys is None:
         keys = frozenset(conf.get("MASK_KEYS") or ())
-    if not keys or not isinstance(value, dict | list):
+    if _sealed(value):
+        return ENCRYPTED
+    if not isinstance(value, dict | list):
         return value
     masked: Any = {} if isinstance(value, dict) else []
     stack = [(value, masked)]  # (a dict or list to copy, its copy, still empty)
@@ -334,6 +342,8 @@ def mask(value: Any, keys: frozenset[str] | None = None) -> Any:
         for k, v in items:
             if isinstance(source, dict) and isinstance(k, str) and is_secret_key(k, keys):
                 v = MASK
+            elif _sealed(v):
+                v = ENCRYPTED
             elif isinstance(v, dict | list):
                 child: Any = {} if isinstance(v, dict) else []
                 stack.append((v, child))

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, overload
 
-from django_jobs import conf, flow, limits
+from django_jobs import conf, encryption, flow, limits
 from django_jobs.exceptions import HandlerConflict, InvalidJob, UnknownJob
 from django_jobs.limits import MAX_PRIORITY, MIN_PRIORITY
 
@@ -137,6 +137,8 @@ class Handler(Generic[P, R]):
     partition_by: str | flow.Partitioner | None = None
     # Tags every job of this handler carries (limits.tags), with those of each enqueue.
     tags: tuple[str, ...] = ()
+    # What of the payload (and the result) is stored encrypted (encryption.Spec).
+    encrypt: encryption.Spec = None
 
     def __call__(self, payload: P | None = None, ctx: JobContext | None = None) -> R:
         """Call the function directly (in tests, say), bypassing the queue."""
@@ -411,8 +413,10 @@ def job(
     validate: Callable[[Any], object] | None = None,
     global_concurrency: int | None = None,
     rate_limit: str | None = None,
+    rate_window: str | None = None,
     partition_by: str | Callable[[Any], str] | None = None,
     tags: Iterable[str] = (),
+    encrypt: bool | Iterable[str] = False,
 ) -> Callable[[Callable[[P, JobContext], R]], Handler[P, R]]: ...
 
 
@@ -431,8 +435,10 @@ def job(
     validate: Callable[[Any], object] | None = None,
     global_concurrency: int | None = None,
     rate_limit: str | None = None,
+    rate_window: str | None = None,
     partition_by: str | Callable[[Any], str] | None = None,
     tags: Iterable[str] = (),
+    encrypt: bool | Iterable[str] = False,
 ) -> Handler[P, R] | Callable[[Callable[[P, JobContext], R]], Handler[P, R]]:
     """Declare a job handler, called as ``handler(payload, ctx)`` by the worker.
 
@@ -444,12 +450,22 @@ def job(
     before running; raising ValueError/TypeError dead-letters the job).
     Across the fleet (docs/flow-control.md): ``global_concurrency`` (at most N
     running at once), ``rate_limit`` ("N/s", "N/m", "N/h": starts per window),
+    ``rate_window`` ("fixed", the default, or "sliding": no interval of the
+    window's length holds more than N starts),
     ``partition_by`` (a payload key or a callable: the limits hold per value).
     ``tags``: labels every job of the handler carries, to filter by (with those
-    given to each enqueue).
+    given to each enqueue). ``encrypt``: True, or some top-level keys of a dict
+    payload: stored encrypted with ENCRYPTION_KEYS, decrypted in the worker only,
+    the result too (docs/handlers.md#encrypted-payloads).
     """
     if partition_by is not None and global_concurrency is None and rate_limit is None:
         raise InvalidJob("partition_by needs global_concurrency or rate_limit to partition")
+    sealed = encryption.check_encrypt(encrypt)
+    rate = (
+        None
+        if rate_limit is None and rate_window is None
+        else flow.parse_rate(rate_limit, window=rate_window)
+    )
 
     def decorate(f: Callable[[P, JobContext], R]) -> Handler[P, R]:
         if not callable(f):
@@ -475,11 +491,12 @@ def job(
             global_concurrency=(
                 None if global_concurrency is None else flow.check_concurrency(global_concurrency)
             ),
-            rate_limit=None if rate_limit is None else flow.parse_rate(rate_limit),
+            rate_limit=rate,
             partition_by=None if partition_by is None else flow.check_partition_by(partition_by),
             tags=tuple(
                 limits.tags(list(tags) if not isinstance(tags, str) else tags, error=InvalidJob)
             ),
+            encrypt=sealed,
         )
         return register(handler)
 

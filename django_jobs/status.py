@@ -12,13 +12,14 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from django.db.models import Count, Exists, OuterRef, QuerySet
+from django.db.models import Count, Exists, OuterRef, QuerySet, Sum
 
 from django_jobs import conf, flow, registry, tagging
 from django_jobs.fleet import unknown_name_grace
 from django_jobs.models import (
     CompletionMarker,
     DeadLetter,
+    FlowStart,
     FlowWindow,
     Job,
     JobState,
@@ -262,6 +263,15 @@ def flow_status(alias: str | None = None, now: datetime | None = None) -> list[F
             )
             for partition, n in windows.values_list("partition", "starts"):
                 starts[partition] = max(starts.get(partition, 0), n)
+        if group.sliding:  # as its claim counts them (store/sliding.py), ends included
+            assert group.rate is not None  # noqa: S101 - sliding implies a rate
+            logged = FlowStart.objects.using(alias).filter(
+                key=group.key, started_at__gte=now - timedelta(seconds=group.rate.seconds)
+            )
+            for partition, n in (
+                logged.values("partition").annotate(n=Sum("starts")).values_list("partition", "n")
+            ):
+                starts[partition] = max(starts.get(partition, 0), n)
         by_partition: dict[str, list[int]] = {}
         for partition, n in running.items():
             by_partition.setdefault(partition or "", [0, 0])[0] += n
@@ -273,7 +283,11 @@ def flow_status(alias: str | None = None, now: datetime | None = None) -> list[F
                 kind=group.kind,
                 value=group.value,
                 global_concurrency=group.concurrency,
-                rate_limit=None if group.rate is None else str(group.rate),
+                rate_limit=None
+                if group.rate is None
+                else f"{group.rate} sliding"
+                if group.sliding
+                else str(group.rate),
                 partitioned=group.partitioned,
                 running=sum(running.values()),
                 starts=sum(starts.values()),

@@ -38,7 +38,7 @@ from django.db.models import Count, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from django_jobs import conf, payloads, registry
+from django_jobs import conf, encryption, payloads, registry
 from django_jobs.api import _prepare
 from django_jobs.context import JobContext
 from django_jobs.exceptions import InvalidJob, InvalidPayload
@@ -432,7 +432,7 @@ def perform(
     prepared = _prepare(handler, payload, key, None, None, None, queue, max_attempts)
     if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
         raise InvalidJob(f"attempt must be a positive integer, not {attempt!r}")
-    value = payloads.decode(prepared.payload)
+    value = encryption.unseal(payloads.decode(prepared.payload), handler.encrypt)
     if handler.validate is not None:
         try:
             validated = handler.validate(value)
@@ -488,7 +488,18 @@ def enqueued_jobs(
     if payload is None:
         return found
     wanted = _canonical(payloads.encode(payload))
-    return [job for job in found if _canonical(job.payload) == wanted]
+    return [job for job in found if _canonical(_plain(job)) == wanted]
+
+
+def _plain(job: Job) -> str:
+    """Return a job's payload as JSON text, decrypted if its handler encrypts it."""
+    handler = registry.lookup(job.name)
+    if handler is None or handler.encrypt is None:
+        return job.payload
+    try:
+        return payloads.encode(encryption.unseal(payloads.decode(job.payload), handler.encrypt))
+    except encryption.Undecryptable:
+        return job.payload
 
 
 def assert_enqueued(

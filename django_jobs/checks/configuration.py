@@ -9,7 +9,7 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import connections
 
-from django_jobs import conf, flow, limits, registry
+from django_jobs import conf, encryption, flow, limits, registry
 from django_jobs.registry import Backoff
 from django_jobs.store import JobStore
 
@@ -122,6 +122,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
             )
         )
     errors.extend(_check_flow(queues, alias))
+    errors.extend(_check_encryption(s["ENCRYPTION_KEYS"]))
     limit = s["MAX_PAYLOAD_BYTES"]
     if limit is not None:
         try:
@@ -184,6 +185,43 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
             )
         )
     return errors
+
+
+def _check_encryption(keys: Any) -> list[Any]:
+    """Check ENCRYPTION_KEYS, and that the handlers that encrypt can (E401-E403)."""
+    sealed = sorted(h.name for h in registry.all_handlers().values() if h.encrypt is not None)
+    if not sealed and keys in ([], (), None):
+        return []
+    found = []
+    if not encryption.installed():
+        found.append(
+            Error(
+                "Encrypted payloads need the cryptography package, which is not installed.",
+                hint="pip install 'django-jobs[encryption]' (cryptography>=42).",
+                id="django_jobs.E401",
+            )
+        )
+    wrong = [] if keys in ([], (), None) else encryption.problems(keys)
+    if sealed and keys in ([], (), None):
+        found.append(
+            Error(
+                f"Handlers encrypt their payloads ({', '.join(sealed[:5])}) but "
+                "DJANGO_JOBS['ENCRYPTION_KEYS'] is empty.",
+                hint="Set it to a list of keys made by cryptography.fernet.Fernet.generate_key(),"
+                " read from the environment or a secret store; the first encrypts.",
+                id="django_jobs.E402",
+            )
+        )
+    else:
+        found += [
+            Error(
+                f"{problem}.",
+                hint="Each key: Fernet.generate_key().decode(), 44 characters of url-safe base64.",
+                id="django_jobs.E403",
+            )
+            for problem in wrong
+        ]
+    return found
 
 
 def _check_flow(queues: Any, alias: str) -> list[Any]:

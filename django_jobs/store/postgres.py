@@ -19,7 +19,7 @@ from django_jobs import conf, flow
 from django_jobs.exceptions import LeaseLost
 from django_jobs.models import CompletionMarker, JobQuerySet
 from django_jobs.rows import ClaimedJob, ClaimRequest, EnqueueResult, Finished, NewJob, Settled
-from django_jobs.store import sql
+from django_jobs.store import sliding, sql
 from django_jobs.store.base import DONE, Found, Holder, KeyRaced, WorkflowRows, json_text
 from django_jobs.store.portable import Portable, write_beat
 
@@ -480,7 +480,7 @@ def _claim_groups(
         done, rows = sql.run_locked(
             alias,
             group.key,
-            sql.CLAIM_LIMITED[group.kind],
+            sliding.claim_statement(group),
             group_params(group),
             before=_complete_statement(batch) if batch else None,
         )
@@ -494,6 +494,6 @@ def _claim_groups(
             for group in groups:
                 if len(claimed) >= limit:
                     break
-                rows = sql.run(alias, sql.CLAIM_LIMITED[group.kind], group_params(group))
+                rows = sql.run(alias, sliding.claim_statement(group), group_params(group))
                 claimed += _claimed(rows, token)
     return settled, claimed

@@ -19,8 +19,8 @@ from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from django_jobs import lifecycle, payloads, signals
-from django_jobs.attempts import error_entry
+from django_jobs import encryption, lifecycle, payloads, signals
+from django_jobs.attempts import DeadReason, error_entry
 from django_jobs.context import JobContext
 from django_jobs.exceptions import FatalError, JobCancelled, LeaseLost, Snooze
 from django_jobs.lifecycle import Outcome
@@ -52,7 +52,15 @@ def _begin(run: Run, worker_id: str) -> tuple[Any, None] | tuple[None, Outcome]:
     if run.cancel_requested:  # cancelled while it waited for a thread or a loop slot
         return None, failure(job, JobCancelled("cancelled before it started"), worker_id)
     try:
-        payload = payloads.decode(job.payload)
+        payload = encryption.unseal(payloads.decode(job.payload), handler.encrypt)
+    except encryption.Undecryptable as exc:
+        error = error_entry(job.attempts, exc=exc, worker=worker_id)
+        return None, lifecycle.Invalid(error, DeadReason.UNDECRYPTABLE)
+    except (ValueError, TypeError) as exc:
+        return None, lifecycle.Invalid(error_entry(job.attempts, exc=exc, worker=worker_id))
+    except BaseException as exc:  # noqa: BLE001 - keys that cannot load: fail the attempt
+        return None, failure(job, exc, worker_id)
+    try:
         if handler.validate is not None:
             validated = handler.validate(payload)
             payload = payload if validated is None else validated
@@ -92,7 +100,7 @@ def outcome_of(run: Run, worker_id: str, store: JobStore, database: str) -> Outc
                 signals.job_started.send(**signals.about(job), attempt=job.attempts)
             if handler.atomic:
                 return _run_atomic(run, payload, store, database)
-            return lifecycle.Succeeded(payloads.encode_result(_call(handler, payload, ctx)))
+            return lifecycle.Succeeded(_stored(handler, _call(handler, payload, ctx)))
         except BaseException as exc:  # noqa: BLE001 - a handler may raise anything
             return _raised(job, exc, worker_id)
 
@@ -119,7 +127,7 @@ async def aoutcome_of(run: Run, worker_id: str) -> Outcome:
             if signals.job_started.receivers:  # sync receivers run on the ORM threads
                 await signals.job_started.asend(**signals.about(job), attempt=job.attempts)
             result = await handler.func(payload, ctx)
-            return lifecycle.Succeeded(payloads.encode_result(result))
+            return lifecycle.Succeeded(_stored(handler, result))
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
@@ -134,7 +142,7 @@ def _run_atomic(run: Run, payload: Any, store: JobStore, database: str) -> Outco
     assert handler is not None and ctx is not None  # a run handed out has both
     try:
         with transaction.atomic(using=database):
-            result = payloads.encode_result(_call(handler, payload, ctx))
+            result = _stored(handler, _call(handler, payload, ctx))
             if run.abandoned:
                 raise LeaseLost(f"job {job.id} timed out or was released; rolling back")
             if not store.complete_atomically(job, result):
@@ -144,6 +152,12 @@ def _run_atomic(run: Run, payload: Any, store: JobStore, database: str) -> Outco
     except LeaseLost:
         return lifecycle.Lost()
     return lifecycle.SettledAtomically()
+
+
+def _stored(handler: Handler, value: Any) -> str | None:
+    """Return a handler's result as its completion marker keeps it: JSON, encrypted if asked."""
+    text = payloads.encode_result(value)
+    return text if handler.encrypt is None else encryption.seal_result(text)
 
 
 class _MarkerExists(Exception):

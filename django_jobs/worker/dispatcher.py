@@ -438,12 +438,12 @@ class Worker(Settler, Timeouts):
         # After more empty claims, wait longer each time, up to a poll interval: rows
         # another worker is claiming or running, full slots of a limit.
         pause = min(self.poll_interval, 0.005 * 2.0 ** min(looks - 1, 20))
-        rates = [g.rate.seconds for g in self._flow_limits if g.rate is not None]
+        rates = [g.rate for g in self._flow_limits if g.rate is not None]
         if rates:
-            # A full rate window admits again at the next window's start (the windows
-            # are the database clock's; a skewed local clock costs a pause at most).
+            # A full rate window admits again at the next window's start, a sliding one
+            # as its oldest starts age out (flow.admits_again_in; the database's clock).
             now = time.time()
-            pause = min(pause, min(s - now % s for s in rates) + 0.002)
+            pause = min(pause, min(flow.admits_again_in(r, now) for r in rates) + 0.002)
         return pause
 
     def _look_everywhere(self) -> None:

@@ -46,10 +46,13 @@ def register():
         "partitioned": job(name=NAMES[1], global_concurrency=1, partition_by="customer")(
             partitioned
         ),
-        # A worker process may run another release's limit (tests/test_flow_windows.py).
-        "rated": job(name=NAMES[2], rate_limit=os.environ.get("JOBS_TEST_FLOW_RATE", "20/s"))(
-            rated
-        ),
+        # A worker process may run another release's limit (tests/test_flow_windows.py),
+        # or count it in a sliding window (tests/test_rate_sliding.py).
+        "rated": job(
+            name=NAMES[2],
+            rate_limit=os.environ.get("JOBS_TEST_FLOW_RATE", "20/s"),
+            rate_window=os.environ.get("JOBS_TEST_FLOW_WINDOW"),
+        )(rated),
         "free": job(name=NAMES[3])(unlimited),
     }
 
