@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, overload
 
-from django_jobs import conf, flow, limits
+from django_jobs import conf, flow, limits, uniqueness
 from django_jobs.exceptions import HandlerConflict, InvalidJob, UnknownJob
 from django_jobs.limits import MAX_PRIORITY, MIN_PRIORITY
 
@@ -42,6 +42,8 @@ if TYPE_CHECKING:
         max_attempts: int | None
         after: Iterable[Any] | None  # job ids, EnqueueResults or keys (docs/workflows.md)
         on_parent_dead: str
+        unique_for: timedelta | None
+        unique_by: Iterable[str] | None
 
     class OnCommitOptions(EnqueueOptions, total=False):
         """The keyword arguments of django_jobs.enqueue_on_commit."""
@@ -137,6 +139,9 @@ class Handler(Generic[P, R]):
     partition_by: str | flow.Partitioner | None = None
     # Tags every job of this handler carries (limits.tags), with those of each enqueue.
     tags: tuple[str, ...] = ()
+    # Unique for a period (django_jobs.uniqueness): at most one job per key and period.
+    unique_for: timedelta | None = None
+    unique_by: tuple[str, ...] | None = None
 
     def __call__(self, payload: P | None = None, ctx: JobContext | None = None) -> R:
         """Call the function directly (in tests, say), bypassing the queue."""
@@ -413,6 +418,8 @@ def job(
     rate_limit: str | None = None,
     partition_by: str | Callable[[Any], str] | None = None,
     tags: Iterable[str] = (),
+    unique_for: timedelta | None = None,
+    unique_by: Iterable[str] | None = None,
 ) -> Callable[[Callable[[P, JobContext], R]], Handler[P, R]]: ...
 
 
@@ -433,6 +440,8 @@ def job(
     rate_limit: str | None = None,
     partition_by: str | Callable[[Any], str] | None = None,
     tags: Iterable[str] = (),
+    unique_for: timedelta | None = None,
+    unique_by: Iterable[str] | None = None,
 ) -> Handler[P, R] | Callable[[Callable[[P, JobContext], R]], Handler[P, R]]:
     """Declare a job handler, called as ``handler(payload, ctx)`` by the worker.
 
@@ -446,10 +455,13 @@ def job(
     running at once), ``rate_limit`` ("N/s", "N/m", "N/h": starts per window),
     ``partition_by`` (a payload key or a callable: the limits hold per value).
     ``tags``: labels every job of the handler carries, to filter by (with those
-    given to each enqueue).
+    given to each enqueue). ``unique_for`` (a timedelta): at most one job per
+    period and payload, or per the payload keys ``unique_by`` names
+    (docs/enqueue.md#unique-for-a-period).
     """
     if partition_by is not None and global_concurrency is None and rate_limit is None:
         raise InvalidJob("partition_by needs global_concurrency or rate_limit to partition")
+    period, by = uniqueness.options(unique_for, unique_by)
 
     def decorate(f: Callable[[P, JobContext], R]) -> Handler[P, R]:
         if not callable(f):
@@ -480,6 +492,8 @@ def job(
             tags=tuple(
                 limits.tags(list(tags) if not isinstance(tags, str) else tags, error=InvalidJob)
             ),
+            unique_for=period,
+            unique_by=by,
         )
         return register(handler)
 

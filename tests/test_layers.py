@@ -42,6 +42,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "flow",
             "tracing",
             "progress",
+            "uniqueness",
         },
     ),
     # The tables and every statement that writes them (the store imports no registry:
