@@ -158,6 +158,13 @@ class Portable:
         """The ids of up to `wanted` of `due`'s jobs, locked when `due` locks (the claim)."""
         return list(due.values_list("id", flat=True)[:wanted])
 
+    def pick_due(self, jobs: JobQuerySet, due: JobQuerySet, wanted: int) -> list[uuid.UUID]:
+        """The due jobs a claim leases: lock_due's, or with priority aging on, those of the
+        highest effective priority (store/aging.py) locked by id."""
+        if (seconds := aging.step()) is not None:
+            return self.lock_ids(jobs, aging.due_ids(due, wanted, seconds))
+        return self.lock_due(jobs, due, wanted)
+
     def lock_ids(self, jobs: JobQuerySet, ids: list[uuid.UUID]) -> list[uuid.UUID]:
         """Those of `ids` still due and unleased, locked when `jobs` locks (aging's claim)."""
         return list(
@@ -321,11 +328,7 @@ class Portable:
                 .exclude(name__in=list(request.exclude_names))
                 .order_by("-priority", "run_at", "id")
             )
-            wanted = limit - len(attempted)
-            if (seconds := aging.step()) is not None:  # priority aging: store/aging.py
-                candidates = self.lock_ids(jobs, aging.due_ids(due, wanted, seconds))
-            else:
-                candidates = self.lock_due(jobs, due, wanted)
+            candidates = self.pick_due(jobs, due, limit - len(attempted))
             jobs.filter(id__in=candidates, locked_by__isnull=True).update(
                 attempts=F("attempts") + 1,
                 locked_by=token,
