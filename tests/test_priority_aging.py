@@ -282,3 +282,23 @@ def test_with_aging_the_low_job_runs_within_the_aging_bound(worker_process, clai
     print(f"aging 1 s/step ({claim}): the low job started {started:.2f} s in, after {highs} highs")
     assert 10 <= started <= 14, started
     assert highs > 100
+
+
+@pytest.mark.slow
+def test_three_workers_claiming_aged_jobs_run_each_exactly_once(worker_process):
+    rng = random.Random(5)
+    now = timezone.now()
+    for n in range(300):
+        enqueue(
+            jobs.record_atomic,
+            {"label": f"j{n}"},
+            priority=rng.randint(-2, 4),
+            run_at=now - timedelta(seconds=rng.randint(0, 30)),
+        )
+    env = {"JOBS_TEST_SETTINGS": json.dumps({"PRIORITY_AGING": 1})}
+    workers = [worker_process("--burst", "--concurrency", "3", extra_env=env) for _ in range(3)]
+    for worker in workers:
+        assert worker.wait(120) == 0, worker.output()
+    labels = list(Audit.objects.values_list("label", flat=True))
+    assert sorted(labels) == sorted(f"j{n}" for n in range(300))  # each once
+    assert Job.objects.count() == 0
