@@ -98,16 +98,19 @@ claimable AS MATERIALIZED (
 def due_ids(due: JobQuerySet, wanted: int, seconds: float) -> list[uuid.UUID]:
     """The ORM claim's due jobs under aging (SQLite, MariaDB, CLAIM="orm"): the ids of
     up to `wanted` of `due`'s jobs with the highest effective priority, by the walk
-    CLAIMABLE makes (its levels, then the first `wanted` of each in index order)."""
+    CLAIMABLE makes (each level found by one probe, then its first `wanted` due jobs in
+    index order): two queries per priority level that has due jobs."""
     plain = due.order_by()
-    plain.query.select_for_update = False
-    levels = sorted(set(plain.values_list("priority", flat=True).distinct()), reverse=True)
+    plain.query.select_for_update = False  # reads only: lock_ids locks what is chosen
     now = timezone.now()
     found: list[tuple[float, datetime, uuid.UUID]] = []
-    for level in levels:
+    level = plain.order_by("-priority").values_list("priority", flat=True).first()
+    while level is not None:  # a skip scan: one probe per level, highest first
         rows = plain.filter(priority=level).order_by("run_at", "id")
         for job_id, run_at in rows.values_list("id", "run_at")[:wanted]:
             effective = level + (now - run_at).total_seconds() // seconds
             found.append((-effective, run_at, job_id))
+        lower = plain.filter(priority__lt=level).order_by("-priority")
+        level = lower.values_list("priority", flat=True).first()
     found.sort()
     return [job_id for _effective, _run_at, job_id in found[:wanted]]
