@@ -22,7 +22,7 @@ from django.core.exceptions import ValidationError
 from django.db import DatabaseError, ProgrammingError, connections, transaction
 from django.utils import timezone
 
-from django_jobs import conf, encryption, flow, limits, registry, signals, tracing
+from django_jobs import conf, encryption, flow, limits, registry, signals, tracing, uniqueness
 from django_jobs import payloads as codec  # enqueue_many takes a parameter named payloads
 from django_jobs.exceptions import IdempotencyConflict, InvalidJob, InvalidPayload
 from django_jobs.models import OnParentDead
@@ -49,6 +49,8 @@ def enqueue(
     on_parent_dead: str = "wait",
     tags: Iterable[str] | None = None,
     meta: dict[str, str] | None = None,
+    unique_for: timedelta | None = None,
+    unique_by: Iterable[str] | None = None,
 ) -> EnqueueResult:
     """Write a job now on the jobs database, inside whatever transaction is open there.
 
@@ -62,8 +64,13 @@ def enqueue(
     dead-lettered; "dead" without parents is refused (InvalidJob).
     `tags` (with the handler's own) and `meta` (text to text) label the job for
     the admin's and the commands' filters (docs/observability.md).
+    `unique_for` and `unique_by` (the handler's when not given): at most one job
+    per period (docs/enqueue.md#unique-for-a-period); a second is a duplicate.
     """
-    job = _prepare(handler, payload, key, delay, run_at, priority, queue, max_attempts, tags, meta)
+    unique = _unique(unique_for, unique_by, key)
+    job = _prepare(
+        handler, payload, key, delay, run_at, priority, queue, max_attempts, tags, meta, unique
+    )
     parents = _parents(after)
     return _write(job, conf.database(), parents, _mode(on_parent_dead, parents))
 
@@ -83,6 +90,8 @@ def enqueue_on_commit(
     on_parent_dead: str = "wait",
     tags: Iterable[str] | None = None,
     meta: dict[str, str] | None = None,
+    unique_for: timedelta | None = None,
+    unique_by: Iterable[str] | None = None,
 ) -> EnqueueResult:
     """Enqueue a job that exists if and only if the current transaction commits.
 
@@ -93,9 +102,12 @@ def enqueue_on_commit(
     and `on_parent_dead` as for ``enqueue``; with `commit_of`, a parent found
     nowhere is refused from this call, and the parents are looked up again
     when the row is written (one gone by then raises from the commit). `tags`
-    and `meta` as for ``enqueue``.
+    and `meta`, `unique_for` and `unique_by` as for ``enqueue``.
     """
-    job = _prepare(handler, payload, key, delay, run_at, priority, queue, max_attempts, tags, meta)
+    unique = _unique(unique_for, unique_by, key)
+    job = _prepare(
+        handler, payload, key, delay, run_at, priority, queue, max_attempts, tags, meta, unique
+    )
     alias = conf.database()
     parents = _parents(after)
     mode = _mode(on_parent_dead, parents)
@@ -125,6 +137,20 @@ class _Options:
     delay: float
     tags: list[str] | None = None
     meta: dict[str, str] | None = None
+    # Unique for a period: the call's, else the handler's (None: not unique).
+    unique_for: timedelta | None = None
+    unique_by: tuple[str, ...] | None = None
+
+
+# What a call says of uniqueness (uniqueness.options): its period and keys, or None for
+# "the handler's".
+_Unique = tuple[timedelta | None, tuple[str, ...] | None]
+
+
+def _unique(unique_for: object, unique_by: object, key: object) -> _Unique:
+    if unique_for is None and unique_by is None:
+        return None, None
+    return uniqueness.options(unique_for, unique_by, key)
 
 
 def _options(
@@ -136,8 +162,12 @@ def _options(
     max_attempts: int | None,
     tags: Iterable[str] | None = None,
     meta: dict[str, str] | None = None,
+    unique: _Unique = (None, None),
 ) -> _Options:
     handler = _resolve(handler)
+    unique_for, unique_by = unique
+    if unique_for is None:
+        unique_for, unique_by = handler.unique_for, handler.unique_by
     run_at, delay_seconds = _schedule(delay, run_at)
     if queue is not None and settings.DEBUG:
         _warn_undeclared(registry.check_queue(queue))
@@ -152,6 +182,8 @@ def _options(
         delay=delay_seconds,
         tags=_tags(handler, tags),
         meta=None if meta is None else (limits.meta(meta, error=InvalidJob) or None),
+        unique_for=unique_for,
+        unique_by=unique_by,
     )
 
 
@@ -190,8 +222,18 @@ def _item(options: _Options, payload: Any, key: str | None) -> NewJob:
         except (ValueError, TypeError, ValidationError) as exc:
             raise InvalidPayload(f"payload rejected by {handler.name}'s validator: {exc}") from exc
     text = codec.encode(payload)
-    fingerprint = None if key is None else codec.fingerprint(handler.name, text)
-    if handler.encrypt is not None:  # after validate and partition_by, which read the values
+    fingerprint = codec.fingerprint(handler.name, text) if key is not None else None
+    if options.unique_for is not None:
+        key, fingerprint = uniqueness.keyed(
+            handler.name,
+            payload,
+            text,
+            key,
+            options.unique_for,
+            options.unique_by,
+            timezone.now(),
+        )
+    if handler.encrypt is not None:  # after validate, partition_by and the unique key
         text = codec.encode(encryption.seal(payload, handler.encrypt))
         fingerprint = None if fingerprint is None else encryption.blind(fingerprint)
     return NewJob(
@@ -226,8 +268,9 @@ def _prepare(
     max_attempts: int | None,
     tags: Iterable[str] | None = None,
     meta: dict[str, str] | None = None,
+    unique: _Unique = (None, None),
 ) -> NewJob:
-    options = _options(handler, delay, run_at, priority, queue, max_attempts, tags, meta)
+    options = _options(handler, delay, run_at, priority, queue, max_attempts, tags, meta, unique)
     return _item(options, payload, key)
 
 
@@ -243,6 +286,8 @@ def enqueue_many(
     max_attempts: int | None = None,
     tags: Iterable[str] | None = None,
     meta: dict[str, str] | None = None,
+    unique_for: timedelta | None = None,
+    unique_by: Iterable[str] | None = None,
 ) -> list[EnqueueResult]:
     """Enqueue one job per payload in one round of writes (COPY on PostgreSQL).
 
@@ -250,9 +295,14 @@ def enqueue_many(
     are written in the caller's transaction on the jobs database, and if any
     item is invalid or conflicts, nothing is written. `keys`, when given, holds
     one dedupe key (or None) per payload. Results come back in input order.
-    `tags` and `meta`, as for ``enqueue``, label every job of the call.
+    `tags` and `meta`, as for ``enqueue``, label every job of the call; `unique_for`
+    and `unique_by` as for ``enqueue``, per job (with `keys`, each key is unique for
+    the period).
     """
-    options = _options(handler, delay, run_at, priority, queue, max_attempts, tags, meta)
+    unique = _unique(unique_for, unique_by, None)
+    if unique[1] is not None and keys is not None:
+        raise InvalidJob("pass keys= or unique_by, not both: each key is the unique key itself")
+    options = _options(handler, delay, run_at, priority, queue, max_attempts, tags, meta, unique)
     items = list(payloads)
     key_list = [None] * len(items) if keys is None else list(keys)
     if len(key_list) != len(items):

@@ -46,6 +46,9 @@ DEFAULTS: dict[str, Any] = {
     # "orm": claim with select_for_update(skip_locked=True) on PostgreSQL too, instead of
     # the one-statement fast path ("auto"); other databases with SKIP LOCKED always do.
     "CLAIM": "auto",
+    # Priority aging: a due job is claimed as if its priority were one higher per this
+    # many seconds (or timedelta) it has waited; None: off (docs/worker.md#priority-aging).
+    "PRIORITY_AGING": None,
     # Payloads larger than this (in UTF-8 bytes of JSON) are refused at enqueue.
     "MAX_PAYLOAD_BYTES": 64 * 1024,
     # Dotted path of a json.JSONEncoder subclass for payloads (e.g. DjangoJSONEncoder).

@@ -328,3 +328,28 @@ def _meta_value(key: str, value: Any, error: type[Exception]) -> str:
             f"characters, not {shown(value)}"
         )
     return value
+
+
+def priority_aging(value: Any) -> float | None:
+    """Return DJANGO_JOBS["PRIORITY_AGING"] as seconds per priority step, None for off.
+
+    None (off), a number of seconds or a timedelta, from 1 second to MAX_SECONDS;
+    raise ValueError otherwise.
+    """
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        number: Any = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        number = value
+    else:
+        raise ValueError(
+            "DJANGO_JOBS['PRIORITY_AGING'] must be None, seconds per priority step or a "
+            f"timedelta, not {shown(value)}"
+        )
+    if not 1 <= number <= MAX_SECONDS:  # NaN fails too
+        raise ValueError(
+            f"DJANGO_JOBS['PRIORITY_AGING'] must be 1 to {MAX_SECONDS} seconds per priority "
+            f"step, not {shown(value)}"
+        )
+    return float(number)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, overload
 
-from django_jobs import conf, encryption, flow, limits
+from django_jobs import conf, encryption, flow, limits, uniqueness
 from django_jobs.exceptions import HandlerConflict, InvalidJob, UnknownJob
 from django_jobs.limits import MAX_PRIORITY, MIN_PRIORITY
 
@@ -42,6 +42,8 @@ if TYPE_CHECKING:
         max_attempts: int | None
         after: Iterable[Any] | None  # job ids, EnqueueResults or keys (docs/workflows.md)
         on_parent_dead: str
+        unique_for: timedelta | None
+        unique_by: Iterable[str] | None
 
     class OnCommitOptions(EnqueueOptions, total=False):
         """The keyword arguments of django_jobs.enqueue_on_commit."""
@@ -139,6 +141,9 @@ class Handler(Generic[P, R]):
     tags: tuple[str, ...] = ()
     # What of the payload (and the result) is stored encrypted (encryption.Spec).
     encrypt: encryption.Spec = None
+    # Unique for a period (django_jobs.uniqueness): at most one job per key and period.
+    unique_for: timedelta | None = None
+    unique_by: tuple[str, ...] | None = None
 
     def __call__(self, payload: P | None = None, ctx: JobContext | None = None) -> R:
         """Call the function directly (in tests, say), bypassing the queue."""
@@ -417,6 +422,8 @@ def job(
     partition_by: str | Callable[[Any], str] | None = None,
     tags: Iterable[str] = (),
     encrypt: bool | Iterable[str] = False,
+    unique_for: timedelta | None = None,
+    unique_by: Iterable[str] | None = None,
 ) -> Callable[[Callable[[P, JobContext], R]], Handler[P, R]]: ...
 
 
@@ -439,6 +446,8 @@ def job(
     partition_by: str | Callable[[Any], str] | None = None,
     tags: Iterable[str] = (),
     encrypt: bool | Iterable[str] = False,
+    unique_for: timedelta | None = None,
+    unique_by: Iterable[str] | None = None,
 ) -> Handler[P, R] | Callable[[Callable[[P, JobContext], R]], Handler[P, R]]:
     """Declare a job handler, called as ``handler(payload, ctx)`` by the worker.
 
@@ -456,11 +465,14 @@ def job(
     ``tags``: labels every job of the handler carries, to filter by (with those
     given to each enqueue). ``encrypt``: True, or some top-level keys of a dict
     payload: stored encrypted with ENCRYPTION_KEYS, decrypted in the worker only,
-    the result too (docs/handlers.md#encrypted-payloads).
+    the result too (docs/handlers.md#encrypted-payloads). ``unique_for`` (a
+    timedelta): at most one job per period and payload, or per the payload keys
+    ``unique_by`` names (docs/enqueue.md#unique-for-a-period).
     """
     if partition_by is not None and global_concurrency is None and rate_limit is None:
         raise InvalidJob("partition_by needs global_concurrency or rate_limit to partition")
     sealed = encryption.check_encrypt(encrypt)
+    period, by = uniqueness.options(unique_for, unique_by)
     rate = (
         None
         if rate_limit is None and rate_window is None
@@ -497,6 +509,8 @@ def job(
                 limits.tags(list(tags) if not isinstance(tags, str) else tags, error=InvalidJob)
             ),
             encrypt=sealed,
+            unique_for=period,
+            unique_by=by,
         )
         return register(handler)
 

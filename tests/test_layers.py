@@ -43,6 +43,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "tracing",
             "progress",
             "encryption",
+            "uniqueness",
         },
     ),
     # The tables and every statement that writes them (the store imports no registry:

@@ -1,4 +1,4 @@
-"""System checks of the DJANGO_JOBS settings: E001..E014, W001, W003, E211."""
+"""System checks of the DJANGO_JOBS settings: E001..E017, W001, W003, E211."""
 
 from __future__ import annotations
 
@@ -146,6 +146,17 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
                 hint="True traces enqueues and attempts when a tracer provider is set "
                 "(docs/observability.md); False never does.",
                 id="django_jobs.E016",
+            )
+        )
+    try:
+        limits.priority_aging(s["PRIORITY_AGING"])
+    except ValueError as exc:
+        errors.append(
+            Error(
+                f"{exc}.",
+                hint="None (off), or the wait that raises a job one priority step, e.g. "
+                "timedelta(minutes=10) or 600.",
+                id="django_jobs.E017",
             )
         )
 

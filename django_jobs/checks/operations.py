@@ -5,9 +5,9 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from django.core.checks import Error, Tags, register
+from django.core.checks import Error, Tags, Warning, register
 
-from django_jobs import conf, limits, retention
+from django_jobs import conf, limits, registry, retention
 from django_jobs.fleet import unknown_name_grace
 
 
@@ -21,6 +21,7 @@ def check_operations(app_configs: Any = None, **kwargs: Any) -> list[Any]:
             retention.as_timedelta(s[name], what=name)
         except ValueError as exc:
             errors.append(Error(f"DJANGO_JOBS['{name}'] is invalid: {exc}", id="django_jobs.E203"))
+    errors.extend(_unique_beyond_markers(s["KEEP_MARKERS"]))
     try:
         unknown_name_grace()
     except ValueError as exc:
@@ -68,3 +69,30 @@ def check_operations(app_configs: Any = None, **kwargs: Any) -> list[Any]:
             )
         )
     return errors
+
+
+def _unique_beyond_markers(keep: Any) -> list[Any]:
+    """W203: handlers unique for longer than markers are kept (their period outlives the
+    marker of a job that finished early in it: a second job of the period would run)."""
+    try:
+        kept = retention.as_timedelta(keep, what="KEEP_MARKERS")
+    except ValueError:
+        return []  # E203
+    if kept is None:
+        return []
+    longer = sorted(
+        h.name
+        for h in registry.all_handlers().values()
+        if h.unique_for is not None and h.unique_for > kept
+    )
+    if not longer:
+        return []
+    return [
+        Warning(
+            f"unique_for of {', '.join(longer)} is longer than DJANGO_JOBS['KEEP_MARKERS'] "
+            f"({kept}): a job that finishes early in its period loses its completion marker to "
+            "pruning before the period ends, and a second job of that period is then enqueued.",
+            hint="Keep markers at least as long as the longest unique_for, or shorten it.",
+            id="django_jobs.W203",
+        )
+    ]

@@ -143,6 +143,18 @@ class MySQL(Portable):
                 break
         return taken
 
+    def lock_ids(self, jobs: JobQuerySet, ids: list[uuid.UUID]) -> list[uuid.UUID]:
+        """Lock those of `ids` still due by primary key (a scan of the claim index would
+        lock every row it passes: see lock_due)."""
+        if not ids:
+            return []
+        return _ids_with_index(
+            jobs.filter(id__in=ids, locked_by__isnull=True, run_at__lte=Now()).values_list(
+                "id", flat=True
+            ),
+            "PRIMARY",
+        )
+
 
 def _labels_size(job: NewJob) -> int:
     """Return the bytes a job's trace context, tags and metadata add to its INSERT."""

@@ -40,6 +40,7 @@ from django_jobs.rows import (
     NewJob,
     Settled,
 )
+from django_jobs.store import aging
 from django_jobs.store.base import (
     BULK_BATCH,
     EDGE_BATCH,
@@ -156,6 +157,21 @@ class Portable:
     def lock_due(self, jobs: JobQuerySet, due: JobQuerySet, wanted: int) -> list[uuid.UUID]:
         """The ids of up to `wanted` of `due`'s jobs, locked when `due` locks (the claim)."""
         return list(due.values_list("id", flat=True)[:wanted])
+
+    def pick_due(self, jobs: JobQuerySet, due: JobQuerySet, wanted: int) -> list[uuid.UUID]:
+        """The due jobs a claim leases: lock_due's, or with priority aging on, those of the
+        highest effective priority (store/aging.py) locked by id."""
+        if (seconds := aging.step()) is not None:
+            return self.lock_ids(jobs, aging.due_ids(due, wanted, seconds))
+        return self.lock_due(jobs, due, wanted)
+
+    def lock_ids(self, jobs: JobQuerySet, ids: list[uuid.UUID]) -> list[uuid.UUID]:
+        """Those of `ids` still due and unleased, locked when `jobs` locks (aging's claim)."""
+        return list(
+            jobs.filter(id__in=ids, locked_by__isnull=True, run_at__lte=Now()).values_list(
+                "id", flat=True
+            )
+        )
 
     # ---- enqueue (store/enqueue.py) ------------------------------------------
 
@@ -312,7 +328,7 @@ class Portable:
                 .exclude(name__in=list(request.exclude_names))
                 .order_by("-priority", "run_at", "id")
             )
-            candidates = self.lock_due(jobs, due, limit - len(attempted))
+            candidates = self.pick_due(jobs, due, limit - len(attempted))
             jobs.filter(id__in=candidates, locked_by__isnull=True).update(
                 attempts=F("attempts") + 1,
                 locked_by=token,

@@ -19,7 +19,7 @@ from django_jobs import conf, flow
 from django_jobs.exceptions import LeaseLost
 from django_jobs.models import CompletionMarker, JobQuerySet
 from django_jobs.rows import ClaimedJob, ClaimRequest, EnqueueResult, Finished, NewJob, Settled
-from django_jobs.store import sliding, sql
+from django_jobs.store import aging, sliding, sql
 from django_jobs.store.base import DONE, Found, Holder, KeyRaced, WorkflowRows, json_text
 from django_jobs.store.portable import Portable, write_beat
 
@@ -122,6 +122,10 @@ class Postgres(Portable):
             request.beat,
             request.names,
         )
+        seconds = aging.step()
+        if seconds is not None:
+            params["aging"] = seconds
+            return _claimed(sql.run(jobs.db, sql.CLAIM_AGED, params), request.token)
         return _claimed(sql.run(jobs.db, sql.CLAIM, params), request.token)
 
     def claim_flow(
@@ -170,9 +174,10 @@ class Postgres(Portable):
             ),
             "limited": limited_names,
         }
-        return done_at, claimed + _claimed(
-            sql.run(alias, sql.CLAIM_UNLIMITED, params), request.token
-        )
+        statement = sql.CLAIM_UNLIMITED
+        if (seconds := aging.step()) is not None:
+            params["aging"], statement = seconds, sql.CLAIM_UNLIMITED_AGED
+        return done_at, claimed + _claimed(sql.run(alias, statement, params), request.token)
 
     # ---- settle -------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from django.db import connections
 
 from django_jobs import conf, flow
 from django_jobs.attempts import LEASE_EXPIRED, LEASE_EXPIRED_MESSAGE
+from django_jobs.store import aging
 
 # split_part(locked_by, '#', 1) below is the SQL twin of attempts.worker_of: the
 # worker id of a lease token (tests/test_claim.py compares the two).
@@ -112,23 +113,7 @@ ORDER BY priority DESC, run_at, id
 #   round trip per poll and no other.
 # - The lost attempt's entry has the shape of attempts.lease_expired_entry
 #   (tests/test_claim.py pins it), its texts spliced in from there.
-def _claim(*, except_limited: bool) -> str:
-    # With limits configured, the limited names are left out of both branches
-    # (%(limited)s): CLAIM_LIMITED claims them. Without, the statement is as it was.
-    skip = "AND name <> ALL(%(limited)s::text[])" if except_limited else ""
-    return f"""
-WITH beat AS (
-    UPDATE django_jobs_worker
-    SET last_seen_at = statement_timestamp(), running = %(running)s,
-        stats = COALESCE(%(stats)s::jsonb, stats)
-    WHERE %(beat)s AND id = %(worker)s
-),
-active AS MATERIALIZED (
-    SELECT q.name, q.position
-    FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, position)
-    WHERE NOT EXISTS (SELECT 1 FROM django_jobs_queue AS s WHERE s.name = q.name AND s.paused)
-),
-claimable AS MATERIALIZED (
+_CLAIMABLE = """claimable AS MATERIALIZED (
     SELECT candidate.id
     FROM active AS q
     CROSS JOIN LATERAL (
@@ -157,7 +142,27 @@ claimable AS MATERIALIZED (
         ) AS due
     ) AS candidate
     LIMIT %(limit)s
+),"""
+
+
+def _claim(*, except_limited: bool, aged: bool = False) -> str:
+    # With limits configured, the limited names are left out of both branches
+    # (%(limited)s): CLAIM_LIMITED claims them. Without, the statement is as it was.
+    # `aged`: priority aging's `claimable` (store/aging.py) instead of this one.
+    skip = "AND name <> ALL(%(limited)s::text[])" if except_limited else ""
+    return f"""
+WITH {"RECURSIVE " if aged else ""}beat AS (
+    UPDATE django_jobs_worker
+    SET last_seen_at = statement_timestamp(), running = %(running)s,
+        stats = COALESCE(%(stats)s::jsonb, stats)
+    WHERE %(beat)s AND id = %(worker)s
 ),
+active AS MATERIALIZED (
+    SELECT q.name, q.position
+    FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, position)
+    WHERE NOT EXISTS (SELECT 1 FROM django_jobs_queue AS s WHERE s.name = q.name AND s.paused)
+),
+{aging.CLAIMABLE.format(skip=skip) if aged else _CLAIMABLE.format(skip=skip)}
 claimed AS (
     UPDATE django_jobs_job AS j{_LEASE}
     FROM claimable
@@ -173,6 +178,9 @@ CLAIM = _claim(except_limited=False)
 # CLAIM without the jobs of limited groups (%(limited)s names; limited queues are not
 # in %(queues)s): the unlimited half of a claim when limits are configured.
 CLAIM_UNLIMITED = _claim(except_limited=True)
+# The two with priority aging on (DJANGO_JOBS["PRIORITY_AGING"]; %(aging)s: its seconds).
+CLAIM_AGED = _claim(except_limited=False, aged=True)
+CLAIM_UNLIMITED_AGED = _claim(except_limited=True, aged=True)
 
 # Flow control (docs/flow-control.md): take the transaction-scoped advisory lock
 # of each limited group, in the order given (sorted by the caller, so that two
