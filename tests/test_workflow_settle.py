@@ -437,12 +437,16 @@ def test_an_enqueue_after_that_loses_a_deadlock_is_tried_again_in_the_callers_tr
     # holds B, the enqueue locks A and waits for B, then the rival asks for A. The
     # enqueue waited first, so the database picks it; its savepoint's rollback
     # drops its lock on A, the rival commits, and the second try takes A and B.
+    # The rival's own deadlock check is put off past the enqueue's: on a loaded
+    # machine the enqueue's backend could otherwise run its check second and win.
     first, second = sorted(enqueue(jobs.noop, {"p": i}).id for i in range(2))
     rival_holds, outcome = threading.Event(), {}
 
     def rival():
         try:
             with transaction.atomic():
+                with connection.cursor() as cursor:
+                    cursor.execute("SET LOCAL deadlock_timeout = '30s'")
                 list(Job.objects.select_for_update().filter(id=second))
                 rival_holds.set()
                 wait_for(_waiting_on_a_lock, message="the enqueue to wait for B")
