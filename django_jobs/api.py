@@ -63,7 +63,7 @@ def enqueue(
     `tags` (with the handler's own) and `meta` (text to text) label the job for
     the admin's and the commands' filters (docs/observability.md).
     """
-    job = _prepare(handler, payload, key, delay, run_at, priority, queue, max_attempts, tags, meta)
+    job = prepare(handler, payload, key, delay, run_at, priority, queue, max_attempts, tags, meta)
     parents = _parents(after)
     return _write(job, conf.database(), parents, _mode(on_parent_dead, parents))
 
@@ -95,7 +95,7 @@ def enqueue_on_commit(
     when the row is written (one gone by then raises from the commit). `tags`
     and `meta` as for ``enqueue``.
     """
-    job = _prepare(handler, payload, key, delay, run_at, priority, queue, max_attempts, tags, meta)
+    job = prepare(handler, payload, key, delay, run_at, priority, queue, max_attempts, tags, meta)
     alias = conf.database()
     parents = _parents(after)
     mode = _mode(on_parent_dead, parents)
@@ -211,7 +211,7 @@ def _item(options: _Options, payload: Any, key: str | None) -> NewJob:
     )
 
 
-def _prepare(
+def prepare(
     handler: Handler | str,
     payload: Any,
     key: str | None,
@@ -223,6 +223,7 @@ def _prepare(
     tags: Iterable[str] | None = None,
     meta: dict[str, str] | None = None,
 ) -> NewJob:
+    """Validate and encode one job as enqueue() would, without writing it (InvalidJob)."""
     options = _options(handler, delay, run_at, priority, queue, max_attempts, tags, meta)
     return _item(options, payload, key)
 
@@ -455,7 +456,7 @@ class Workflow:
             tags = [*self.tags, *own]
         if self.meta:
             meta = {**self.meta, **({} if meta is None else limits.meta(meta, error=InvalidJob))}
-        job = _prepare(
+        job = prepare(
             handler, payload, key, delay, run_at, priority, queue, max_attempts, tags, meta
         )
         parents: list[int | Parent] = []

@@ -59,9 +59,35 @@ class JobStore:
         """Whether the database offers a cheap row-count estimate (the planner's)."""
         return engine(self.alias).estimates_counts
 
+    @property
+    def listens(self) -> bool:
+        """Whether idle workers can wait for NOTIFY wake-ups (LISTEN) on this database."""
+        return engine(self.alias).listens
+
+    @property
+    def vacuums(self) -> bool:
+        """Whether deleted rows' space is reusable only after a VACUUM (the worker runs it)."""
+        return engine(self.alias).vacuums
+
+    def refused(self, exc: BaseException) -> bool:
+        """Whether exc, an OperationalError, refused the statement (sent again, it fails)."""
+        return engine(self.alias).refused(exc)
+
+    def dropped_connection(self, exc: BaseException) -> bool:
+        """Whether the server closed the connection after refusing the statement (exc)."""
+        return engine(self.alias).dropped_connection(exc)
+
+    def clock(self) -> datetime:
+        """The database's clock, aware in UTC (SQLite's is the host's)."""
+        return engine(self.alias).clock(self.alias)
+
     def claims_safely(self) -> bool:
         """Whether workers on several connections can share this database's claims."""
         return engine(self.alias).claims_safely(self.alias)
+
+    def transaction_aborted(self) -> bool:
+        """Whether the alias's open transaction refuses statements until rolled back."""
+        return engine(self.alias).transaction_aborted(self.alias)
 
     # ---- enqueue (store/enqueue.py) ----------------------------------------
 

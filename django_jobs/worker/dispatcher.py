@@ -33,7 +33,7 @@ from django_jobs.models import Job, JobQuerySet
 from django_jobs.registry import Handler
 from django_jobs.rows import ClaimedJob, ClaimRequest
 from django_jobs.store import JobStore
-from django_jobs.worker import attempt, options
+from django_jobs.worker import options
 from django_jobs.worker.eventloop import LoopExecutor
 from django_jobs.worker.executor import ThreadExecutor
 from django_jobs.worker.guard import DbGuard
@@ -59,8 +59,6 @@ logger = logging.getLogger("django_jobs.worker")
 
 # Successes wait at most this long (or for a full batch) before being settled together.
 FLUSH_INTERVAL = 0.01
-# The unenforced flow limits already logged by this process (engine, group keys).
-_UNENFORCED_TOLD: set[tuple[str, tuple[str, ...]]] = set()
 
 # The default of the options that __post_init__ reads from DJANGO_JOBS when left None:
 # the fields are typed as resolved, the constructor (see __init__ below) takes None.
@@ -68,7 +66,7 @@ _FROM_SETTINGS: Any = None
 
 
 @dataclass
-class Worker(Settler, Timeouts):
+class Worker(Settler):
     """Run jobs until stopped (or, in burst mode, until nothing is due)."""
 
     queues: list[str] = _FROM_SETTINGS
@@ -113,7 +111,7 @@ class Worker(Settler, Timeouts):
             raise ImproperlyConfigured(f"Worker: {exc}") from None
         if cast("bool | None", self.listen) is None:
             self.listen = bool(settings["LISTEN"])
-        self.listen = self.listen and connections[self.database].vendor == "postgresql"
+        self.listen = self.listen and JobStore(self.database).listens
         if not self.queues:
             self.queues = sorted(registry.declared_queues())
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
@@ -123,10 +121,6 @@ class Worker(Settler, Timeouts):
         self._inflight: set[Run] = set()
         self._held_back: deque[Run] = deque()
         self._by_name: dict[str, int] = {}
-        self._timed: set[Run] = set()  # in-flight runs that have a timeout
-        # Handlers past their timeout, still running (django_jobs.worker.timeouts).
-        self._abandoned: dict[Run, tuple[Outcome, float]] = {}
-        self._all_stuck: str | None = None
         self._done: list[tuple[Run, str | None, float]] = []
         self._done_since = 0.0
         self._unsettled: list[tuple[Run, Outcome, float]] = []  # settles that hit a DB error
@@ -147,23 +141,24 @@ class Worker(Settler, Timeouts):
             store=self._store,
             report=self._inbox.put,
         )
-        self._stuck_threads = self._executor.stuck
         self._eventloop: LoopExecutor | None = LoopExecutor(
             slots=self.async_concurrency,
             orm_threads=self.concurrency,
             worker_id=self.id,
             report=self._inbox.put,
         )
+        # Runs with a timeout, and handlers past it still running (worker/timeouts.py).
+        self._timeouts = Timeouts(self, self._executor.stuck, self._eventloop)
         self._slots = Slots(threads=self.concurrency, loop=self.async_concurrency, batch=self.batch)
         self._claimed_total = 0
         self._guard = DbGuard(database=self.database, worker_id=self.id, pause=self._pause)
-        self._timeouts: dict[str, float | None] = {}
+        self._timeout_by_name: dict[str, float | None] = {}
         self._excluded: set[str] = set()  # capped handlers the last claim left out
         # The job names this worker claims (and publishes in its heartbeat row).
         self.names = sorted(registry.all_handlers())
         self._names_generation = registry.generation()
         self._slots.split(self.names, registry.all_handlers())
-        self._flow_limits = self._limits()
+        self._flow_limits = options.flow_limits(self._store)
         self._limited = {g.value for g in self._flow_limits if g.kind == "name"}
         self._limited_queues = {g.value for g in self._flow_limits if g.kind == "queue"}
         self._flow_freed = False  # a limited job finished: settle it, then claim again
@@ -185,26 +180,6 @@ class Worker(Settler, Timeouts):
         self._look_again_at: float | None = None
         self._empty_looks = 0
         self._ops = Upkeep(self)  # heartbeat row, schedules, pruning, counters
-
-    def _limits(self) -> list[flow.Limit]:
-        """Return the flow limits of the handlers and of QUEUES (docs/flow-control.md)."""
-        try:
-            found = flow.configured(registry.all_handlers().values(), conf.get("QUEUES"))
-        except ValueError as exc:
-            raise ImproperlyConfigured(f"DJANGO_JOBS['QUEUES']: {exc}") from None
-        vendor = connections[self.database].vendor
-        if found and vendor != "postgresql":
-            told = (vendor, tuple(g.key for g in found))
-            if told not in _UNENFORCED_TOLD:  # once per process: drain() builds a worker a call
-                _UNENFORCED_TOLD.add(told)
-                logger.warning(
-                    "flow limits (%s) are enforced on PostgreSQL only, and the jobs database "
-                    "is %s: this worker runs their jobs without limits (django_jobs.W302)",
-                    ", ".join(g.key for g in found),
-                    vendor,
-                )
-            return []
-        return found
 
     # ---- public -----------------------------------------------------------
 
@@ -243,10 +218,10 @@ class Worker(Settler, Timeouts):
             self._ops.stopped()
             self._shutdown_executors()
         logger.info("worker %s stopped: %s", self.id, self.stats.summary())
-        if self._all_stuck is not None:
-            raise HandlersStuck(self._all_stuck)
+        if self._timeouts.all_stuck is not None:
+            raise HandlersStuck(self._timeouts.all_stuck)
 
-    # ---- what upkeep sees (UpkeepHost) -------------------------------------
+    # ---- what upkeep and timeouts see (UpkeepHost, TimeoutsHost) -------------
 
     def running(self) -> int:
         """Return how many jobs this worker has handed to its executors."""
@@ -255,6 +230,16 @@ class Worker(Settler, Timeouts):
     def guarded(self, operation: Callable[[], Any]) -> Any:
         """Run operation on the dispatcher's connection; None after a database error."""
         return self._db(operation)
+
+    def give_back_held(self, name: str) -> None:
+        """Release the runs of job name held back by its cap (abandoned runs fill it)."""
+        self._to_release.extend(run for run in self._held_back if run.job.name == name)
+        self._held_back = deque(run for run in self._held_back if run.job.name != name)
+
+    def settle_late(self, run: Run, outcome: Outcome, duration: float) -> None:
+        """Settle an abandoned run's TimeoutError once its handler returned (or at exit)."""
+        self._forget(run)
+        self._settle(run, outcome, duration)
 
     # ---- the dispatcher loop ----------------------------------------------
 
@@ -270,10 +255,10 @@ class Worker(Settler, Timeouts):
                 grace_deadline = self._begin_shutdown()
             now = time.monotonic()
 
-            if self._timed:
-                self._expire_timeouts(now)
-            if self._abandoned and not self._stopping and self._stuck_for_good(now):
-                self._give_up_stuck()
+            if self._timeouts.timed:
+                self._timeouts.expire(now)
+            if not self._stopping and self._timeouts.gave_up(now):
+                self._stopping = True  # every thread is stuck: exit for a restart
                 grace_deadline = self._begin_shutdown()
             if self._to_release:
                 self._release(self._to_release)
@@ -305,7 +290,8 @@ class Worker(Settler, Timeouts):
 
             if self._stopping:
                 assert grace_deadline is not None  # set above once stopping
-                if not self._inflight or now >= grace_deadline or self._all_stuck is not None:
+                stuck = self._timeouts.all_stuck is not None
+                if not self._inflight or now >= grace_deadline or stuck:
                     self._finish_shutdown()
                     return
                 continue
@@ -330,7 +316,7 @@ class Worker(Settler, Timeouts):
             self._clear_query_log()
 
             if self._finished_work():
-                self._settle_abandoned()
+                self._timeouts.settle_at_exit()
                 self._flush_done()
                 if not self._unsettled:
                     return
@@ -351,13 +337,8 @@ class Worker(Settler, Timeouts):
             deadlines.append(grace_deadline)
         if self._look_again_at is not None:
             deadlines.append(self._look_again_at)
-        deadlines.extend(d for run in self._timed if (d := self._due_at(run, now)))
+        deadlines.extend(self._timeouts.deadlines(now))
         return max(0.0, min(deadlines) - now)
-
-    def _failure(
-        self, job: ClaimedJob, exc: BaseException, fatal: bool = False
-    ) -> lifecycle.Failed:
-        return attempt.failure(job, exc, self.id, fatal)
 
     def _shutdown_executors(self) -> None:
         self._closing.set()  # the listener's
@@ -411,7 +392,7 @@ class Worker(Settler, Timeouts):
 
     def _finished_work(self) -> bool:
         """In burst or max-jobs mode: True once there is nothing left to do."""
-        if self._running_on() or self._held_back or self._done or self._to_release:
+        if self._timeouts.running_on() or self._held_back or self._done or self._to_release:
             return False
         if self.max_jobs is not None and self._claimed_total >= self.max_jobs:
             return True
@@ -541,7 +522,7 @@ class Worker(Settler, Timeouts):
         self._names_generation = registry.generation()
         self.names = sorted(registry.all_handlers())
         self._slots.split(self.names, registry.all_handlers())
-        self._flow_limits = self._limits()
+        self._flow_limits = options.flow_limits(self._store)
         self._limited = {g.value for g in self._flow_limits if g.kind == "name"}
         self._limited_queues = {g.value for g in self._flow_limits if g.kind == "queue"}
         self._ops.names_changed()
@@ -606,9 +587,9 @@ class Worker(Settler, Timeouts):
 
     def _timeout_of(self, handler: Handler) -> float | None:
         try:
-            return self._timeouts[handler.name]
+            return self._timeout_by_name[handler.name]
         except KeyError:
-            return self._timeouts.setdefault(handler.name, handler.get_timeout())
+            return self._timeout_by_name.setdefault(handler.name, handler.get_timeout())
 
     def _hand_out(self, run: Run) -> None:
         """Queue run for the executors, unless its handler's cap is reached."""
@@ -622,7 +603,7 @@ class Worker(Settler, Timeouts):
         self._ops.started()
         self._by_name[name] = self._by_name.get(name, 0) + 1
         if run.timeout:
-            self._timed.add(run)
+            self._timeouts.timed.add(run)
         if run.on_loop:
             assert self._eventloop is not None  # on_loop only with a loop
             self._slots.on_loop += 1
@@ -640,8 +621,8 @@ class Worker(Settler, Timeouts):
     def _on_finished(self, event: Finished) -> None:
         run = event.run
         if run.abandoned:
-            if run in self._abandoned:
-                self._returned(run, event.outcome, event.duration)
+            if run in self._timeouts.abandoned:
+                self._timeouts.returned(run, event.outcome, event.duration)
             return  # what an abandoned run reports is never settled
         self._forget(run)
         if type(event.outcome) is lifecycle.Unstarted:
@@ -655,7 +636,7 @@ class Worker(Settler, Timeouts):
     def _forget(self, run: Run) -> None:
         if run in self._inflight:
             self._inflight.discard(run)
-            self._timed.discard(run)
+            self._timeouts.timed.discard(run)
             if run.on_loop:
                 self._slots.on_loop -= 1
             name = run.job.name
@@ -718,8 +699,8 @@ class Worker(Settler, Timeouts):
         if not started:
             self._held_back.remove(run)
         self._settle(run, lifecycle.CancelRequested(started=started), 0.0)
-        if started and run.on_loop:
-            self._interrupt(run)  # an async handler is stopped at its current await
+        if started and run.on_loop and self._eventloop is not None:
+            self._eventloop.cancel(run)  # an async handler is stopped at its current await
 
     def _release(self, runs: list[Run]) -> None:
         released = self._db(lambda: self._store.release(run.job for run in runs))
@@ -748,8 +729,8 @@ class Worker(Settler, Timeouts):
             run.abandoned = True
             assert run.ctx is not None  # a run handed out has one
             run.ctx.cancel()
-            if run.on_loop:
-                self._interrupt(run)
+            if run.on_loop and self._eventloop is not None:
+                self._eventloop.cancel(run)
         if unfinished:
             self._release(unfinished)
             logger.warning(
@@ -760,9 +741,9 @@ class Worker(Settler, Timeouts):
                 f"{self.grace:g}s",
                 named_runs(unfinished, time.monotonic()),
             )
-        self._settle_abandoned()
+        self._timeouts.settle_at_exit()
         self._inflight.clear()
-        self._timed.clear()
+        self._timeouts.timed.clear()
         if self._done:
             self._flush_done()
         for _ in range(3):

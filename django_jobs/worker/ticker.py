@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, overload
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone as dj_timezone
 
 from django_jobs import conf, registry
@@ -20,6 +20,7 @@ from django_jobs.api import enqueue
 from django_jobs.exceptions import JobsError
 from django_jobs.models import Schedule
 from django_jobs.schedules import ScheduleSpec, declared
+from django_jobs.store import JobStore
 
 # The name operators filter on since schedules began.
 logger = logging.getLogger("django_jobs.schedules")
@@ -27,12 +28,7 @@ logger = logging.getLogger("django_jobs.schedules")
 
 def db_now(alias: str) -> datetime:
     """Return the database's clock (aware, UTC); SQLite shares the host's."""
-    if connections[alias].vendor == "postgresql":
-        with connections[alias].cursor() as cursor:
-            cursor.execute("SELECT statement_timestamp()")
-            now: datetime = cursor.fetchone()[0]
-            return now.astimezone(UTC)
-    return datetime.now(UTC)
+    return JobStore(alias).clock()
 
 
 def sync(alias: str | None = None) -> dict[str, ScheduleSpec]:
