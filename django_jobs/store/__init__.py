@@ -36,6 +36,11 @@ from django_jobs.store import claim, enqueue, operators, parents, replay, settle
 from django_jobs.store.engine import engine
 
 
+def _asked(capability: str, doc: str) -> Any:
+    """A read-only attribute of JobStore that asks the alias's engine, not its vendor."""
+    return property(lambda store: getattr(engine(store.alias), capability), doc=doc)
+
+
 class JobStore:
     """The state changes of one database alias's jobs: ``JobStore(alias).claim(request)``."""
 
@@ -49,25 +54,16 @@ class JobStore:
 
     # ---- what the alias's engine can do (asked instead of its vendor) ------
 
-    @property
-    def enforces_limits(self) -> bool:
-        """Whether flow limits (global_concurrency, rate_limit) hold on this database."""
-        return engine(self.alias).enforces_limits
-
-    @property
-    def estimates_counts(self) -> bool:
-        """Whether the database offers a cheap row-count estimate (the planner's)."""
-        return engine(self.alias).estimates_counts
-
-    @property
-    def listens(self) -> bool:
-        """Whether idle workers can wait for NOTIFY wake-ups (LISTEN) on this database."""
-        return engine(self.alias).listens
-
-    @property
-    def vacuums(self) -> bool:
-        """Whether deleted rows' space is reusable only after a VACUUM (the worker runs it)."""
-        return engine(self.alias).vacuums
+    enforces_limits: bool = _asked(
+        "enforces_limits", "Whether flow limits (global_concurrency, rate_limit) hold here."
+    )
+    estimates_counts: bool = _asked(
+        "estimates_counts", "Whether the database offers a cheap row-count estimate."
+    )
+    listens: bool = _asked("listens", "Whether idle workers can wait for NOTIFY (LISTEN).")
+    vacuums: bool = _asked(
+        "vacuums", "Whether deleted rows' space is reusable only after a VACUUM (upkeep's)."
+    )
 
     def refused(self, exc: BaseException) -> bool:
         """Whether exc, an OperationalError, refused the statement (sent again, it fails)."""

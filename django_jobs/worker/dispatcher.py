@@ -66,7 +66,7 @@ _FROM_SETTINGS: Any = None
 
 
 @dataclass
-class Worker(Settler):
+class Worker:
     """Run jobs until stopped (or, in burst mode, until nothing is due)."""
 
     queues: list[str] = _FROM_SETTINGS
@@ -121,17 +121,14 @@ class Worker(Settler):
         self._inflight: set[Run] = set()
         self._held_back: deque[Run] = deque()
         self._by_name: dict[str, int] = {}
-        self._done: list[tuple[Run, str | None, float]] = []
-        self._done_since = 0.0
-        self._unsettled: list[tuple[Run, Outcome, float]] = []  # settles that hit a DB error
         self._next_unsettled_retry = 0.0
-        self._to_release: list[Run] = []
         self._threads: list[threading.Thread] = []  # the listener's
         self._stopping = False
         self._closing = threading.Event()
         self._more = True  # jobs may be due: claim without waiting for the poll
         self._queryset: JobQuerySet = Job.objects.using(self.database)
         self._store = JobStore(self.database)
+        self._settler = Settler(self, self._store)  # outcomes settled (worker/settle.py)
         # The two executors: sync handlers on threads, async ones as tasks on one event
         # loop (started with the first), its sync_to_async calls on `concurrency` threads.
         self._executor = ThreadExecutor(
@@ -221,25 +218,31 @@ class Worker(Settler):
         if self._timeouts.all_stuck is not None:
             raise HandlersStuck(self._timeouts.all_stuck)
 
-    # ---- what upkeep and timeouts see (UpkeepHost, TimeoutsHost) -------------
+    # ---- what upkeep, timeouts and the settler see (their Host protocols) --------
 
     def running(self) -> int:
         """Return how many jobs this worker has handed to its executors."""
         return len(self._inflight)
 
-    def guarded(self, operation: Callable[[], Any]) -> Any:
+    def guarded(self, operation: Callable[[], Any], *, settle: bool = False) -> Any:
         """Run operation on the dispatcher's connection; None after a database error."""
-        return self._db(operation)
+        return self._db(operation, settle=settle)
+
+    def claim_soon(self) -> None:
+        self._more = True
+
+    def reported(self, job: ClaimedJob, outcome: str, error: Any, duration: float | None) -> None:
+        self._ops.finished(outcome, duration)
 
     def give_back_held(self, name: str) -> None:
         """Release the runs of job name held back by its cap (abandoned runs fill it)."""
-        self._to_release.extend(run for run in self._held_back if run.job.name == name)
+        self._settler.to_release.extend(run for run in self._held_back if run.job.name == name)
         self._held_back = deque(run for run in self._held_back if run.job.name != name)
 
     def settle_late(self, run: Run, outcome: Outcome, duration: float) -> None:
         """Settle an abandoned run's TimeoutError once its handler returned (or at exit)."""
         self._forget(run)
-        self._settle(run, outcome, duration)
+        self._settler.settle(run, outcome, duration)
 
     # ---- the dispatcher loop ----------------------------------------------
 
@@ -260,32 +263,32 @@ class Worker(Settler):
             if not self._stopping and self._timeouts.gave_up(now):
                 self._stopping = True  # every thread is stuck: exit for a restart
                 grace_deadline = self._begin_shutdown()
-            if self._to_release:
-                self._release(self._to_release)
-                self._to_release = []
+            if self._settler.to_release:
+                self._release(self._settler.to_release)
+                self._settler.to_release = []
             # A limited job finished: its settle goes with the claim that refills its
             # slot (one transaction, one round trip), unless there is no claim to make.
             claims_now = not self._stopping and self._want_claim(now >= next_poll)
-            settle_with_claim = bool(self._done and self._flow_freed and claims_now)
+            settle_with_claim = bool(self._settler.done and self._flow_freed and claims_now)
             if (
-                self._done
+                self._settler.done
                 and not settle_with_claim
                 and (
-                    len(self._done) >= self.batch
+                    len(self._settler.done) >= self.batch
                     or self._flow_freed
-                    or now - self._done_since >= FLUSH_INTERVAL
+                    or now - self._settler.done_since >= FLUSH_INTERVAL
                     or self._stopping
                     or not (self._inflight or self._more)
                 )
             ):
-                self._flush_done()
+                self._settler.flush()
             if self._freed:
                 if not claims_now:  # settled above: tell the workers that can refill them
                     self._tell_freed(self._freed)
                 self._freed = set()
             self._flow_freed = False
-            if self._unsettled and now >= self._next_unsettled_retry:
-                self._retry_unsettled()
+            if self._settler.unsettled and now >= self._next_unsettled_retry:
+                self._settler.retry_unsettled()
                 self._next_unsettled_retry = now + 1.0
 
             if self._stopping:
@@ -317,8 +320,8 @@ class Worker(Settler):
 
             if self._finished_work():
                 self._timeouts.settle_at_exit()
-                self._flush_done()
-                if not self._unsettled:
+                self._settler.flush()
+                if not self._settler.unsettled:
                     return
 
     def _next_timeout(
@@ -329,9 +332,9 @@ class Worker(Settler):
         deadlines = [next_poll]
         if self._inflight or self._held_back:
             deadlines.append(next_heartbeat)
-        if self._done:
-            deadlines.append(self._done_since + FLUSH_INTERVAL)
-        if self._unsettled:
+        if self._settler.done:
+            deadlines.append(self._settler.done_since + FLUSH_INTERVAL)
+        if self._settler.unsettled:
             deadlines.append(self._next_unsettled_retry)
         if grace_deadline is not None:
             deadlines.append(grace_deadline)
@@ -392,7 +395,12 @@ class Worker(Settler):
 
     def _finished_work(self) -> bool:
         """In burst or max-jobs mode: True once there is nothing left to do."""
-        if self._timeouts.running_on() or self._held_back or self._done or self._to_release:
+        if (
+            self._timeouts.running_on()
+            or self._held_back
+            or self._settler.done
+            or self._settler.to_release
+        ):
             return False
         if self.max_jobs is not None and self._claimed_total >= self.max_jobs:
             return True
@@ -479,7 +487,7 @@ class Worker(Settler):
             flow_claim=self._flow_due,
             others=self._others_due,
         )
-        batch, self._done = (self._done, []) if settle else ([], self._done)
+        batch = self._settler.take_done() if settle else []
         if not batch:
             jobs = self._db(lambda: self._store.claim(request))
         else:
@@ -489,11 +497,11 @@ class Worker(Settler):
             )
             if isinstance(found, DbRefused):
                 # Both were rolled back: settle the batch alone (job by job if need be).
-                self._done = batch
-                self._flush_done()
+                self._settler.done = batch
+                self._settler.flush()
                 jobs = self._db(lambda: self._store.claim(request))
             else:
-                self._completed(batch, None if found is None else found[0])
+                self._settler.completed(batch, None if found is None else found[0])
                 jobs = None if found is None else found[1]
         if jobs is None:
             return asked, asked  # the database is away: try again, do not conclude "idle"
@@ -569,7 +577,7 @@ class Worker(Settler):
                 job.id,
                 extra=log_extra(job),
             )
-            self._carry_out(Run(job, None, None), transition, 0.0)
+            self._settler.carry_out(Run(job, None, None), transition, 0.0)
         elif isinstance(transition, lifecycle.Release):
             logger.warning(
                 "job %s: no handler %r in this worker any more: released",
@@ -577,13 +585,13 @@ class Worker(Settler):
                 job.name,
                 extra=log_extra(job),
             )
-            self._to_release.append(Run(job, None, None))
+            self._settler.to_release.append(Run(job, None, None))
             self._names_generation = -1  # claim by the registry's names from now on
         else:
             assert isinstance(transition, lifecycle.DeadLetter)  # what on_claim has left
             if transition.reason == DeadReason.MALFORMED:
                 job.make_storable()
-            self._carry_out(Run(job, None, None), transition, 0.0)
+            self._settler.carry_out(Run(job, None, None), transition, 0.0)
 
     def _timeout_of(self, handler: Handler) -> float | None:
         try:
@@ -626,12 +634,12 @@ class Worker(Settler):
             return  # what an abandoned run reports is never settled
         self._forget(run)
         if type(event.outcome) is lifecycle.Unstarted:
-            self._settle(run, event.outcome, 0.0)  # released, attempt not counted
+            self._settler.settle(run, event.outcome, 0.0)  # released, attempt not counted
             return
         # Short jobs are queued ahead of free slots so that claims stay few; long
         # ones only as slots free up, so one worker does not hoard them.
         self._slots.finished(run, event.duration)
-        self._settle(run, event.outcome, event.duration)
+        self._settler.settle(run, event.outcome, event.duration)
 
     def _forget(self, run: Run) -> None:
         if run in self._inflight:
@@ -698,7 +706,7 @@ class Worker(Settler):
         started = run not in self._held_back
         if not started:
             self._held_back.remove(run)
-        self._settle(run, lifecycle.CancelRequested(started=started), 0.0)
+        self._settler.settle(run, lifecycle.CancelRequested(started=started), 0.0)
         if started and run.on_loop and self._eventloop is not None:
             self._eventloop.cancel(run)  # an async handler is stopped at its current await
 
@@ -721,9 +729,9 @@ class Worker(Settler):
         # Settle what threads reported since the last look: only a job a thread is
         # still running (or never started) may be released with its attempt given back.
         self._drain_inbox(0)
-        if self._to_release:
-            self._release(self._to_release)
-            self._to_release = []
+        if self._settler.to_release:
+            self._release(self._settler.to_release)
+            self._settler.to_release = []
         unfinished = [run for run in self._inflight if not run.abandoned]
         for run in unfinished:
             run.abandoned = True
@@ -744,12 +752,12 @@ class Worker(Settler):
         self._timeouts.settle_at_exit()
         self._inflight.clear()
         self._timeouts.timed.clear()
-        if self._done:
-            self._flush_done()
+        if self._settler.done:
+            self._settler.flush()
         for _ in range(3):
-            if not self._unsettled:
+            if not self._settler.unsettled:
                 break
-            self._retry_unsettled()
+            self._settler.retry_unsettled()
         self._freed.update(k for run in unfinished if (k := self._group_of(run.job)))
         if self._freed:
             self._tell_freed(self._freed)

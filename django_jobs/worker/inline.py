@@ -76,13 +76,13 @@ class InlineWorker(Worker):
             while queued := self._executor.queued():
                 for run in queued:
                     self._run_here(run, raise_errors)
-            if self._done:  # jobs settled without running (their key's marker existed)
-                self._flush_done()
+            if self._settler.done:  # settled without running (their key's marker existed)
+                self._settler.flush()
         finally:
             self._give_back()
-        if self._unsettled:
+        if self._settler.unsettled:
             raise RuntimeError(
-                f"drain(): {len(self._unsettled)} outcome(s) could not be settled "
+                f"drain(): {len(self._settler.unsettled)} outcome(s) could not be settled "
                 "(see the django_jobs.worker log)"
             )
         return self._report
@@ -112,8 +112,8 @@ class InlineWorker(Worker):
             # before the handler did: pass the deadline itself.)
             self._timeouts.expire(max(time.monotonic(), run.deadline or 0.0))
         self._on_finished(finished)
-        if self._done:
-            self._flush_done()
+        if self._settler.done:
+            self._settler.flush()
 
     def _give_back(self) -> None:
         """Release whatever this round claimed but did not settle (after an error)."""
@@ -135,9 +135,9 @@ class InlineWorker(Worker):
     def _pause(self, seconds: float) -> None:
         """Do not sleep after a database error inline: the error is reported instead."""
 
-    def _send_finished(self, job: ClaimedJob, outcome: str, error: Any, duration: Any) -> None:
+    def reported(self, job: ClaimedJob, outcome: str, error: Any, duration: float | None) -> None:
         self._report.append(Reported(job, outcome, error))
-        super()._send_finished(job, outcome, error, duration)
+        super().reported(job, outcome, error, duration)
 
 
 class _Deadline:

@@ -31,6 +31,19 @@ def db_now(alias: str) -> datetime:
     return JobStore(alias).clock()
 
 
+def _definition(spec: ScheduleSpec) -> dict[str, Any]:
+    """The columns of a schedule's row that its declaration sets."""
+    return {
+        "cron": spec.cron,
+        "every": spec.every,
+        "timezone": spec.timezone,
+        "job_name": spec.job,
+        "payload": spec.payload,
+        "queue": spec.queue,
+        "priority": spec.priority,
+    }
+
+
 def sync(alias: str | None = None) -> dict[str, ScheduleSpec]:
     """Write the declared definitions to the schedule table; mark vanished ones undeclared.
 
@@ -41,45 +54,16 @@ def sync(alias: str | None = None) -> dict[str, ScheduleSpec]:
     rows = Schedule.objects.using(alias)
     with transaction.atomic(using=alias):
         rows.bulk_create(
-            [
-                Schedule(
-                    name=s.name,
-                    cron=s.cron,
-                    every=s.every,
-                    timezone=s.timezone,
-                    job_name=s.job,
-                    payload=s.payload,
-                    queue=s.queue,
-                    priority=s.priority,
-                )
-                for s in specs.values()
-            ],
+            [Schedule(name=s.name, **_definition(s)) for s in specs.values()],
             ignore_conflicts=True,
         )
         for spec in specs.values():
             # Rewrite only rows whose definition differs (NOT (a AND b ...)), so that
             # workers starting together do not queue up on the same rows.
-            same = _nullable(
-                cron=spec.cron, every=spec.every, queue=spec.queue, priority=spec.priority
-            )
             changed = rows.filter(name=spec.name).exclude(
-                timezone=spec.timezone,
-                job_name=spec.job,
-                payload=spec.payload,
-                declared=True,
-                **same,
+                declared=True, **_nullable(**_definition(spec))
             )
-            changed.update(
-                cron=spec.cron,
-                every=spec.every,
-                timezone=spec.timezone,
-                job_name=spec.job,
-                payload=spec.payload,
-                queue=spec.queue,
-                priority=spec.priority,
-                declared=True,
-                updated_at=dj_timezone.now(),
-            )
+            changed.update(**_definition(spec), declared=True, updated_at=dj_timezone.now())
         rows.filter(declared=True).exclude(name__in=list(specs)).update(declared=False)
     return specs
 
