@@ -68,7 +68,7 @@ def enqueue(
     per period (docs/enqueue.md#unique-for-a-period); a second is a duplicate.
     """
     unique = _unique(unique_for, unique_by, key)
-    job = _prepare(
+    job = prepare(
         handler, payload, key, delay, run_at, priority, queue, max_attempts, tags, meta, unique
     )
     parents = _parents(after)
@@ -105,7 +105,7 @@ def enqueue_on_commit(
     and `meta`, `unique_for` and `unique_by` as for ``enqueue``.
     """
     unique = _unique(unique_for, unique_by, key)
-    job = _prepare(
+    job = prepare(
         handler, payload, key, delay, run_at, priority, queue, max_attempts, tags, meta, unique
     )
     alias = conf.database()
@@ -257,7 +257,7 @@ def _item(options: _Options, payload: Any, key: str | None) -> NewJob:
     )
 
 
-def _prepare(
+def prepare(
     handler: Handler | str,
     payload: Any,
     key: str | None,
@@ -270,6 +270,7 @@ def _prepare(
     meta: dict[str, str] | None = None,
     unique: _Unique = (None, None),
 ) -> NewJob:
+    """Validate and encode one job as enqueue() would, without writing it (InvalidJob)."""
     options = _options(handler, delay, run_at, priority, queue, max_attempts, tags, meta, unique)
     return _item(options, payload, key)
 
@@ -509,7 +510,7 @@ class Workflow:
             tags = [*self.tags, *own]
         if self.meta:
             meta = {**self.meta, **({} if meta is None else limits.meta(meta, error=InvalidJob))}
-        job = _prepare(
+        job = prepare(
             handler, payload, key, delay, run_at, priority, queue, max_attempts, tags, meta
         )
         parents: list[int | Parent] = []

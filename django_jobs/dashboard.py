@@ -170,16 +170,7 @@ def bar_chart(
     step = plot_w / max(len(values), 1)
     tz = timezone.get_current_timezone()
     parts = [
-        format_html(
-            '<svg xmlns="http://www.w3.org/2000/svg" class="django-jobs-chart" role="img" '
-            'width="{}" height="{}" viewBox="0 0 {} {}" aria-label="{}">',
-            width,
-            height,
-            width,
-            height,
-            title,
-        ),
-        format_html("<title>{}</title>", title),
+        *svg_start("django-jobs-chart", width, height, title),
         format_html('<text x="{}" y="12" font-size="12" fill="#333">{}</text>', left, title),
         # Axes: the baseline and the peak's gridline, labelled.
         format_html(
@@ -252,3 +243,20 @@ def _n(value: float) -> str:
 def duration(value: timedelta | None) -> str:
     """Return a short human duration: 45s, 12m, 3h 5m, 2d 4h."""
     return "—" if value is None else limits.format_duration(value)
+
+
+def svg_start(css_class: str, width: float, height: float, title: str) -> list[SafeString]:
+    """The opening tag and title of an inline SVG image (the dashboard's charts, the graph)."""
+    return [
+        format_html(
+            '<svg xmlns="http://www.w3.org/2000/svg" class="{}" role="img" '
+            'width="{}" height="{}" viewBox="0 0 {} {}" aria-label="{}">',
+            css_class,
+            width,
+            height,
+            width,
+            height,
+            title,
+        ),
+        format_html("<title>{}</title>", title),
+    ]

@@ -24,31 +24,28 @@ pytest users get the same through the ``jobs`` and ``jobs_drain`` fixtures
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib.util import find_spec
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import transaction
 from django.db.models import Count, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from django_jobs import conf, encryption, payloads, registry
-from django_jobs.api import _prepare
+from django_jobs.api import prepare
 from django_jobs.context import JobContext
 from django_jobs.exceptions import InvalidJob, InvalidPayload
-from django_jobs.lifecycle import Failed
 from django_jobs.models import CompletionMarker, DeadLetter, Job
 from django_jobs.registry import Handler
-from django_jobs.rows import ClaimedJob, uuid7
+from django_jobs.rows import uuid7
 from django_jobs.store import JobStore
-from django_jobs.worker import Worker
-from django_jobs.worker.attempt import _call
+from django_jobs.worker.attempt import call_handler
+from django_jobs.worker.inline import InlineWorker, Reported
 
 __all__ = [
     "MAX_ROUNDS",
@@ -162,7 +159,7 @@ def drain(
     fixed = _queues(queue)
     jobs = Job.objects.using(conf.database())
     drained = Drained()
-    worker = _InlineWorker(queues=fixed or [conf.get("DEFAULT_QUEUE")], concurrency=1)
+    worker = InlineWorker(queues=fixed or [conf.get("DEFAULT_QUEUE")], concurrency=1)
     claimable = Q(locked_by__isnull=True, run_at__lte=Now()) | Q(lease_expires_at__lt=Now())
     waits = 0  # claims that found due jobs held back (a flow limit) and waited
     while True:
@@ -182,7 +179,7 @@ def drain(
             limit = mine.filter(claimable).count()
         if not queues or not limit:
             return drained
-        attempts = worker.round(limit, raise_errors=raise_errors)
+        attempts = _attempts(worker.round(limit, raise_errors=raise_errors), worker.database)
         if not worker.claimed_last:
             # Nothing claimed: done, unless the database still holds due jobs that a
             # limit held back (full slots, a rate window's starts): wait for it to admit.
@@ -227,164 +224,13 @@ def _too_many_rounds(due: Any, drained: Drained, max_rounds: int, waits: int) ->
     )
 
 
-class _InlineWorker(Worker):
-    """The worker, driven from the caller's thread: claim, run each job here, settle at once.
-
-    Everything but the threads is the Worker's own: the claim (leases, attempts,
-    rescue of expired leases, paused queues, handler caps, registered names
-    only), what a claimed job meets before it runs (completed keys, exhausted attempts),
-    payload validation, atomic handlers, and every settle. No executor or
-    listener thread is started: their connections would not see the rows of a
-    transaction that never commits.
-    """
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        # Async handlers run here too, each on a loop of its own (async_to_sync), one
-        # after the other: the attempt's outcome is decided as on the worker's loop.
-        self._eventloop = None
-        self._slots.loop_enabled = False
-        self._slots.split(self.names, registry.all_handlers())
-        self.claimed_last = 0
-        self._report: list[tuple[ClaimedJob, str, Any]] = []
-
-    def round(self, limit: int, *, raise_errors: bool) -> list[Attempt]:
-        """Claim up to limit due jobs, run them one by one in claim order, settle each."""
-        self._report = []
-        self.batch = self._slots.target = limit
-        try:
-            # Every round is a poll: every limited group and the other jobs (the worker's
-            # state between polls would skip what the last round found too few of).
-            self._look_everywhere()
-            self.claimed_last, _ = self._claim()
-            while queued := self._executor.queued():
-                for run in queued:
-                    self._run_here(run, raise_errors)
-            if self._done:  # jobs settled without running (their key's marker existed)
-                self._flush_done()
-        finally:
-            self._give_back()
-        if self._unsettled:
-            raise RuntimeError(
-                f"drain(): {len(self._unsettled)} outcome(s) could not be settled "
-                "(see the django_jobs.worker log)"
-            )
-        return _attempts(self._report, self.database)
-
-    def _run_here(self, run: Any, raise_errors: bool) -> None:
-        timer = _Deadline(run) if run.timeout else None
-        try:
-            with _shielded():
-                own = [] if _in_transaction() else _own_connections()
-                finished = self._executor.execute(run, own)
-        finally:
-            if timer is not None:
-                timer.cancel()
-        self._drain_inbox(0)  # what the handler asked for meanwhile (ctx.extend_lease)
-        outcome = finished.outcome
-        if isinstance(outcome, Failed) and not run.abandoned:
-            # The worker records any BaseException as a failed attempt; a test stops on
-            # Ctrl-C, and with raise_errors on the handler's exception.
-            exc = outcome.exc  # always set by the executor
-            if exc is not None and (raise_errors or isinstance(exc, KeyboardInterrupt)):
-                self._forget(run)
-                self._release([run])
-                raise exc
-        if run.timed_out:
-            # As the dispatcher does at the deadline: fail the attempt with TimeoutError,
-            # which the handler's return (below) settles. (The timer started a moment
-            # before the handler did: pass the deadline itself.)
-            self._expire_timeouts(max(time.monotonic(), run.deadline or 0.0))
-        self._on_finished(finished)
-        if self._done:
-            self._flush_done()
-
-    def _give_back(self) -> None:
-        """Release whatever this round claimed but did not settle (after an error)."""
-        left = [run for run in self._inflight if not run.abandoned] + list(self._held_back)
-        self._executor.queued()
-        self._inflight.clear()
-        self._timed.clear()
-        self._held_back.clear()
-        self._by_name.clear()
-        if left:
-            self._release(left)
-
-    def _db(self, operation: Any, *, settle: bool = False) -> Any:
-        # Each settle statement in a savepoint: one the database refuses (a trigger, a
-        # constraint) is recorded by the worker, and the test's transaction goes on.
-        with _shielded():
-            return super()._db(operation, settle=settle)
-
-    def _pause(self, seconds: float) -> None:
-        """Do not sleep after a database error in a test: the error is reported instead."""
-
-    def _send_finished(self, job: ClaimedJob, outcome: str, error: Any, duration: Any) -> None:
-        self._report.append((job, outcome, error))
-        super()._send_finished(job, outcome, error, duration)
-
-
-class _Deadline:
-    """Do to a run at its timeout what the worker's dispatcher does: abandon it, cancel ctx."""
-
-    def __init__(self, run: Any) -> None:
-        self._timer = threading.Timer(run.timeout, self._expire, args=(run,))
-        self._timer.daemon = True
-        self._timer.start()
-
-    @staticmethod
-    def _expire(run: Any) -> None:
-        run.abandoned = run.timed_out = True
-        run.ctx.cancel()
-
-    def cancel(self) -> None:
-        self._timer.cancel()
-
-
-def _in_transaction() -> bool:
-    return any(conn.in_atomic_block for conn in connections.all(initialized_only=True))
-
-
-def _own_connections() -> list[Any]:
-    return list(connections.all(initialized_only=True))
-
-
-@contextmanager
-def _shielded() -> Iterator[None]:
-    """Keep a handler's database error from breaking the test's transaction.
-
-    Outside a transaction the handler runs as in the worker (autocommit). Inside
-    one (a TestCase) it runs in a savepoint per connection, released afterwards,
-    or rolled back when the handler left the transaction unusable (a failed
-    statement aborts a PostgreSQL transaction): the attempt fails and is
-    settled as in the worker, and the test goes on.
-    """
-    with ExitStack() as stack:
-        inside = [c for c in connections.all(initialized_only=True) if c.in_atomic_block]
-        for conn in inside:
-            stack.enter_context(transaction.atomic(using=conn.alias))
-        yield
-        for conn in inside:
-            if _aborted(conn):
-                transaction.set_rollback(True, using=conn.alias)
-
-
-def _aborted(conn: Any) -> bool:
-    if conn.vendor != "postgresql" or conn.connection is None:
-        return False
-    from psycopg.pq import TransactionStatus
-
-    status: TransactionStatus = conn.connection.info.transaction_status
-    return status == TransactionStatus.INERROR
-
-
-def _attempts(report: list[tuple[ClaimedJob, str, Any]], alias: str) -> list[Attempt]:
+def _attempts(report: list[Reported], alias: str) -> list[Attempt]:
     """Turn the worker's reports into Attempts, with results and reasons as stored."""
-    done = [job.idempotency_key for job, outcome, _ in report if outcome == "succeeded"]
+    done = [r.job.idempotency_key for r in report if r.outcome == "succeeded"]
     results = dict(
         CompletionMarker.objects.using(alias).filter(key__in=done).values_list("key", "result")
     )
-    dead = [job.id for job, outcome, _ in report if outcome == "dead"]
+    dead = [r.job.id for r in report if r.outcome == "dead"]
     reasons = dict(DeadLetter.objects.using(alias).filter(id__in=dead).values_list("id", "reason"))
     attempts = []
     for job, outcome, error in report:
@@ -429,7 +275,7 @@ def perform(
     `attempt` and `max_attempts` set ``ctx.attempt`` and ``ctx.max_attempts``.
     """
     handler = _handler(handler_or_name)
-    prepared = _prepare(handler, payload, key, None, None, None, queue, max_attempts)
+    prepared = prepare(handler, payload, key, None, None, None, queue, max_attempts)
     if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
         raise InvalidJob(f"attempt must be a positive integer, not {attempt!r}")
     value = encryption.unseal(payloads.decode(prepared.payload), handler.encrypt)
@@ -453,9 +299,9 @@ def perform(
     )
     if handler.atomic:
         with transaction.atomic(using=conf.database()):
-            result = payloads.encode_result(_call(handler, value, ctx))
+            result = payloads.encode_result(call_handler(handler, value, ctx))
     else:
-        result = payloads.encode_result(_call(handler, value, ctx))
+        result = payloads.encode_result(call_handler(handler, value, ctx))
     stored = None if result is None else json.loads(result)
     if getattr(handler, "task", None) is not None and isinstance(stored, dict):
         return stored.get("return_value")  # a Task's marker keeps an envelope

@@ -236,3 +236,59 @@ def test_the_architecture_page_shows_these_layers() -> None:
     shown = {layer: {m.strip("`") for m in modules.split(", ")} for layer, modules in rows}
     wanted = {layer: {name or "__init__" for name in names} for layer, names in LAYERS}
     assert shown == wanted
+
+
+# The test helpers drive the worker through its public seam (django_jobs.worker.inline),
+# so that a change to the worker's inside cannot break the users' tests.
+HELPERS = ["testing.py", "pytest_plugin.py"]
+
+
+def private_uses(source: str) -> list[str]:
+    """Return the private names of other modules that source imports or reaches into.
+
+    `from m import _x`, `import m._x`, and `obj._x` on anything but `self`/`cls`
+    (`super()._x` too: an override of another module's private method).
+    """
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            parts = (node.module or "").split(".") + [alias.name for alias in node.names]
+            found += [f"line {node.lineno}: import {p}" for p in parts if _private(p)]
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                found += [f"line {node.lineno}: import {p}" for p in parts if _private(p)]
+        elif isinstance(node, ast.Attribute) and _private(node.attr):
+            owner = node.value
+            if not (isinstance(owner, ast.Name) and owner.id in ("self", "cls")):
+                found.append(f"line {node.lineno}: ._{node.attr.lstrip('_')}")
+    return sorted(found, key=lambda text: int(text.split()[1].rstrip(":")))
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+@pytest.mark.parametrize("helper", HELPERS)
+def test_the_test_helpers_use_no_private_name_of_another_module(helper: str) -> None:
+    assert private_uses((PACKAGE / helper).read_text(encoding="utf-8")) == []
+
+
+def test_the_private_name_finder_finds_them() -> None:
+    source = (
+        "from django_jobs.api import _prepare\n"
+        "import django_jobs._inside\n"
+        "from django_jobs.worker import Worker\n"
+        "class W(Worker):\n"
+        "    def _db(self):\n"
+        "        self._own = 1\n"
+        "        return super()._db()\n"
+        "def f(worker):\n"
+        "    return worker._inflight, worker.__class__\n"
+    )
+    assert private_uses(source) == [
+        "line 1: import _prepare",
+        "line 2: import _inside",
+        "line 7: ._db",
+        "line 9: ._inflight",
+    ]

@@ -65,20 +65,14 @@ def test_only_the_engine_modules_ask_which_database_they_talk_to() -> None:
 
 # Outside the store, the modules that still test a database's vendor, and why. What a
 # feature may do on an engine is asked of the store (JobStore(alias).enforces_limits,
-# .estimates_counts, .claims_safely()), never of the vendor.
+# .estimates_counts, .listens, .vacuums, .claims_safely(), .refused(exc),
+# .transaction_aborted(), .clock()), never of the vendor.
 VENDOR_ALLOWED = {
     # One engine's own settings: SQLite's connection options and their check.
     "sqlite.py",
     "checks/database.py",
     # The check that drops Django's partial-index warnings where MySQL stands in for them.
     "models.py",
-    # The worker's LISTEN, refused-write errors (its DbGuard), lock of the ticker and
-    # VACUUM (to move).
-    "worker/dispatcher.py",
-    "worker/guard.py",
-    "worker/ticker.py",
-    "worker/upkeep.py",
-    "testing.py",
 }
 
 
@@ -96,12 +90,46 @@ def test_outside_the_store_features_ask_the_store_not_the_vendor() -> None:
     assert sorted(VENDOR_ALLOWED - set(found)) == []  # the list is kept exact
 
 
-@pytest.mark.parametrize(
-    ("attribute", "on_postgres"), [("enforces_limits", True), ("estimates_counts", True)]
-)
-def test_the_store_says_what_its_engine_can_do(attribute: str, on_postgres: bool) -> None:
-    assert getattr(JobStore(connection.alias), attribute) is (on_postgres and ENGINE == "postgres")
+@pytest.mark.parametrize("attribute", ["enforces_limits", "estimates_counts", "listens", "vacuums"])
+def test_the_store_says_what_its_engine_can_do(attribute: str) -> None:
+    assert getattr(JobStore(connection.alias), attribute) is (ENGINE == "postgres")
     assert JobStore(connection.alias).claims_safely()
+
+
+@pytest.mark.django_db
+def test_the_store_reads_the_database_clock_in_utc() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    clock = JobStore(connection.alias).clock()
+    assert clock.tzinfo is UTC and abs(clock - datetime.now(UTC)) < timedelta(seconds=5)
+
+
+@pytest.mark.django_db
+def test_the_store_sees_a_transaction_that_a_failed_statement_aborted() -> None:
+    from django.db import DatabaseError, transaction
+
+    store = JobStore(connection.alias)
+    with transaction.atomic():
+        assert not store.transaction_aborted()
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT * FROM django_jobs_no_such_table")
+        except DatabaseError:
+            pass
+        # Only PostgreSQL refuses every statement until the savepoint is rolled back.
+        assert store.transaction_aborted() is (ENGINE == "postgres")
+        transaction.set_rollback(True)
+
+
+@pytest.mark.parametrize(("code", "drops"), [(1644, False), (1153, True), (2006, False)])
+def test_only_mariadb_refuses_statements_with_an_operational_error(code: int, drops: bool) -> None:
+    from django.db import OperationalError
+
+    exc = OperationalError(code, "refused")
+    store = JobStore(connection.alias)
+    mariadb = isinstance(engine(connection.alias), MySQL)
+    assert store.refused(exc) is (mariadb and code != 2006)  # 2006: server gone, a lost link
+    assert store.dropped_connection(exc) is (mariadb and drops)
 
 
 def test_rows_are_read_by_name_outside_the_engine_modules() -> None:
@@ -112,9 +140,9 @@ def test_rows_are_read_by_name_outside_the_engine_modules() -> None:
         for path in sorted(PACKAGE.rglob("*.py"))
         if not (path.parent == STORE and path.name in ENGINE_MODULES)
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
-        if indexing.search(line) and "row[0] for row in" not in line
+        if indexing.search(line)
     ]
-    assert found == ["admin/steps.py:200"]  # a one-column read: values_list(...).first()
+    assert found == []
 
 
 def test_the_tables_module_and_every_other_stay_small() -> None:

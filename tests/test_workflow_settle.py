@@ -258,6 +258,12 @@ def test_two_parents_settled_in_concurrent_transactions_release_the_child_once()
         listener.close()
 
 
+def _deadlock_timeout(value: str) -> None:
+    """Set how long this transaction's lock waits last before PostgreSQL looks for a deadlock."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET LOCAL deadlock_timeout = '{value}'")
+
+
 def _waiting_on_a_lock() -> bool:
     with connection.cursor() as cursor:
         # Inside a transaction the activity view is read once: read it afresh.
@@ -437,16 +443,17 @@ def test_an_enqueue_after_that_loses_a_deadlock_is_tried_again_in_the_callers_tr
     # holds B, the enqueue locks A and waits for B, then the rival asks for A. The
     # enqueue waited first, so the database picks it; its savepoint's rollback
     # drops its lock on A, the rival commits, and the second try takes A and B.
-    # The rival's own deadlock check is put off past the enqueue's: on a loaded
-    # machine the enqueue's backend could otherwise run its check second and win.
     first, second = sorted(enqueue(jobs.noop, {"p": i}).id for i in range(2))
     rival_holds, outcome = threading.Event(), {}
 
+    # PostgreSQL looks for a deadlock once per lock wait, deadlock_timeout after it
+    # began: the enqueue's look must come after the rival closed the cycle (on a busy
+    # machine that can take longer than the default 1 s, and then the rival, looking
+    # later, was the victim), and the rival's never.
     def rival():
         try:
             with transaction.atomic():
-                with connection.cursor() as cursor:
-                    cursor.execute("SET LOCAL deadlock_timeout = '30s'")
+                _deadlock_timeout("60s")
                 list(Job.objects.select_for_update().filter(id=second))
                 rival_holds.set()
                 wait_for(_waiting_on_a_lock, message="the enqueue to wait for B")
@@ -460,6 +467,7 @@ def test_an_enqueue_after_that_loses_a_deadlock_is_tried_again_in_the_callers_tr
     try:
         assert rival_holds.wait(30)
         with transaction.atomic():
+            _deadlock_timeout("5s")
             child = enqueue(jobs.noop, {"child": 1}, after=[second, first])
     finally:
         thread.join(60)

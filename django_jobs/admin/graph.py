@@ -21,6 +21,8 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext as _
 
+from django_jobs.dashboard import svg_start
+
 # Fill and text colours per state: readable on white, told apart without the label too.
 COLORS: dict[str, tuple[str, str]] = {
     "blocked": ("#e0e0e0", "#333333"),
@@ -149,16 +151,7 @@ def draw(
             )
 
     parts = [
-        format_html(
-            '<svg xmlns="http://www.w3.org/2000/svg" class="django-jobs-graph" role="img" '
-            'width="{}" height="{}" viewBox="0 0 {} {}" aria-label="{}">',
-            width,
-            height,
-            width,
-            height,
-            title,
-        ),
-        format_html("<title>{}</title>", title),
+        *svg_start("django-jobs-graph", width, height, title),
         # The arrowhead of every edge.
         mark_safe(
             '<defs><marker id="django-jobs-arrow" viewBox="0 0 10 10" refX="10" refY="5" '

@@ -8,6 +8,7 @@ times a queue.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin, messages
@@ -22,6 +23,16 @@ from django_jobs import control, limits
 from django_jobs.admin.base import OperationsAdmin
 from django_jobs.admin.display import cell, list_when
 from django_jobs.models import Job, QueueState
+
+
+def _count(attribute: str, description: Any) -> Callable[[Any, Any], int]:
+    """A changelist column of counts that get_changelist_instance sets on each row."""
+
+    @admin.display(description=description)
+    def column(self: Any, obj: Any) -> int:
+        return int(getattr(obj, attribute))
+
+    return column
 
 
 @admin.register(QueueState)
@@ -75,26 +86,11 @@ class QueueStateAdmin(OperationsAdmin):
             cell(obj.reason, 80),
         )
 
-    @admin.display(description=_("waiting"))
-    def waiting(self, obj: Any) -> int:
-        count: int = obj.n_waiting  # set by get_changelist_instance
-        return count
-
-    @admin.display(description=_("scheduled"))
-    def scheduled(self, obj: Any) -> int:
-        count: int = obj.n_scheduled  # set by get_changelist_instance
-        return count
-
-    @admin.display(description=_("running"))
-    def running(self, obj: Any) -> int:
-        count: int = obj.n_running  # set by get_changelist_instance
-        return count
-
-    @admin.display(description=_("blocked"))
-    def blocked(self, obj: Any) -> int:
-        """Workflow steps waiting for their parents: not due, and not counted as scheduled."""
-        count: int = obj.n_blocked  # set by get_changelist_instance
-        return count
+    waiting = _count("n_waiting", _("waiting"))
+    scheduled = _count("n_scheduled", _("scheduled"))
+    running = _count("n_running", _("running"))
+    # Workflow steps waiting for their parents: not due, and not counted as scheduled.
+    blocked = _count("n_blocked", _("blocked"))
 
     @admin.display(description=_("oldest wait"))
     def oldest_wait(self, obj: Any) -> str:

@@ -195,9 +195,8 @@ def step_of(job_id: uuid.UUID, alias: str) -> tuple[str, uuid.UUID] | None:
     """
 
     def workflow_of(step_id: uuid.UUID) -> str | None:
-        found = WorkflowStep.objects.using(alias).filter(job_id=step_id).values_list("workflow")
-        row = found.first()
-        return None if row is None else row[0]
+        steps = WorkflowStep.objects.using(alias).filter(job_id=step_id)
+        return steps.values_list("workflow", flat=True).first()
 
     workflow = workflow_of(job_id)
     if workflow is not None:
@@ -206,11 +205,11 @@ def step_of(job_id: uuid.UUID, alias: str) -> tuple[str, uuid.UUID] | None:
     if later is not None and (workflow := workflow_of(later)) is not None:
         return workflow, later
     for _hop in range(REPLAY_HOPS):
-        letter = DeadLetter.objects.using(alias).filter(replay_job_id=job_id).values_list("id")
-        earlier = letter.first()
+        letters = DeadLetter.objects.using(alias).filter(replay_job_id=job_id)
+        earlier = letters.values_list("id", flat=True).first()
         if earlier is None:
             return None
-        job_id = earlier[0]
+        job_id = earlier
         workflow = workflow_of(job_id)
         if workflow is not None:
             return workflow, job_id

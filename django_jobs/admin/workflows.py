@@ -431,7 +431,7 @@ class WorkflowStepAdmin(AnyModelAdmin):
             layer = graph.layers(ids, edges)
             context["layers"], context["more_layers"] = layer_ranges(Counter(layer.values()))
             every.sort(key=lambda row: step_order(layer, *row))
-            page = Paginator([row[0] for row in every], STEPS_PER_PAGE).get_page(
+            page = Paginator([job_id for job_id, _at, _name in every], STEPS_PER_PAGE).get_page(
                 request.GET.get("p")
             )
             page_ids = list(page.object_list)

@@ -36,6 +36,11 @@ from django_jobs.store import claim, enqueue, operators, parents, replay, settle
 from django_jobs.store.engine import engine
 
 
+def _asked(capability: str, doc: str) -> Any:
+    """A read-only attribute of JobStore that asks the alias's engine, not its vendor."""
+    return property(lambda store: getattr(engine(store.alias), capability), doc=doc)
+
+
 class JobStore:
     """The state changes of one database alias's jobs: ``JobStore(alias).claim(request)``."""
 
@@ -49,19 +54,36 @@ class JobStore:
 
     # ---- what the alias's engine can do (asked instead of its vendor) ------
 
-    @property
-    def enforces_limits(self) -> bool:
-        """Whether flow limits (global_concurrency, rate_limit) hold on this database."""
-        return engine(self.alias).enforces_limits
+    enforces_limits: bool = _asked(
+        "enforces_limits", "Whether flow limits (global_concurrency, rate_limit) hold here."
+    )
+    estimates_counts: bool = _asked(
+        "estimates_counts", "Whether the database offers a cheap row-count estimate."
+    )
+    listens: bool = _asked("listens", "Whether idle workers can wait for NOTIFY (LISTEN).")
+    vacuums: bool = _asked(
+        "vacuums", "Whether deleted rows' space is reusable only after a VACUUM (upkeep's)."
+    )
 
-    @property
-    def estimates_counts(self) -> bool:
-        """Whether the database offers a cheap row-count estimate (the planner's)."""
-        return engine(self.alias).estimates_counts
+    def refused(self, exc: BaseException) -> bool:
+        """Whether exc, an OperationalError, refused the statement (sent again, it fails)."""
+        return engine(self.alias).refused(exc)
+
+    def dropped_connection(self, exc: BaseException) -> bool:
+        """Whether the server closed the connection after refusing the statement (exc)."""
+        return engine(self.alias).dropped_connection(exc)
+
+    def clock(self) -> datetime:
+        """The database's clock, aware in UTC (SQLite's is the host's)."""
+        return engine(self.alias).clock(self.alias)
 
     def claims_safely(self) -> bool:
         """Whether workers on several connections can share this database's claims."""
         return engine(self.alias).claims_safely(self.alias)
+
+    def transaction_aborted(self) -> bool:
+        """Whether the alias's open transaction refuses statements until rolled back."""
+        return engine(self.alias).transaction_aborted(self.alias)
 
     # ---- enqueue (store/enqueue.py) ----------------------------------------
 

@@ -46,8 +46,23 @@ _SMALLEST_PACKET = 1024 * 1024
 MAX_ALLOWED_PACKET = "SELECT @@max_allowed_packet"
 
 
+# Errors that come as an OperationalError although the statement was refused, not the
+# connection lost: sent again, it fails again. 1644 is a SIGNAL (a trigger's SQLSTATE
+# '45000'); 1153 a statement larger than max_allowed_packet, after which the server
+# drops the connection too.
+_SIGNAL = 1644
+_PACKET_TOO_LARGE = 1153
+_REFUSED = frozenset({_SIGNAL, _PACKET_TOO_LARGE})
+
+
 class MySQL(Portable):
     """MySQL and MariaDB (Django's vendor "mysql")."""
+
+    def refused(self, exc: BaseException) -> bool:
+        return bool(exc.args) and exc.args[0] in _REFUSED
+
+    def dropped_connection(self, exc: BaseException) -> bool:
+        return bool(exc.args) and exc.args[0] == _PACKET_TOO_LARGE
 
     def refuse_oversized(self, alias: str, jobs: Sequence[NewJob]) -> None:
         """On MySQL and MariaDB, raise InvalidPayload for a payload whose INSERT would be

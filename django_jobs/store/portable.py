@@ -11,7 +11,7 @@ import json
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from django.db import IntegrityError, NotSupportedError, connections, models, transaction
@@ -118,8 +118,12 @@ class Portable:
     # What the layers above ask instead of the database's vendor:
     # flow limits (global_concurrency, rate_limit) counted and claimed under a lock,
     enforces_limits = False
-    # a cheap row-count estimate (the planner's) for the admin's long lists.
+    # a cheap row-count estimate (the planner's) for the admin's long lists,
     estimates_counts = False
+    # LISTEN/NOTIFY wake-ups for idle workers,
+    listens = False
+    # a VACUUM to make deleted rows' space reusable (the worker's upkeep runs it).
+    vacuums = False
 
     def claims_safely(self, alias: str) -> bool:
         """Whether workers on several connections can share this database's claims.
@@ -130,6 +134,25 @@ class Portable:
         return connection.vendor == "sqlite" or bool(
             connection.features.has_select_for_update_skip_locked
         )
+
+    def transaction_aborted(self, alias: str) -> bool:
+        """Whether alias's open transaction refuses every statement until rolled back.
+
+        Only PostgreSQL aborts a transaction on a failed statement; the others go on.
+        """
+        return False
+
+    def refused(self, exc: BaseException) -> bool:
+        """Whether exc, an OperationalError, refused the statement (not a lost connection)."""
+        return False
+
+    def dropped_connection(self, exc: BaseException) -> bool:
+        """Whether the server closed the connection after refusing the statement (exc)."""
+        return False
+
+    def clock(self, alias: str) -> datetime:
+        """The database's clock, aware in UTC (SQLite's is the host's)."""
+        return datetime.now(UTC)
 
     # ---- what the engine is asked in passing -------------------------------
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connections, transaction
@@ -33,9 +33,22 @@ class Postgres(Portable):
     retries_inside_transaction = True  # a savepoint's rollback releases its row locks
     enforces_limits = True  # advisory locks and store.sql.CLAIM_LIMITED
     estimates_counts = True  # EXPLAIN's row estimate
+    listens = True  # LISTEN/NOTIFY
+    vacuums = True  # deleted rows' space is reused only after a VACUUM
 
     def claims_safely(self, alias: str) -> bool:
         return True
+
+    def transaction_aborted(self, alias: str) -> bool:
+        raw = connections[alias].connection
+        if raw is None:
+            return False
+        from psycopg.pq import TransactionStatus
+
+        return bool(raw.info.transaction_status == TransactionStatus.INERROR)
+
+    def clock(self, alias: str) -> datetime:
+        return self.now(alias).astimezone(UTC)
 
     def now(self, alias: str) -> datetime:
         return sql.run(alias, "SELECT statement_timestamp()")[0][0]  # type: ignore[no-any-return]

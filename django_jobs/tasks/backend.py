@@ -18,7 +18,8 @@ Needs Django >= 6.0; importing this module on older Django raises ImportError.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from inspect import iscoroutinefunction
@@ -194,18 +195,8 @@ class JobsBackend(BaseTaskBackend):
 
         handler = self._declare(task)
         payload = handlers.payload(args, kwargs)
-        try:
-            job = enqueue_on_commit(
-                handler,
-                payload,
-                priority=task.priority,
-                queue=task.queue_name,
-                run_at=task.run_after,
-            )
-        except InvalidPayload:
-            raise
-        except InvalidJob as exc:
-            raise InvalidTask(str(exc)) from exc
+        with _as_task_errors():
+            job = enqueue_on_commit(handler, payload, **_job_options(task))
         result = TaskResult(
             task=task,
             id=str(job.id),
@@ -352,16 +343,22 @@ def enqueue_step(
         )
     handler = backend._declare(task)
     payload = handlers.payload(args, kwargs or {})
-    try:
+    with _as_task_errors():
         return steps.enqueue(
-            handler,
-            payload,
-            after=after,
-            on_parent_dead=on_parent_dead,
-            priority=task.priority,
-            queue=task.queue_name,
-            run_at=task.run_after,
+            handler, payload, after=after, on_parent_dead=on_parent_dead, **_job_options(task)
         )
+
+
+def _job_options(task: Task[..., Any]) -> dict[str, Any]:
+    """The options of a task's job: its priority, queue and run time."""
+    return {"priority": task.priority, "queue": task.queue_name, "run_at": task.run_after}
+
+
+@contextmanager
+def _as_task_errors() -> Iterator[None]:
+    """Raise an enqueue's InvalidJob as django.tasks' InvalidTask (InvalidPayload as is)."""
+    try:
+        yield
     except InvalidPayload:
         raise
     except InvalidJob as exc:

@@ -29,7 +29,8 @@ both executors), ``executor`` (the threads, for sync handlers), ``eventloop``
 (the event loop, for async handlers), ``settle`` (carrying out the lifecycle's
 transitions), ``timeouts`` (handlers that outlive their timeout), ``guard`` (the
 dispatcher's database access), ``options``, ``listener`` (NOTIFY), ``upkeep``
-(heartbeat row, schedules, pruning, counters), ``runs`` (what they pass each other).
+(heartbeat row, schedules, pruning, counters), ``runs`` (what they pass each other),
+``inline`` (the worker driven one round at a time from the caller's thread: drain()).
 """
 
 from django_jobs.worker.dispatcher import Worker

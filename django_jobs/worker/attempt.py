@@ -2,7 +2,7 @@
 
 Both executors call this module, the threads through ``outcome_of`` and the event
 loop through ``aoutcome_of``; the two differ only in how the handler is called
-(``_call`` or ``await``), so what an attempt's outcome is (and where a span or a
+(``call_handler`` or ``await``), so what an attempt's outcome is (and where a span or a
 log line around an attempt goes: ``attempt_scope``) is decided in one place.
 Nothing here raises: whatever a handler or its validator raises, any
 BaseException included, is a recorded outcome.
@@ -100,7 +100,7 @@ def outcome_of(run: Run, worker_id: str, store: JobStore, database: str) -> Outc
                 signals.job_started.send(**signals.about(job), attempt=job.attempts)
             if handler.atomic:
                 return _run_atomic(run, payload, store, database)
-            return lifecycle.Succeeded(_stored(handler, _call(handler, payload, ctx)))
+            return lifecycle.Succeeded(_stored(handler, call_handler(handler, payload, ctx)))
         except BaseException as exc:  # noqa: BLE001 - a handler may raise anything
             return _raised(job, exc, worker_id)
 
@@ -142,7 +142,7 @@ def _run_atomic(run: Run, payload: Any, store: JobStore, database: str) -> Outco
     assert handler is not None and ctx is not None  # a run handed out has both
     try:
         with transaction.atomic(using=database):
-            result = _stored(handler, _call(handler, payload, ctx))
+            result = _stored(handler, call_handler(handler, payload, ctx))
             if run.abandoned:
                 raise LeaseLost(f"job {job.id} timed out or was released; rolling back")
             if not store.complete_atomically(job, result):
@@ -164,7 +164,7 @@ class _MarkerExists(Exception):
     pass
 
 
-def _call(handler: Handler, payload: Any, ctx: JobContext) -> Any:
+def call_handler(handler: Handler, payload: Any, ctx: JobContext) -> Any:
     """Call handler on this thread (an async one through async_to_sync)."""
     if handler.is_async:
         # async_to_sync sends the coroutine's thread-sensitive sync_to_async calls

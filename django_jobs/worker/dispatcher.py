@@ -33,7 +33,7 @@ from django_jobs.models import Job, JobQuerySet
 from django_jobs.registry import Handler
 from django_jobs.rows import ClaimedJob, ClaimRequest
 from django_jobs.store import JobStore
-from django_jobs.worker import attempt, options
+from django_jobs.worker import options
 from django_jobs.worker.eventloop import LoopExecutor
 from django_jobs.worker.executor import ThreadExecutor
 from django_jobs.worker.guard import DbGuard
@@ -59,8 +59,6 @@ logger = logging.getLogger("django_jobs.worker")
 
 # Successes wait at most this long (or for a full batch) before being settled together.
 FLUSH_INTERVAL = 0.01
-# The unenforced flow limits already logged by this process (engine, group keys).
-_UNENFORCED_TOLD: set[tuple[str, tuple[str, ...]]] = set()
 
 # The default of the options that __post_init__ reads from DJANGO_JOBS when left None:
 # the fields are typed as resolved, the constructor (see __init__ below) takes None.
@@ -68,7 +66,7 @@ _FROM_SETTINGS: Any = None
 
 
 @dataclass
-class Worker(Settler, Timeouts):
+class Worker:
     """Run jobs until stopped (or, in burst mode, until nothing is due)."""
 
     queues: list[str] = _FROM_SETTINGS
@@ -113,7 +111,7 @@ class Worker(Settler, Timeouts):
             raise ImproperlyConfigured(f"Worker: {exc}") from None
         if cast("bool | None", self.listen) is None:
             self.listen = bool(settings["LISTEN"])
-        self.listen = self.listen and connections[self.database].vendor == "postgresql"
+        self.listen = self.listen and JobStore(self.database).listens
         if not self.queues:
             self.queues = sorted(registry.declared_queues())
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
@@ -123,21 +121,14 @@ class Worker(Settler, Timeouts):
         self._inflight: set[Run] = set()
         self._held_back: deque[Run] = deque()
         self._by_name: dict[str, int] = {}
-        self._timed: set[Run] = set()  # in-flight runs that have a timeout
-        # Handlers past their timeout, still running (django_jobs.worker.timeouts).
-        self._abandoned: dict[Run, tuple[Outcome, float]] = {}
-        self._all_stuck: str | None = None
-        self._done: list[tuple[Run, str | None, float]] = []
-        self._done_since = 0.0
-        self._unsettled: list[tuple[Run, Outcome, float]] = []  # settles that hit a DB error
         self._next_unsettled_retry = 0.0
-        self._to_release: list[Run] = []
         self._threads: list[threading.Thread] = []  # the listener's
         self._stopping = False
         self._closing = threading.Event()
         self._more = True  # jobs may be due: claim without waiting for the poll
         self._queryset: JobQuerySet = Job.objects.using(self.database)
         self._store = JobStore(self.database)
+        self._settler = Settler(self, self._store)  # outcomes settled (worker/settle.py)
         # The two executors: sync handlers on threads, async ones as tasks on one event
         # loop (started with the first), its sync_to_async calls on `concurrency` threads.
         self._executor = ThreadExecutor(
@@ -147,23 +138,24 @@ class Worker(Settler, Timeouts):
             store=self._store,
             report=self._inbox.put,
         )
-        self._stuck_threads = self._executor.stuck
         self._eventloop: LoopExecutor | None = LoopExecutor(
             slots=self.async_concurrency,
             orm_threads=self.concurrency,
             worker_id=self.id,
             report=self._inbox.put,
         )
+        # Runs with a timeout, and handlers past it still running (worker/timeouts.py).
+        self._timeouts = Timeouts(self, self._executor.stuck, self._eventloop)
         self._slots = Slots(threads=self.concurrency, loop=self.async_concurrency, batch=self.batch)
         self._claimed_total = 0
         self._guard = DbGuard(database=self.database, worker_id=self.id, pause=self._pause)
-        self._timeouts: dict[str, float | None] = {}
+        self._timeout_by_name: dict[str, float | None] = {}
         self._excluded: set[str] = set()  # capped handlers the last claim left out
         # The job names this worker claims (and publishes in its heartbeat row).
         self.names = sorted(registry.all_handlers())
         self._names_generation = registry.generation()
         self._slots.split(self.names, registry.all_handlers())
-        self._flow_limits = self._limits()
+        self._flow_limits = options.flow_limits(self._store)
         self._limited = {g.value for g in self._flow_limits if g.kind == "name"}
         self._limited_queues = {g.value for g in self._flow_limits if g.kind == "queue"}
         self._flow_freed = False  # a limited job finished: settle it, then claim again
@@ -185,26 +177,6 @@ class Worker(Settler, Timeouts):
         self._look_again_at: float | None = None
         self._empty_looks = 0
         self._ops = Upkeep(self)  # heartbeat row, schedules, pruning, counters
-
-    def _limits(self) -> list[flow.Limit]:
-        """Return the flow limits of the handlers and of QUEUES (docs/flow-control.md)."""
-        try:
-            found = flow.configured(registry.all_handlers().values(), conf.get("QUEUES"))
-        except ValueError as exc:
-            raise ImproperlyConfigured(f"DJANGO_JOBS['QUEUES']: {exc}") from None
-        vendor = connections[self.database].vendor
-        if found and vendor != "postgresql":
-            told = (vendor, tuple(g.key for g in found))
-            if told not in _UNENFORCED_TOLD:  # once per process: drain() builds a worker a call
-                _UNENFORCED_TOLD.add(told)
-                logger.warning(
-                    "flow limits (%s) are enforced on PostgreSQL only, and the jobs database "
-                    "is %s: this worker runs their jobs without limits (django_jobs.W302)",
-                    ", ".join(g.key for g in found),
-                    vendor,
-                )
-            return []
-        return found
 
     # ---- public -----------------------------------------------------------
 
@@ -243,18 +215,34 @@ class Worker(Settler, Timeouts):
             self._ops.stopped()
             self._shutdown_executors()
         logger.info("worker %s stopped: %s", self.id, self.stats.summary())
-        if self._all_stuck is not None:
-            raise HandlersStuck(self._all_stuck)
+        if self._timeouts.all_stuck is not None:
+            raise HandlersStuck(self._timeouts.all_stuck)
 
-    # ---- what upkeep sees (UpkeepHost) -------------------------------------
+    # ---- what upkeep, timeouts and the settler see (their Host protocols) --------
 
     def running(self) -> int:
         """Return how many jobs this worker has handed to its executors."""
         return len(self._inflight)
 
-    def guarded(self, operation: Callable[[], Any]) -> Any:
+    def guarded(self, operation: Callable[[], Any], *, settle: bool = False) -> Any:
         """Run operation on the dispatcher's connection; None after a database error."""
-        return self._db(operation)
+        return self._db(operation, settle=settle)
+
+    def claim_soon(self) -> None:
+        self._more = True
+
+    def reported(self, job: ClaimedJob, outcome: str, error: Any, duration: float | None) -> None:
+        self._ops.finished(outcome, duration)
+
+    def give_back_held(self, name: str) -> None:
+        """Release the runs of job name held back by its cap (abandoned runs fill it)."""
+        self._settler.to_release.extend(run for run in self._held_back if run.job.name == name)
+        self._held_back = deque(run for run in self._held_back if run.job.name != name)
+
+    def settle_late(self, run: Run, outcome: Outcome, duration: float) -> None:
+        """Settle an abandoned run's TimeoutError once its handler returned (or at exit)."""
+        self._forget(run)
+        self._settler.settle(run, outcome, duration)
 
     # ---- the dispatcher loop ----------------------------------------------
 
@@ -270,42 +258,43 @@ class Worker(Settler, Timeouts):
                 grace_deadline = self._begin_shutdown()
             now = time.monotonic()
 
-            if self._timed:
-                self._expire_timeouts(now)
-            if self._abandoned and not self._stopping and self._stuck_for_good(now):
-                self._give_up_stuck()
+            if self._timeouts.timed:
+                self._timeouts.expire(now)
+            if not self._stopping and self._timeouts.gave_up(now):
+                self._stopping = True  # every thread is stuck: exit for a restart
                 grace_deadline = self._begin_shutdown()
-            if self._to_release:
-                self._release(self._to_release)
-                self._to_release = []
+            if self._settler.to_release:
+                self._release(self._settler.to_release)
+                self._settler.to_release = []
             # A limited job finished: its settle goes with the claim that refills its
             # slot (one transaction, one round trip), unless there is no claim to make.
             claims_now = not self._stopping and self._want_claim(now >= next_poll)
-            settle_with_claim = bool(self._done and self._flow_freed and claims_now)
+            settle_with_claim = bool(self._settler.done and self._flow_freed and claims_now)
             if (
-                self._done
+                self._settler.done
                 and not settle_with_claim
                 and (
-                    len(self._done) >= self.batch
+                    len(self._settler.done) >= self.batch
                     or self._flow_freed
-                    or now - self._done_since >= FLUSH_INTERVAL
+                    or now - self._settler.done_since >= FLUSH_INTERVAL
                     or self._stopping
                     or not (self._inflight or self._more)
                 )
             ):
-                self._flush_done()
+                self._settler.flush()
             if self._freed:
                 if not claims_now:  # settled above: tell the workers that can refill them
                     self._tell_freed(self._freed)
                 self._freed = set()
             self._flow_freed = False
-            if self._unsettled and now >= self._next_unsettled_retry:
-                self._retry_unsettled()
+            if self._settler.unsettled and now >= self._next_unsettled_retry:
+                self._settler.retry_unsettled()
                 self._next_unsettled_retry = now + 1.0
 
             if self._stopping:
                 assert grace_deadline is not None  # set above once stopping
-                if not self._inflight or now >= grace_deadline or self._all_stuck is not None:
+                stuck = self._timeouts.all_stuck is not None
+                if not self._inflight or now >= grace_deadline or stuck:
                     self._finish_shutdown()
                     return
                 continue
@@ -330,9 +319,9 @@ class Worker(Settler, Timeouts):
             self._clear_query_log()
 
             if self._finished_work():
-                self._settle_abandoned()
-                self._flush_done()
-                if not self._unsettled:
+                self._timeouts.settle_at_exit()
+                self._settler.flush()
+                if not self._settler.unsettled:
                     return
 
     def _next_timeout(
@@ -343,21 +332,16 @@ class Worker(Settler, Timeouts):
         deadlines = [next_poll]
         if self._inflight or self._held_back:
             deadlines.append(next_heartbeat)
-        if self._done:
-            deadlines.append(self._done_since + FLUSH_INTERVAL)
-        if self._unsettled:
+        if self._settler.done:
+            deadlines.append(self._settler.done_since + FLUSH_INTERVAL)
+        if self._settler.unsettled:
             deadlines.append(self._next_unsettled_retry)
         if grace_deadline is not None:
             deadlines.append(grace_deadline)
         if self._look_again_at is not None:
             deadlines.append(self._look_again_at)
-        deadlines.extend(d for run in self._timed if (d := self._due_at(run, now)))
+        deadlines.extend(self._timeouts.deadlines(now))
         return max(0.0, min(deadlines) - now)
-
-    def _failure(
-        self, job: ClaimedJob, exc: BaseException, fatal: bool = False
-    ) -> lifecycle.Failed:
-        return attempt.failure(job, exc, self.id, fatal)
 
     def _shutdown_executors(self) -> None:
         self._closing.set()  # the listener's
@@ -411,7 +395,12 @@ class Worker(Settler, Timeouts):
 
     def _finished_work(self) -> bool:
         """In burst or max-jobs mode: True once there is nothing left to do."""
-        if self._running_on() or self._held_back or self._done or self._to_release:
+        if (
+            self._timeouts.running_on()
+            or self._held_back
+            or self._settler.done
+            or self._settler.to_release
+        ):
             return False
         if self.max_jobs is not None and self._claimed_total >= self.max_jobs:
             return True
@@ -498,7 +487,7 @@ class Worker(Settler, Timeouts):
             flow_claim=self._flow_due,
             others=self._others_due,
         )
-        batch, self._done = (self._done, []) if settle else ([], self._done)
+        batch = self._settler.take_done() if settle else []
         if not batch:
             jobs = self._db(lambda: self._store.claim(request))
         else:
@@ -508,11 +497,11 @@ class Worker(Settler, Timeouts):
             )
             if isinstance(found, DbRefused):
                 # Both were rolled back: settle the batch alone (job by job if need be).
-                self._done = batch
-                self._flush_done()
+                self._settler.done = batch
+                self._settler.flush()
                 jobs = self._db(lambda: self._store.claim(request))
             else:
-                self._completed(batch, None if found is None else found[0])
+                self._settler.completed(batch, None if found is None else found[0])
                 jobs = None if found is None else found[1]
         for share in other_shares if jobs is not None else ():  # the other kind's, no beat
             other = request._replace(limit=share.limit, names=share.names, beat=None)
@@ -542,7 +531,7 @@ class Worker(Settler, Timeouts):
         self._names_generation = registry.generation()
         self.names = sorted(registry.all_handlers())
         self._slots.split(self.names, registry.all_handlers())
-        self._flow_limits = self._limits()
+        self._flow_limits = options.flow_limits(self._store)
         self._limited = {g.value for g in self._flow_limits if g.kind == "name"}
         self._limited_queues = {g.value for g in self._flow_limits if g.kind == "queue"}
         self._ops.names_changed()
@@ -589,7 +578,7 @@ class Worker(Settler, Timeouts):
                 job.id,
                 extra=log_extra(job),
             )
-            self._carry_out(Run(job, None, None), transition, 0.0)
+            self._settler.carry_out(Run(job, None, None), transition, 0.0)
         elif isinstance(transition, lifecycle.Release):
             logger.warning(
                 "job %s: no handler %r in this worker any more: released",
@@ -597,19 +586,19 @@ class Worker(Settler, Timeouts):
                 job.name,
                 extra=log_extra(job),
             )
-            self._to_release.append(Run(job, None, None))
+            self._settler.to_release.append(Run(job, None, None))
             self._names_generation = -1  # claim by the registry's names from now on
         else:
             assert isinstance(transition, lifecycle.DeadLetter)  # what on_claim has left
             if transition.reason == DeadReason.MALFORMED:
                 job.make_storable()
-            self._carry_out(Run(job, None, None), transition, 0.0)
+            self._settler.carry_out(Run(job, None, None), transition, 0.0)
 
     def _timeout_of(self, handler: Handler) -> float | None:
         try:
-            return self._timeouts[handler.name]
+            return self._timeout_by_name[handler.name]
         except KeyError:
-            return self._timeouts.setdefault(handler.name, handler.get_timeout())
+            return self._timeout_by_name.setdefault(handler.name, handler.get_timeout())
 
     def _hand_out(self, run: Run) -> None:
         """Queue run for the executors, unless its handler's cap is reached."""
@@ -623,7 +612,7 @@ class Worker(Settler, Timeouts):
         self._ops.started()
         self._by_name[name] = self._by_name.get(name, 0) + 1
         if run.timeout:
-            self._timed.add(run)
+            self._timeouts.timed.add(run)
         if run.on_loop:
             assert self._eventloop is not None  # on_loop only with a loop
             self._slots.on_loop += 1
@@ -641,22 +630,22 @@ class Worker(Settler, Timeouts):
     def _on_finished(self, event: Finished) -> None:
         run = event.run
         if run.abandoned:
-            if run in self._abandoned:
-                self._returned(run, event.outcome, event.duration)
+            if run in self._timeouts.abandoned:
+                self._timeouts.returned(run, event.outcome, event.duration)
             return  # what an abandoned run reports is never settled
         self._forget(run)
         if type(event.outcome) is lifecycle.Unstarted:
-            self._settle(run, event.outcome, 0.0)  # released, attempt not counted
+            self._settler.settle(run, event.outcome, 0.0)  # released, attempt not counted
             return
         # Short jobs are queued ahead of free slots so that claims stay few; long
         # ones only as slots free up, so one worker does not hoard them.
         self._slots.finished(run, event.duration)
-        self._settle(run, event.outcome, event.duration)
+        self._settler.settle(run, event.outcome, event.duration)
 
     def _forget(self, run: Run) -> None:
         if run in self._inflight:
             self._inflight.discard(run)
-            self._timed.discard(run)
+            self._timeouts.timed.discard(run)
             if run.on_loop:
                 self._slots.on_loop -= 1
             name = run.job.name
@@ -718,9 +707,9 @@ class Worker(Settler, Timeouts):
         started = run not in self._held_back
         if not started:
             self._held_back.remove(run)
-        self._settle(run, lifecycle.CancelRequested(started=started), 0.0)
-        if started and run.on_loop:
-            self._interrupt(run)  # an async handler is stopped at its current await
+        self._settler.settle(run, lifecycle.CancelRequested(started=started), 0.0)
+        if started and run.on_loop and self._eventloop is not None:
+            self._eventloop.cancel(run)  # an async handler is stopped at its current await
 
     def _release(self, runs: list[Run]) -> None:
         released = self._db(lambda: self._store.release(run.job for run in runs))
@@ -741,16 +730,16 @@ class Worker(Settler, Timeouts):
         # Settle what threads reported since the last look: only a job a thread is
         # still running (or never started) may be released with its attempt given back.
         self._drain_inbox(0)
-        if self._to_release:
-            self._release(self._to_release)
-            self._to_release = []
+        if self._settler.to_release:
+            self._release(self._settler.to_release)
+            self._settler.to_release = []
         unfinished = [run for run in self._inflight if not run.abandoned]
         for run in unfinished:
             run.abandoned = True
             assert run.ctx is not None  # a run handed out has one
             run.ctx.cancel()
-            if run.on_loop:
-                self._interrupt(run)
+            if run.on_loop and self._eventloop is not None:
+                self._eventloop.cancel(run)
         if unfinished:
             self._release(unfinished)
             logger.warning(
@@ -761,15 +750,15 @@ class Worker(Settler, Timeouts):
                 f"{self.grace:g}s",
                 named_runs(unfinished, time.monotonic()),
             )
-        self._settle_abandoned()
+        self._timeouts.settle_at_exit()
         self._inflight.clear()
-        self._timed.clear()
-        if self._done:
-            self._flush_done()
+        self._timeouts.timed.clear()
+        if self._settler.done:
+            self._settler.flush()
         for _ in range(3):
-            if not self._unsettled:
+            if not self._settler.unsettled:
                 break
-            self._retry_unsettled()
+            self._settler.retry_unsettled()
         self._freed.update(k for run in unfinished if (k := self._group_of(run.job)))
         if self._freed:
             self._tell_freed(self._freed)

@@ -162,7 +162,7 @@ def tidy_connections(own: list[Any]) -> None:
                     conn.close()
                 conn.errors_occurred = False
         except DatabaseError:
-            _close_quietly(conn)
+            close_quietly(conn)
         conn.queries_log.clear()
 
 
@@ -170,16 +170,16 @@ def _check_connections(own: list[Any]) -> None:
     """Close connections that went bad while idle, so the next handler gets a fresh one."""
     for conn in own:
         if conn.connection is not None and not conn.is_usable():
-            _close_quietly(conn)
+            close_quietly(conn)
 
 
 def close_connections(conns: list[Any]) -> None:
     """Close every connection of conns, whatever state the handler left it in."""
     for conn in conns:
-        _close_quietly(conn)
+        close_quietly(conn)
 
 
-def _close_quietly(conn: Any) -> None:
+def close_quietly(conn: Any) -> None:
     try:
         conn.close()
     except DatabaseError:

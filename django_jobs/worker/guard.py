@@ -16,25 +16,14 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 
 from django_jobs.attempts import MAX_MESSAGE, type_name
 from django_jobs.payloads import safe_str, storable_text
-from django_jobs.worker.executor import _close_quietly
+from django_jobs.store import JobStore
+from django_jobs.worker.executor import close_quietly
 from django_jobs.worker.listener import RETRY_MAX, RETRY_MIN
 from django_jobs.worker.settle import DbRefused
 
 logger = logging.getLogger("django_jobs.worker")
 
 _DB_ERRORS = (OperationalError, InterfaceError)
-# MySQL's and MariaDB's errors that come as an OperationalError although the statement
-# was refused, not the connection lost: sent again, it fails again. 1644 is a SIGNAL (a
-# trigger's SQLSTATE '45000'); 1153 a statement larger than max_allowed_packet, after
-# which the server drops the connection too.
-_MYSQL_SIGNAL = 1644
-_MYSQL_PACKET_TOO_LARGE = 1153
-_MYSQL_REFUSED = frozenset({_MYSQL_SIGNAL, _MYSQL_PACKET_TOO_LARGE})
-
-
-def _refused(vendor: str, exc: Exception) -> bool:
-    """Whether exc, an OperationalError, refused the statement on MySQL or MariaDB."""
-    return vendor == "mysql" and bool(exc.args) and exc.args[0] in _MYSQL_REFUSED
 
 
 class DbGuard:
@@ -42,6 +31,7 @@ class DbGuard:
 
     def __init__(self, *, database: str, worker_id: str, pause: Callable[[float], None]) -> None:
         self._database = database
+        self._store = JobStore(database)
         self._worker_id = worker_id
         self._pause = pause
         self._failures = 0
@@ -57,9 +47,9 @@ class DbGuard:
         try:
             result = operation()
         except Exception as exc:
-            if not isinstance(exc, _DB_ERRORS) or _refused(conn.vendor, exc):
-                if exc.args and exc.args[0] == _MYSQL_PACKET_TOO_LARGE:
-                    _close_quietly(conn)  # the server closed it: reconnect at the next use
+            if not isinstance(exc, _DB_ERRORS) or self._store.refused(exc):
+                if self._store.dropped_connection(exc):  # reconnect at the next use
+                    close_quietly(conn)
                 return self._refused_by_db(exc, settle=settle)
             self._failures += 1
             pause = min(RETRY_MAX, RETRY_MIN * 2 ** min(self._failures - 1, 10))
@@ -69,7 +59,7 @@ class DbGuard:
                 storable_text(safe_str(exc), MAX_MESSAGE),
                 pause,
             )
-            _close_quietly(conn)
+            close_quietly(conn)
             self._pause(pause)
             return None
         self._failures = 0

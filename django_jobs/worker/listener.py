@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from django.db import connections
 
-from django_jobs.worker.executor import _close_quietly
+from django_jobs.worker.executor import close_quietly
 
 logger = logging.getLogger("django_jobs.worker")
 
@@ -62,7 +62,7 @@ class Listener:
                     pause,
                     exc_info=True,
                 )
-                _close_quietly(conn)
+                close_quietly(conn)
                 self.closing.wait(pause)
                 pause = min(RETRY_MAX, pause * 2)
-        _close_quietly(connections[self.database])
+        close_quietly(connections[self.database])

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Protocol, cast
 
-from django_jobs import limits, registry
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
+
+from django_jobs import conf, flow, limits, registry
+from django_jobs.store import JobStore
+
+logger = logging.getLogger("django_jobs.worker")
+
+# The unenforced flow limits already logged by this process (database, group keys).
+_UNENFORCED_TOLD: set[tuple[str, tuple[str, ...]]] = set()
 
 
 class WorkerOptions(Protocol):
@@ -49,3 +59,27 @@ def resolve(worker: WorkerOptions, settings: dict[str, Any]) -> None:
     worker.poll_interval = limits.seconds("poll_interval", poll)
     for name in worker.queues or ():
         registry.check_queue(name, allowlist=False)
+
+
+def flow_limits(store: JobStore) -> list[flow.Limit]:
+    """Return the flow limits of the handlers and of QUEUES (docs/flow-control.md).
+
+    None where the database does not enforce them (W302; logged once per process).
+    """
+    try:
+        found = flow.configured(registry.all_handlers().values(), conf.get("QUEUES"))
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"DJANGO_JOBS['QUEUES']: {exc}") from None
+    if found and not store.enforces_limits:
+        database = connections[store.alias].display_name
+        told = (database, tuple(g.key for g in found))
+        if told not in _UNENFORCED_TOLD:  # once per process: drain() builds a worker a call
+            _UNENFORCED_TOLD.add(told)
+            logger.warning(
+                "flow limits (%s) are enforced on PostgreSQL only, and the jobs database "
+                "is %s: this worker runs their jobs without limits (django_jobs.W302)",
+                ", ".join(g.key for g in found),
+                database,
+            )
+        return []
+    return found

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from django_jobs import conf, lifecycle, signals
 from django_jobs.attempts import MAX_MESSAGE, DeadReason, error_entry, error_summary, type_name
@@ -55,34 +56,52 @@ class DbRefused:
         self.exc = exc
 
 
-class Settler:
-    """The settling side of Worker (a mixin); the dispatcher calls _settle and _flush_done.
-
-    It uses only: id, batch, stats, _store, _db, _done, _done_since, _unsettled,
-    _to_release, _more and _ops (counters).
-    """
+class SettleHost(Protocol):
+    """What Settler asks of its worker: its id and counters, its database access, two calls."""
 
     id: str
     stats: WorkerStats
-    _store: JobStore
-    _done: list[tuple[Run, str | None, float]]
-    _done_since: float
-    _unsettled: list[tuple[Run, Outcome, float]]
-    _to_release: list[Run]
-    _more: bool
-    _ops: Any
 
-    def _db(self, operation: Any, *, settle: bool = False) -> Any:
-        raise NotImplementedError
+    def guarded(self, operation: Callable[[], Any], *, settle: bool = False) -> Any:
+        """Run operation on the worker's connection (None: database away; DbRefused)."""
+        ...
 
-    def _settle(self, run: Run, outcome: Outcome, duration: float) -> None:
+    def claim_soon(self) -> None:
+        """Jobs are due now (a retry without delay, released dependents): claim at once."""
+        ...
+
+    def reported(self, job: ClaimedJob, outcome: str, error: Any, duration: float | None) -> None:
+        """An attempt ended: succeeded, retried, dead or snoozed (the worker's counters)."""
+        ...
+
+
+class Settler:
+    """Carry out the lifecycle's transitions through the store, for one worker.
+
+    The dispatcher calls settle() for each outcome and flush() for the batch of
+    successes (`done`); it retries `unsettled` (settles that met a connection
+    error) with retry_unsettled() and gives back `to_release`. The settler sees
+    the worker only through SettleHost.
+    """
+
+    def __init__(self, host: SettleHost, store: JobStore) -> None:
+        self.host = host
+        self.id = host.id
+        self.stats = host.stats
+        self._store = store
+        self.done: list[tuple[Run, str | None, float]] = []  # successes, settled together
+        self.done_since = 0.0  # when the first of them was added (monotonic)
+        self.unsettled: list[tuple[Run, Outcome, float]] = []  # settles that hit a DB error
+        self.to_release: list[Run] = []  # runs to give back, attempt not counted
+
+    def settle(self, run: Run, outcome: Outcome, duration: float) -> None:
         """Ask the lifecycle what outcome leads to, and carry it out."""
         if type(outcome) is _Succeeded:
             # The hot path: the lifecycle's answer to a success is always
             # Complete(result) (tests/test_lifecycle.py pins it); batch it at once.
-            if not self._done:
-                self._done_since = time.monotonic()
-            self._done.append((run, outcome.result, duration))
+            if not self.done:
+                self.done_since = time.monotonic()
+            self.done.append((run, outcome.result, duration))
             return
         transition = lifecycle.on_outcome(
             run.job,
@@ -90,9 +109,9 @@ class Settler:
             policy=run.handler or _DEFAULT_POLICY,
             cancel_requested=run.cancel_requested,
         )
-        self._carry_out(run, transition, duration, outcome)
+        self.carry_out(run, transition, duration, outcome)
 
-    def _carry_out(
+    def carry_out(
         self,
         run: Run,
         transition: lifecycle.Transition,
@@ -110,9 +129,9 @@ class Settler:
                         job.id,
                         extra=log_extra(job),
                     )
-            if not self._done:
-                self._done_since = time.monotonic()
-            self._done.append((run, transition.result, duration))
+            if not self.done:
+                self.done_since = time.monotonic()
+            self.done.append((run, transition.result, duration))
         elif isinstance(transition, lifecycle.Retry):
             self._retry(run, transition, duration, outcome)
         elif isinstance(transition, lifecycle.DeadLetter):
@@ -124,14 +143,14 @@ class Settler:
             )
             if written is None and outcome is not None:
                 # (A letter decided at claim is not kept: the lease brings the job back.)
-                self._unsettled.append((run, outcome, duration))
+                self.unsettled.append((run, outcome, duration))
             elif written and transition.reason == DeadReason.CANCELLED:
                 self.stats.cancelled += 1
         elif isinstance(transition, lifecycle.SnoozeFor):
             self._snooze(run, transition, duration, outcome)
         elif isinstance(transition, lifecycle.Completed):
             if job.dependents:
-                self._more = True  # its settle may have made its dependents due
+                self.host.claim_soon()  # its settle may have made its dependents due
             self.stats.succeeded += 1
             logger.debug("job %s succeeded (atomic)", job.id, extra=log_extra(job))
             self._send_finished(job, "succeeded", None, duration)
@@ -143,7 +162,7 @@ class Settler:
                 extra=log_extra(job),
             )
         elif isinstance(transition, lifecycle.Release):
-            self._to_release.append(run)
+            self.to_release.append(run)
         elif isinstance(transition, lifecycle.Interrupt):
             assert run.ctx is not None  # only a running job is interrupted
             run.ctx.cancel()
@@ -174,15 +193,17 @@ class Settler:
         self, run: Run, transition: lifecycle.SnoozeFor, duration: float, outcome: Any
     ) -> None:
         job = run.job
-        ok = self._db(lambda: self._store.snooze(job, delay=transition.seconds), settle=True)
+        ok = self.host.guarded(
+            lambda: self._store.snooze(job, delay=transition.seconds), settle=True
+        )
         if ok is None:
-            self._unsettled.append((run, outcome, duration))
+            self.unsettled.append((run, outcome, duration))
         elif isinstance(ok, DbRefused):
-            self._settle(run, self._refused("snooze", job, ok.exc), duration)
+            self.settle(run, self._refused("snooze", job, ok.exc), duration)
         elif ok:
             self.stats.snoozed += 1
             if transition.seconds <= 0:
-                self._more = True
+                self.host.claim_soon()
             logger.info(
                 "job %s snoozed for %.1fs (attempt not counted)",
                 job.id,
@@ -196,9 +217,11 @@ class Settler:
     def _retry(self, run: Run, transition: lifecycle.Retry, duration: float, outcome: Any) -> None:
         job = run.job
         delay, error = transition.delay, transition.error
-        ok = self._db(lambda: self._store.retry(job, delay=delay, error=error), settle=True)
+        ok = self.host.guarded(
+            lambda: self._store.retry(job, delay=delay, error=error), settle=True
+        )
         if ok is None:
-            self._unsettled.append((run, outcome, duration))
+            self.unsettled.append((run, outcome, duration))
         elif isinstance(ok, DbRefused):
             refused = lifecycle.Refused(
                 "retry",
@@ -206,11 +229,11 @@ class Settler:
                 original=error,
                 exc=transition.exc,
             )
-            self._settle(run, refused, duration)
+            self.settle(run, refused, duration)
         elif ok:
             self.stats.retried += 1
             if delay <= 0:
-                self._more = True
+                self.host.claim_soon()
             logger.warning(
                 "job %s[%s] attempt %d/%d failed (%s); retrying in %.1fs%s",
                 job.name,
@@ -239,7 +262,7 @@ class Settler:
         exc: BaseException | None = None,
     ) -> bool | None:
         """Move job to the dead letters: True if written, None to try again (database away)."""
-        letter = self._db(
+        letter = self.host.guarded(
             lambda: (
                 self._store.dead_letter(job, reason=reason, error=error, attempts=attempts)
                 or _FENCED
@@ -283,29 +306,35 @@ class Settler:
         self._send_finished(job, "dead", exc, None)
         return True
 
-    def _flush_done(self) -> None:
-        batch, self._done = self._done, []
-        settled = self._db(lambda: self._store.complete(finished_of(batch)), settle=True)
-        self._completed(batch, settled)
+    def take_done(self) -> list[tuple[Run, str | None, float]]:
+        """Hand over the batch of successes, for a statement that settles them (and claims)."""
+        batch, self.done = self.done, []
+        return batch
 
-    def _completed(
+    def flush(self) -> None:
+        """Settle the batch of successes (`done`) in one statement."""
+        batch = self.take_done()
+        settled = self.host.guarded(lambda: self._store.complete(finished_of(batch)), settle=True)
+        self.completed(batch, settled)
+
+    def completed(
         self, batch: list[tuple[Run, str | None, float]], settled: Settled | DbRefused | None
     ) -> None:
         """Carry on after the settle of batch: `settled` is the store's answer, or _db's."""
         if settled is None:
             # The database is away: settle one by one once it is back.
-            self._unsettled.extend((run, _Succeeded(result), d) for run, result, d in batch)
+            self.unsettled.extend((run, _Succeeded(result), d) for run, result, d in batch)
         elif isinstance(settled, DbRefused):
             if len(batch) == 1:
                 run, _, duration = batch[0]
-                self._settle(run, self._refused("complete", run.job, settled.exc), duration)
+                self.settle(run, self._refused("complete", run.job, settled.exc), duration)
                 return
             # One row the database refuses must not fail the others: settle each alone.
             for run, result, duration in batch:
                 self._complete_one(run, result, duration)
         else:
             if settled.woke:
-                self._more = True  # dependents of these jobs are due now
+                self.host.claim_soon()  # dependents of these jobs are due now
             for index, (run, _, duration) in enumerate(batch):
                 if index in settled:
                     self._succeeded(run.job, duration)
@@ -314,17 +343,17 @@ class Settler:
 
     def _complete_one(self, run: Run, result: str | None, duration: float) -> None:
         job = run.job
-        settled = self._db(
+        settled = self.host.guarded(
             lambda: self._store.complete([Finished(job.id, job.token, result, job.dependents)]),
             settle=True,
         )
         if settled is None:
-            self._unsettled.append((run, _Succeeded(result), duration))
+            self.unsettled.append((run, _Succeeded(result), duration))
         elif isinstance(settled, DbRefused):
-            self._settle(run, self._refused("complete", job, settled.exc), duration)
+            self.settle(run, self._refused("complete", job, settled.exc), duration)
         elif settled:
             if settled.woke:
-                self._more = True
+                self.host.claim_soon()
             self._succeeded(job, duration)
         else:
             self._note_fenced(job)
@@ -333,13 +362,13 @@ class Settler:
         self.stats.succeeded += 1
         self._send_finished(job, "succeeded", None, duration)
 
-    def _retry_unsettled(self) -> None:
-        pending, self._unsettled = self._unsettled, []
+    def retry_unsettled(self) -> None:
+        pending, self.unsettled = self.unsettled, []
         for run, outcome, duration in pending:
             if isinstance(outcome, _Succeeded):
                 self._complete_one(run, outcome.result, duration)
             else:
-                self._settle(run, outcome, duration)
+                self.settle(run, outcome, duration)
 
     def _note_fenced(self, job: ClaimedJob) -> None:
         self.stats.lost += 1
@@ -353,7 +382,7 @@ class Settler:
     def _send_finished(
         self, job: ClaimedJob, outcome: str, error: Any, duration: float | None
     ) -> None:
-        self._ops.finished(outcome, duration)
+        self.host.reported(job, outcome, error, duration)
         # One line per outcome at runjobs' default verbosity (-v 1), as Celery and procrastinate.
         if logger.isEnabledFor(logging.INFO):
             extra = log_extra(job)

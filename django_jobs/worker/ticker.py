@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, overload
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone as dj_timezone
 
 from django_jobs import conf, registry
@@ -20,6 +20,7 @@ from django_jobs.api import enqueue
 from django_jobs.exceptions import JobsError
 from django_jobs.models import Schedule
 from django_jobs.schedules import ScheduleSpec, declared
+from django_jobs.store import JobStore
 
 # The name operators filter on since schedules began.
 logger = logging.getLogger("django_jobs.schedules")
@@ -27,12 +28,20 @@ logger = logging.getLogger("django_jobs.schedules")
 
 def db_now(alias: str) -> datetime:
     """Return the database's clock (aware, UTC); SQLite shares the host's."""
-    if connections[alias].vendor == "postgresql":
-        with connections[alias].cursor() as cursor:
-            cursor.execute("SELECT statement_timestamp()")
-            now: datetime = cursor.fetchone()[0]
-            return now.astimezone(UTC)
-    return datetime.now(UTC)
+    return JobStore(alias).clock()
+
+
+def _definition(spec: ScheduleSpec) -> dict[str, Any]:
+    """The columns of a schedule's row that its declaration sets."""
+    return {
+        "cron": spec.cron,
+        "every": spec.every,
+        "timezone": spec.timezone,
+        "job_name": spec.job,
+        "payload": spec.payload,
+        "queue": spec.queue,
+        "priority": spec.priority,
+    }
 
 
 def sync(alias: str | None = None) -> dict[str, ScheduleSpec]:
@@ -45,45 +54,16 @@ def sync(alias: str | None = None) -> dict[str, ScheduleSpec]:
     rows = Schedule.objects.using(alias)
     with transaction.atomic(using=alias):
         rows.bulk_create(
-            [
-                Schedule(
-                    name=s.name,
-                    cron=s.cron,
-                    every=s.every,
-                    timezone=s.timezone,
-                    job_name=s.job,
-                    payload=s.payload,
-                    queue=s.queue,
-                    priority=s.priority,
-                )
-                for s in specs.values()
-            ],
+            [Schedule(name=s.name, **_definition(s)) for s in specs.values()],
             ignore_conflicts=True,
         )
         for spec in specs.values():
             # Rewrite only rows whose definition differs (NOT (a AND b ...)), so that
             # workers starting together do not queue up on the same rows.
-            same = _nullable(
-                cron=spec.cron, every=spec.every, queue=spec.queue, priority=spec.priority
-            )
             changed = rows.filter(name=spec.name).exclude(
-                timezone=spec.timezone,
-                job_name=spec.job,
-                payload=spec.payload,
-                declared=True,
-                **same,
+                declared=True, **_nullable(**_definition(spec))
             )
-            changed.update(
-                cron=spec.cron,
-                every=spec.every,
-                timezone=spec.timezone,
-                job_name=spec.job,
-                payload=spec.payload,
-                queue=spec.queue,
-                priority=spec.priority,
-                declared=True,
-                updated_at=dj_timezone.now(),
-            )
+            changed.update(**_definition(spec), declared=True, updated_at=dj_timezone.now())
         rows.filter(declared=True).exclude(name__in=list(specs)).update(declared=False)
     return specs
 

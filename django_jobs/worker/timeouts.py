@@ -13,6 +13,9 @@ committed late is discarded. When abandoned handlers hold every thread, the
 worker gives them the grace period to return, then stops claiming and exits:
 Worker.run() raises HandlersStuck and runjobs exits with EXIT_STUCK
 (docs/worker.md#timeouts).
+
+``Timeouts`` is an object of the worker's, which it sees only through
+``TimeoutsHost`` (as upkeep sees it through ``UpkeepHost``).
 """
 
 from __future__ import annotations
@@ -20,50 +23,72 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
+from collections.abc import Iterator
+from typing import Protocol
 
-from django_jobs.lifecycle import Failed, Outcome, SettledAtomically
-from django_jobs.rows import ClaimedJob
+from django_jobs.lifecycle import Outcome, SettledAtomically
+from django_jobs.worker import attempt
 from django_jobs.worker.eventloop import LoopExecutor
 from django_jobs.worker.runs import EXIT_STUCK, Run, WorkerStats, log_extra
 
 logger = logging.getLogger("django_jobs.worker")
 
 
-class Timeouts:
-    """The timeout side of Worker (a mixin); the dispatcher loop calls _expire_timeouts.
-
-    It keeps _abandoned, _stuck_threads and _all_stuck, and uses only: id,
-    concurrency, grace, stats, _inflight, _timed, _held_back, _to_release,
-    _stopping, _forget, _settle and _failure.
-    """
+class TimeoutsHost(Protocol):
+    """What Timeouts reads of its worker: its options, the runs in flight, two hand-backs."""
 
     id: str
     concurrency: int
     async_concurrency: int
-    _stuck_what = "all handler thread(s) are"  # what _stuck_for_good found stuck
     grace: float
     stats: WorkerStats
-    _inflight: set[Run]
-    _timed: set[Run]
-    _held_back: deque[Run]
-    _to_release: list[Run]
-    _stopping: bool
-    # In-flight runs whose handler outlived its timeout: the outcome (a TimeoutError)
-    # to settle once it returns, and when it was abandoned (monotonic).
-    _abandoned: dict[Run, tuple[Outcome, float]]
-    _stuck_threads: set[threading.Thread]  # their threads, not waited for at shutdown
-    _all_stuck: str | None  # every thread was abandoned: why run() raises HandlersStuck
-    _eventloop: LoopExecutor | None  # the async handlers' executor
 
-    def _forget(self, run: Run) -> None:
-        raise NotImplementedError
+    def running(self) -> int:
+        """Return how many jobs the worker has handed to its executors."""
+        ...
 
-    def _settle(self, run: Run, outcome: Outcome, duration: float) -> None:
-        raise NotImplementedError
+    def give_back_held(self, name: str) -> None:
+        """Release the runs of job name the worker holds back (for another worker)."""
+        ...
 
-    def _failure(self, job: ClaimedJob, exc: BaseException, fatal: bool = False) -> Failed:
-        raise NotImplementedError
+    def settle_late(self, run: Run, outcome: Outcome, duration: float) -> None:
+        """Take run out of flight and settle outcome (an abandoned run's TimeoutError)."""
+        ...
+
+
+class Timeouts:
+    """The runs in flight that have a timeout, and those that outlived it (the abandoned).
+
+    The dispatcher adds a run with a timeout to `timed` when it hands it out and
+    discards it when it finishes; it calls expire() each turn of its loop,
+    returned() when an abandoned run reports, gave_up() to learn whether every
+    thread is stuck, and settle_at_exit() when it stops.
+    """
+
+    def __init__(
+        self,
+        host: TimeoutsHost,
+        stuck_threads: set[threading.Thread],
+        eventloop: LoopExecutor | None,
+    ) -> None:
+        self.host = host
+        self.worker_id = host.id
+        self.concurrency = host.concurrency
+        self.async_concurrency = host.async_concurrency
+        self.grace = host.grace
+        self.stats = host.stats
+        self.timed: set[Run] = set()  # in-flight runs that have a timeout
+        # In-flight runs whose handler outlived its timeout: the outcome (a TimeoutError)
+        # to settle once it returns, and when it was abandoned (monotonic).
+        self.abandoned: dict[Run, tuple[Outcome, float]] = {}
+        self.stuck_threads = stuck_threads  # their threads, not waited for at shutdown
+        self.all_stuck: str | None = None  # every thread was abandoned: why run() raises
+        self.eventloop = eventloop  # the async handlers' executor, if any
+        self._stuck_what = "all handler thread(s) are"  # what gave_up() found stuck
+
+    def deadlines(self, now: float) -> Iterator[float]:
+        """When the timed runs' timeouts pass, as far as is known now."""
+        return (d for run in self.timed if (d := self._due_at(run, now)))
 
     def _due_at(self, run: Run, now: float) -> float | None:
         """When run's timeout passes, as far as is known now (a blocked loop's time excused)."""
@@ -74,60 +99,74 @@ class Timeouts:
         return max(deadline + excuse, now + 0.02) if excuse else deadline
 
     def _excuse(self, run: Run, now: float) -> float:
-        loop = self._eventloop
+        loop = self.eventloop
         return loop.excuse(run, now) if run.on_loop and loop is not None else 0.0
 
-    def _interrupt(self, run: Run) -> None:
-        if self._eventloop is not None:
-            self._eventloop.cancel(run)
-
     def _loop_blocker(self) -> Run | None:
-        loop = self._eventloop
+        loop = self.eventloop
         return loop.loop_blocker() if loop is not None and loop.started else None
 
-    def _running_on(self) -> bool:
+    def running_on(self) -> bool:
         """Whether a run in flight may still report: not abandoned, or within grace of it."""
-        if len(self._inflight) > len(self._abandoned):
+        if self.host.running() > len(self.abandoned):
             return True
         now = time.monotonic()
-        return any(now < at + self.grace for _, at in self._abandoned.values())
+        return any(now < at + self.grace for _, at in self.abandoned.values())
 
-    def _stuck_for_good(self, now: float) -> bool:
+    def gave_up(self, now: float) -> bool:
         """Whether abandoned handlers have held every thread (or the loop) for the grace period.
 
+        Then the worker stops claiming and exits for a restart (all_stuck says why).
         For async handlers that is every loop slot, or the loop itself: a handler
         past its timeout that blocks the loop (it never awaits) holds them all.
         """
-        threads = [at for run, (_, at) in self._abandoned.items() if not run.on_loop]
+        if not self.abandoned or not self._stuck_for_good(now):
+            return False
+        self.all_stuck = (
+            f"{self._stuck_what} stuck in handlers past their "
+            f"timeout and the {self.grace:g}s grace: {self._stuck_list()}"
+        )
+        logger.error(
+            "worker %s: %s. It stops claiming, records those attempts as timed out and "
+            "exits (runjobs: exit code %d) for its supervisor to restart it",
+            self.worker_id,
+            self.all_stuck,
+            EXIT_STUCK,
+        )
+        return True
+
+    def _stuck_for_good(self, now: float) -> bool:
+        threads = [at for run, (_, at) in self.abandoned.items() if not run.on_loop]
         if len(threads) >= self.concurrency and now >= max(threads) + self.grace:
             self._stuck_what = f"all {self.concurrency} handler thread(s) are"
             return True
-        slots = [at for run, (_, at) in self._abandoned.items() if run.on_loop]
+        slots = [at for run, (_, at) in self.abandoned.items() if run.on_loop]
         if slots and len(slots) >= self.async_concurrency and now >= max(slots) + self.grace:
             self._stuck_what = f"all {self.async_concurrency} event loop slot(s) are"
             return True
         blocker = self._loop_blocker()
-        if blocker is not None and blocker in self._abandoned:
-            if now >= self._abandoned[blocker][1] + self.grace:
+        if blocker is not None and blocker in self.abandoned:
+            if now >= self.abandoned[blocker][1] + self.grace:
                 self._stuck_what = "the event loop of async handlers is"
                 return True
         return False
 
-    def _expire_timeouts(self, now: float) -> None:
+    def expire(self, now: float) -> None:
         """Abandon the runs past their deadline: their attempts failed with TimeoutError."""
         for run in [
-            run for run in self._timed if (d := run.deadline) and now >= d + self._excuse(run, now)
+            run for run in self.timed if (d := run.deadline) and now >= d + self._excuse(run, now)
         ]:
             job = run.job
-            self._timed.discard(run)
+            self.timed.discard(run)
             run.abandoned = run.timed_out = True
             assert run.ctx is not None  # a run handed out has one
             run.ctx.cancel()
             exc = TimeoutError(f"handler ran longer than its {run.timeout:g}s timeout")
-            self._abandoned[run] = (self._failure(job, exc), now)
-            self.stats.abandoned = len(self._abandoned)
+            self.abandoned[run] = (attempt.failure(job, exc, self.worker_id), now)
+            self.stats.abandoned = len(self.abandoned)
             if run.on_loop:
-                self._interrupt(run)
+                if self.eventloop is not None:
+                    self.eventloop.cancel(run)
                 logger.warning(
                     "job %s[%s] attempt %d: its async handler ran past its %gs timeout "
                     "(TimeoutError): its task is cancelled; until it ends, the job stays "
@@ -141,8 +180,8 @@ class Timeouts:
                 self._release_capped(run)
                 continue
             if run.thread is not None:
-                self._stuck_threads.add(run.thread)
-            abandoned = sum(1 for r in self._abandoned if not r.on_loop)
+                self.stuck_threads.add(run.thread)
+            abandoned = sum(1 for r in self.abandoned if not r.on_loop)
             every = abandoned >= self.concurrency
             logger.warning(
                 "job %s[%s] attempt %d: its handler ran past its %gs timeout (TimeoutError; "
@@ -167,19 +206,14 @@ class Timeouts:
         """
         cap = run.handler.concurrency if run.handler is not None else None
         name = run.job.name
-        stuck = sum(1 for r in self._abandoned if r.job.name == name)
-        if not cap or stuck < cap or not self._held_back:
-            return
-        waiting = [r for r in self._held_back if r.job.name == name]
-        for held in waiting:
-            self._held_back.remove(held)
-        self._to_release.extend(waiting)
+        if cap and sum(1 for r in self.abandoned if r.job.name == name) >= cap:
+            self.host.give_back_held(name)
 
-    def _returned(self, run: Run, reported: Outcome, took: float) -> None:
+    def returned(self, run: Run, reported: Outcome, took: float) -> None:
         """An abandoned handler returned: settle its TimeoutError, free its thread and slots."""
-        outcome, at = self._abandoned.pop(run)
-        self._stuck_threads.discard(run.thread)
-        self.stats.abandoned = len(self._abandoned)
+        outcome, at = self.abandoned.pop(run)
+        self.stuck_threads.discard(run.thread)
+        self.stats.abandoned = len(self.abandoned)
         if type(reported) is SettledAtomically:
             # Its transaction passed the abandoned check just before the deadline and
             # committed its marker: the work is done, and the row is gone.
@@ -193,44 +227,27 @@ class Timeouts:
             "it had committed" if outcome is reported else "what it returned is discarded",
             extra=log_extra(run.job),
         )
-        self._forget(run)
-        self._settle(run, outcome, at - run.started)
+        self.host.settle_late(run, outcome, at - run.started)
 
     def _stuck_list(self) -> str:
         now = time.monotonic()
         return ", ".join(
-            f"{run.job.name}[{run.job.id}] for {now - run.started:.1f}s" for run in self._abandoned
+            f"{run.job.name}[{run.job.id}] for {now - run.started:.1f}s" for run in self.abandoned
         )
 
-    def _give_up_stuck(self) -> None:
-        """Every thread runs an abandoned handler: stop claiming, to exit for a restart."""
-        self._all_stuck = (
-            f"{self._stuck_what} stuck in handlers past their "
-            f"timeout and the {self.grace:g}s grace: {self._stuck_list()}"
-        )
-        logger.error(
-            "worker %s: %s. It stops claiming, records those attempts as timed out and "
-            "exits (runjobs: exit code %d) for its supervisor to restart it",
-            self.id,
-            self._all_stuck,
-            EXIT_STUCK,
-        )
-        self._stopping = True
-
-    def _settle_abandoned(self) -> None:
+    def settle_at_exit(self) -> None:
         """At exit: settle the TimeoutError of each handler still running; it dies with us."""
-        if not self._abandoned:
+        if not self.abandoned:
             return
-        if self._all_stuck is None:
+        if self.all_stuck is None:
             logger.warning(
                 "worker %s: exiting with %d handler(s) still running past their timeout: %s; "
                 "their attempts are recorded as timed out",
-                self.id,
-                len(self._abandoned),
+                self.worker_id,
+                len(self.abandoned),
                 self._stuck_list(),
             )
-        for run, (outcome, at) in list(self._abandoned.items()):
-            del self._abandoned[run]
-            self._forget(run)
-            self._settle(run, outcome, at - run.started)
+        for run, (outcome, at) in list(self.abandoned.items()):
+            del self.abandoned[run]
+            self.host.settle_late(run, outcome, at - run.started)
         self.stats.abandoned = 0

@@ -48,7 +48,6 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from django.db import connections
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -118,7 +117,9 @@ class Upkeep:
         self._unknown_told: set[str] = set()  # names already logged: once each, not every pass
         self._grace = unknown_name_grace()  # a bad value fails here, at start
         self._clock: tuple[datetime, float] | None = None  # (database time, monotonic time)
-        self._postgres = connections[self.alias].vendor == "postgresql"
+        store = JobStore(self.alias)
+        self._vacuums = store.vacuums  # PostgreSQL: VACUUM after pruning, when autovacuum is off
+        self._windows = store.enforces_limits  # the flow-control windows it counts
         self._next_vacuum_check = VACUUM_CHECK_JOBS
         self._pruned: Counter[str] = Counter()
         self.ticker = ticker.Ticker(self.alias)
@@ -159,7 +160,7 @@ class Upkeep:
         if now >= self._next_prune:
             self._next_prune = now + self._prune_pause()  # sooner if this round finds work
             self._step(lambda: self._prune(now))
-        if self.host.stats.claimed >= self._next_vacuum_check and self._postgres:
+        if self.host.stats.claimed >= self._next_vacuum_check and self._vacuums:
             self._next_vacuum_check = self.host.stats.claimed + VACUUM_CHECK_JOBS
             self._step(self._vacuum_jobs)
 
@@ -363,7 +364,7 @@ class Upkeep:
         self.ticker.refresh(now)
 
     def _prune(self, now: float) -> None:
-        if self._postgres:  # the only database that counts flow-control windows
+        if self._windows:  # the only databases that count flow-control windows
             windows = FlowWindow.objects.using(self.alias).prune_ended()
             if windows:
                 self.counters["pruned_flow_windows"] += windows
@@ -376,7 +377,7 @@ class Upkeep:
             for table, pruned in self._pruned.items():
                 if (
                     pruned >= VACUUM_AFTER_PRUNED
-                    and self._postgres
+                    and self._vacuums
                     and not sql.autovacuum_on(self.alias)
                 ):
                     # Nothing else would make the pruned rows' space reusable.

@@ -1,0 +1,181 @@
+"""The worker driven from the caller's thread, on the caller's connection: the seam of drain().
+
+``InlineWorker`` is a ``Worker`` whose rounds the caller runs one at a time:
+``round(limit)`` claims up to limit due jobs, runs each here in claim order and
+settles it at once, then returns what happened to each (``Reported``). Everything
+but the threads is the Worker's own: the claim (leases, attempts, rescue of
+expired leases, paused queues, handler caps, registered names only), what a
+claimed job meets before it runs (completed keys, exhausted attempts), payload
+validation, atomic handlers, timeouts, and every settle. No executor, event loop
+or listener thread is started: their connections would not see the rows of a
+transaction that never commits (a ``TestCase``).
+
+Inside the caller's transaction each handler and each settle statement runs in a
+savepoint, so that a statement the database refuses fails the
+attempt or is recorded by the worker, and the caller's transaction goes on.
+
+``django_jobs.testing.drain()`` is its one caller; it touches nothing else of
+the worker.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any, NamedTuple
+
+from django.db import connections, transaction
+
+from django_jobs import registry
+from django_jobs.lifecycle import Failed
+from django_jobs.rows import ClaimedJob
+from django_jobs.store import JobStore
+from django_jobs.worker.dispatcher import Worker
+from django_jobs.worker.runs import Run
+
+__all__ = ["InlineWorker", "Reported"]
+
+
+class Reported(NamedTuple):
+    """One attempt a round ran (or settled without running), and how it ended."""
+
+    job: ClaimedJob
+    outcome: str  # "succeeded", "retried", "dead" or "snoozed"
+    error: Any  # what the handler raised (retried, dead), else None
+
+
+class InlineWorker(Worker):
+    """The worker, driven from the caller's thread: claim, run each job here, settle at once."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # Async handlers run here too, each on a loop of its own (async_to_sync), one
+        # after the other: the attempt's outcome is decided as on the worker's loop.
+        self._eventloop = self._timeouts.eventloop = None
+        self._slots.loop_enabled = False
+        self._slots.split(self.names, registry.all_handlers())
+        self.claimed_last = 0  # how many jobs the last round claimed
+        self._report: list[Reported] = []
+
+    def round(self, limit: int, *, raise_errors: bool = False) -> list[Reported]:
+        """Claim up to limit due jobs, run them one by one in claim order, settle each.
+
+        `raise_errors`: when a handler raises, give its job back without counting
+        the attempt and raise the exception here (a KeyboardInterrupt always is).
+        RuntimeError if an outcome could not be settled (the worker's log says why).
+        """
+        self._report = []
+        self.batch = self._slots.target = limit
+        try:
+            # Every round is a poll: every limited group and the other jobs (the worker's
+            # state between polls would skip what the last round found too few of).
+            self._look_everywhere()
+            self.claimed_last, _ = self._claim()
+            while queued := self._executor.queued():
+                for run in queued:
+                    self._run_here(run, raise_errors)
+            if self._settler.done:  # settled without running (their key's marker existed)
+                self._settler.flush()
+        finally:
+            self._give_back()
+        if self._settler.unsettled:
+            raise RuntimeError(
+                f"drain(): {len(self._settler.unsettled)} outcome(s) could not be settled "
+                "(see the django_jobs.worker log)"
+            )
+        return self._report
+
+    def _run_here(self, run: Run, raise_errors: bool) -> None:
+        timer = _Deadline(run) if run.timeout else None
+        try:
+            with _shielded():
+                own = [] if _in_transaction() else list(connections.all(initialized_only=True))
+                finished = self._executor.execute(run, own)
+        finally:
+            if timer is not None:
+                timer.cancel()
+        self._drain_inbox(0)  # what the handler asked for meanwhile (ctx.extend_lease)
+        outcome = finished.outcome
+        if isinstance(outcome, Failed) and not run.abandoned:
+            # The worker records any BaseException as a failed attempt; a caller stops on
+            # Ctrl-C, and with raise_errors on the handler's exception.
+            exc = outcome.exc  # always set by the executor
+            if exc is not None and (raise_errors or isinstance(exc, KeyboardInterrupt)):
+                self._forget(run)
+                self._release([run])
+                raise exc
+        if run.timed_out:
+            # As the dispatcher does at the deadline: fail the attempt with TimeoutError,
+            # which the handler's return (below) settles. (The timer started a moment
+            # before the handler did: pass the deadline itself.)
+            self._timeouts.expire(max(time.monotonic(), run.deadline or 0.0))
+        self._on_finished(finished)
+        if self._settler.done:
+            self._settler.flush()
+
+    def _give_back(self) -> None:
+        """Release whatever this round claimed but did not settle (after an error)."""
+        left = [run for run in self._inflight if not run.abandoned] + list(self._held_back)
+        self._executor.queued()
+        self._inflight.clear()
+        self._timeouts.timed.clear()
+        self._held_back.clear()
+        self._by_name.clear()
+        if left:
+            self._release(left)
+
+    def _db(self, operation: Callable[[], Any], *, settle: bool = False) -> Any:
+        # Each settle statement in a savepoint: one the database refuses (a trigger, a
+        # constraint) is recorded by the worker, and the caller's transaction goes on.
+        with _shielded():
+            return super()._db(operation, settle=settle)
+
+    def _pause(self, seconds: float) -> None:
+        """Do not sleep after a database error inline: the error is reported instead."""
+
+    def reported(self, job: ClaimedJob, outcome: str, error: Any, duration: float | None) -> None:
+        self._report.append(Reported(job, outcome, error))
+        super().reported(job, outcome, error, duration)
+
+
+class _Deadline:
+    """Do to a run at its timeout what the worker's dispatcher does: abandon it, cancel ctx."""
+
+    def __init__(self, run: Run) -> None:
+        self._timer = threading.Timer(run.timeout or 0.0, self._expire, args=(run,))
+        self._timer.daemon = True
+        self._timer.start()
+
+    @staticmethod
+    def _expire(run: Run) -> None:
+        run.abandoned = run.timed_out = True
+        if run.ctx is not None:
+            run.ctx.cancel()
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+def _in_transaction() -> bool:
+    return any(conn.in_atomic_block for conn in connections.all(initialized_only=True))
+
+
+@contextmanager
+def _shielded() -> Iterator[None]:
+    """Keep a database error inside from breaking the caller's transaction.
+
+    Outside a transaction what runs inside runs as in the worker (autocommit).
+    Inside one (a TestCase) it runs in a savepoint per connection, released
+    afterwards, or rolled back when it left the transaction unusable (a failed
+    statement aborts a PostgreSQL transaction).
+    """
+    with ExitStack() as stack:
+        inside = [c for c in connections.all(initialized_only=True) if c.in_atomic_block]
+        for conn in inside:
+            stack.enter_context(transaction.atomic(using=conn.alias))
+        yield
+        for conn in inside:
+            if JobStore(conn.alias).transaction_aborted():
+                transaction.set_rollback(True, using=conn.alias)
