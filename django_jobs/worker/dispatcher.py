@@ -505,7 +505,7 @@ class Worker:
                 jobs = None if found is None else found[1]
         for share in other_shares if jobs is not None else ():  # the other kind's, no beat
             other = request._replace(limit=share.limit, names=share.names, beat=None)
-            jobs += self._db(lambda other=other: self._store.claim(other)) or []
+            jobs += self._db(partial(self._store.claim, other)) or []
         if jobs is None:
             return asked, asked  # the database is away: try again, do not conclude "idle"
         got = len(jobs)
