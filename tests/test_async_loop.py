@@ -252,7 +252,7 @@ def test_a_generator_exit_raised_under_an_await_is_the_attempts_error(run_worker
     assert [e["type"] for e in letter.errors] == ["builtins.GeneratorExit"] * 2
 
 
-@pytest.mark.skipif(not POSTGRES, reason="wake-ups are PostgreSQL's NOTIFY")
+@pytest.mark.postgres  # wake-ups are PostgreSQL's NOTIFY
 def test_a_wake_up_reaches_both_kinds_of_handler_without_waiting_for_the_poll(
     handlers, worker_process
 ):
