@@ -31,7 +31,7 @@ def step() -> float | None:
 
 
 # PostgreSQL: the CTEs that replace CLAIM's `claimable` when aging is on (store/sql.py
-# splices them in; `{skip}` is its filter of limited names). `levels`: per unpaused
+# splices them in; `{skip}` is its filter of limited names, `{expired}` its expired leases). `levels`: per unpaused
 # queue, its distinct priorities of unleased jobs, highest first, each found by one
 # probe of django_jobs_job_claim (a recursive skip scan). `aged`: per level, its first
 # %(limit)s due jobs in index order. `picked`: the best %(limit)s of them by effective
@@ -79,14 +79,7 @@ claimable AS MATERIALIZED (
         SELECT candidate.id
         FROM active AS q
         CROSS JOIN LATERAL (
-            SELECT id FROM django_jobs_job
-            WHERE locked_by IS NOT NULL AND queue = q.name
-              AND lease_expires_at < statement_timestamp()
-              AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
-              {skip}
-            ORDER BY lease_expires_at
-            LIMIT %(limit)s
-            FOR UPDATE SKIP LOCKED
+            {expired}
         ) AS candidate
         UNION ALL
         SELECT id FROM picked

@@ -113,19 +113,22 @@ ORDER BY priority DESC, run_at, id
 #   round trip per poll and no other.
 # - The lost attempt's entry has the shape of attempts.lease_expired_entry
 #   (tests/test_claim.py pins it), its texts spliced in from there.
-_CLAIMABLE = """claimable AS MATERIALIZED (
-    SELECT candidate.id
-    FROM active AS q
-    CROSS JOIN LATERAL (
-        SELECT id FROM (
-            SELECT id FROM django_jobs_job
+# A queue's expired leases, oldest first: the part of `claimable` that CLAIM and
+# aging.CLAIMABLE both take first (spliced in as `{expired}`, its `{skip}` filled).
+_EXPIRED = """SELECT id FROM django_jobs_job
             WHERE locked_by IS NOT NULL AND queue = q.name
               AND lease_expires_at < statement_timestamp()
               AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
               {skip}
             ORDER BY lease_expires_at
             LIMIT %(limit)s
-            FOR UPDATE SKIP LOCKED
+            FOR UPDATE SKIP LOCKED"""
+_CLAIMABLE = """claimable AS MATERIALIZED (
+    SELECT candidate.id
+    FROM active AS q
+    CROSS JOIN LATERAL (
+        SELECT id FROM (
+            {expired}
         ) AS expired
         UNION ALL
         SELECT id FROM (
@@ -150,6 +153,7 @@ def _claim(*, except_limited: bool, aged: bool = False) -> str:
     # (%(limited)s): CLAIM_LIMITED claims them. Without, the statement is as it was.
     # `aged`: priority aging's `claimable` (store/aging.py) instead of this one.
     skip = "AND name <> ALL(%(limited)s::text[])" if except_limited else ""
+    expired = _EXPIRED.format(skip=skip)
     return f"""
 WITH {"RECURSIVE " if aged else ""}beat AS (
     UPDATE django_jobs_worker
@@ -162,7 +166,7 @@ active AS MATERIALIZED (
     FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, position)
     WHERE NOT EXISTS (SELECT 1 FROM django_jobs_queue AS s WHERE s.name = q.name AND s.paused)
 ),
-{aging.CLAIMABLE.format(skip=skip) if aged else _CLAIMABLE.format(skip=skip)}
+{(aging.CLAIMABLE if aged else _CLAIMABLE).format(skip=skip, expired=expired)}
 claimed AS (
     UPDATE django_jobs_job AS j{_LEASE}
     FROM claimable
