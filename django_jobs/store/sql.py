@@ -148,6 +148,22 @@ _CLAIMABLE = """claimable AS MATERIALIZED (
 ),"""
 
 
+def _claimed(picked: str, *, partition: bool) -> str:
+    # The `claimed` CTE of every claim: lease the jobs the CTE `picked` names, the
+    # lease re-checked (a job settled or taken meanwhile is left alone), returning
+    # what the worker runs (the limited claim also the partition it counted).
+    returned = "j.partition, " if partition else ""
+    return f"""claimed AS (
+    UPDATE django_jobs_job AS j{_LEASE}
+    FROM {picked}
+    WHERE j.id = {picked}.id
+      AND (j.locked_by IS NULL OR j.lease_expires_at < statement_timestamp())
+    RETURNING j.id, j.name, j.queue, j.payload, j.priority, j.run_at, j.attempts,
+              j.max_attempts, j.key, j.fingerprint, j.enqueued_at, j.started_at, j.errors,
+              {returned}j.dependents, j.trace_context, j.tags, j.meta
+)"""  # noqa: S608 - spliced: constants of this module and attempts.py, no input
+
+
 def _claim(*, except_limited: bool, aged: bool = False) -> str:
     # With limits configured, the limited names are left out of both branches
     # (%(limited)s): CLAIM_LIMITED claims them. Without, the statement is as it was.
@@ -167,15 +183,7 @@ active AS MATERIALIZED (
     WHERE NOT EXISTS (SELECT 1 FROM django_jobs_queue AS s WHERE s.name = q.name AND s.paused)
 ),
 {(aging.CLAIMABLE if aged else _CLAIMABLE).format(skip=skip, expired=expired)}
-claimed AS (
-    UPDATE django_jobs_job AS j{_LEASE}
-    FROM claimable
-    WHERE j.id = claimable.id
-      AND (j.locked_by IS NULL OR j.lease_expires_at < statement_timestamp())
-    RETURNING j.id, j.name, j.queue, j.payload, j.priority, j.run_at, j.attempts,
-              j.max_attempts, j.key, j.fingerprint, j.enqueued_at, j.started_at, j.errors,
-              j.dependents, j.trace_context, j.tags, j.meta
-){_RETURNED}"""  # noqa: S608 - spliced: constants of this module and attempts.py, no input
+{_claimed("claimable", partition=False)}{_RETURNED}"""  # noqa: S608 - spliced: constants of this module and attempts.py, no input
 
 
 CLAIM = _claim(except_limited=False)
@@ -340,15 +348,7 @@ def _claim_limited(column: str) -> str:
          LIMIT (SELECT n FROM room))
     ) AS c
 ),
-{_LIMITED_PICK}claimed AS (
-    UPDATE django_jobs_job AS j{_LEASE}
-    FROM picked
-    WHERE j.id = picked.id
-      AND (j.locked_by IS NULL OR j.lease_expires_at < statement_timestamp())
-    RETURNING j.id, j.name, j.queue, j.payload, j.priority, j.run_at, j.attempts,
-              j.max_attempts, j.key, j.fingerprint, j.enqueued_at, j.started_at, j.errors,
-              j.partition, j.dependents, j.trace_context, j.tags, j.meta
-),
+{_LIMITED_PICK}{_claimed("picked", partition=True)},
 counted AS (
     INSERT INTO django_jobs_flow_window (key, partition, window_start, starts)
     SELECT w.key, c.part,
