@@ -230,6 +230,11 @@ def duration(value: Any, *, what: str = "the duration") -> timedelta | None:
     return timedelta(seconds=number)
 
 
+def counted(*counts: tuple[int, str]) -> list[str]:
+    """Return "3 waiting" for each (count, what) whose count is not 0, in their order."""
+    return [f"{n} {what}" for n, what in counts if n]
+
+
 def format_duration(value: timedelta | float) -> str:
     """Return a short human duration: 45s, 3m 4s, 42m, 3h 5m, 2d 4h (negative as positive)."""
     seconds = int(abs(value.total_seconds() if isinstance(value, timedelta) else value))

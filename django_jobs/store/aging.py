@@ -31,13 +31,14 @@ def step() -> float | None:
 
 
 # PostgreSQL: the CTEs that replace CLAIM's `claimable` when aging is on (store/sql.py
-# splices them in; `{skip}` is its filter of limited names, `{expired}` its expired leases). `levels`: per unpaused
+# splices them in; `{skip}` is its filter of limited names). `levels`: per unpaused
 # queue, its distinct priorities of unleased jobs, highest first, each found by one
 # probe of django_jobs_job_claim (a recursive skip scan). `aged`: per level, its first
 # %(limit)s due jobs in index order. `picked`: the best %(limit)s of them by effective
 # priority, read back by primary key (= ANY of an array: a join let the planner hash the
 # whole table) and locked with SKIP LOCKED (a row taken meanwhile is re-checked and
 # passed over). `claimable`: expired leases first, as CLAIM takes them, then those.
+# `{expired}`: CLAIM's part that finds a queue's expired leases (store/sql.py's _EXPIRED).
 CLAIMABLE = """levels(queue, priority) AS (
     SELECT a.name, (SELECT max(priority) FROM django_jobs_job
                     WHERE locked_by IS NULL AND queue = a.name)
