@@ -193,6 +193,15 @@ _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _NEVER = frozenset({"none", "forever", "keep"})
 
 
+def _seconds(value: Any) -> float | None:
+    """The seconds a timedelta or a real number (not a bool) stands for; None for anything else."""
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return value
+    return None
+
+
 def duration(value: Any, *, what: str = "the duration") -> timedelta | None:
     """Return None, a timedelta, seconds or text like '7d', '12h', '90m', '45' as a timedelta.
 
@@ -201,11 +210,8 @@ def duration(value: Any, *, what: str = "the duration") -> timedelta | None:
     """
     if value is None:
         return None
-    if isinstance(value, timedelta):
-        number: Any = value.total_seconds()
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        number = value
-    elif isinstance(value, str):
+    number = _seconds(value)
+    if number is None and isinstance(value, str):
         if value.strip().lower() in _NEVER:
             return None
         match = _DURATION.match(value.lower())
@@ -214,7 +220,7 @@ def duration(value: Any, *, what: str = "the duration") -> timedelta | None:
                 f"{what} must be a duration like 7d, 12h, 30m or 90s, or 'none'; not {shown(value)}"
             )
         number = float(match[1]) * _UNIT[match[2]]
-    else:
+    elif number is None:
         raise ValueError(f"{what} must be None, seconds or a timedelta, not {shown(value)}")
     if not 0 <= number <= MAX_SECONDS:
         raise ValueError(
@@ -222,6 +228,11 @@ def duration(value: Any, *, what: str = "the duration") -> timedelta | None:
             f"everything), not {shown(value)}"
         )
     return timedelta(seconds=number)
+
+
+def counted(*counts: tuple[int, str]) -> list[str]:
+    """Return "3 waiting" for each (count, what) whose count is not 0, in their order."""
+    return [f"{n} {what}" for n, what in counts if n]
 
 
 def format_duration(value: timedelta | float) -> str:
@@ -338,11 +349,8 @@ def priority_aging(value: Any) -> float | None:
     """
     if value is None:
         return None
-    if isinstance(value, timedelta):
-        number: Any = value.total_seconds()
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        number = value
-    else:
+    number = _seconds(value)
+    if number is None:
         raise ValueError(
             "DJANGO_JOBS['PRIORITY_AGING'] must be None, seconds per priority step or a "
             f"timedelta, not {shown(value)}"

@@ -38,6 +38,7 @@ def step() -> float | None:
 # priority, read back by primary key (= ANY of an array: a join let the planner hash the
 # whole table) and locked with SKIP LOCKED (a row taken meanwhile is re-checked and
 # passed over). `claimable`: expired leases first, as CLAIM takes them, then those.
+# `{expired}`: CLAIM's part that finds a queue's expired leases (store/sql.py's _EXPIRED).
 CLAIMABLE = """levels(queue, priority) AS (
     SELECT a.name, (SELECT max(priority) FROM django_jobs_job
                     WHERE locked_by IS NULL AND queue = a.name)
@@ -79,14 +80,7 @@ claimable AS MATERIALIZED (
         SELECT candidate.id
         FROM active AS q
         CROSS JOIN LATERAL (
-            SELECT id FROM django_jobs_job
-            WHERE locked_by IS NOT NULL AND queue = q.name
-              AND lease_expires_at < statement_timestamp()
-              AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
-              {skip}
-            ORDER BY lease_expires_at
-            LIMIT %(limit)s
-            FOR UPDATE SKIP LOCKED
+            {expired}
         ) AS candidate
         UNION ALL
         SELECT id FROM picked

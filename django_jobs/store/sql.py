@@ -113,19 +113,22 @@ ORDER BY priority DESC, run_at, id
 #   round trip per poll and no other.
 # - The lost attempt's entry has the shape of attempts.lease_expired_entry
 #   (tests/test_claim.py pins it), its texts spliced in from there.
-_CLAIMABLE = """claimable AS MATERIALIZED (
-    SELECT candidate.id
-    FROM active AS q
-    CROSS JOIN LATERAL (
-        SELECT id FROM (
-            SELECT id FROM django_jobs_job
+# A queue's expired leases, oldest first: the part of `claimable` that CLAIM and
+# aging.CLAIMABLE both take first (spliced in as `{expired}`, its `{skip}` filled).
+_EXPIRED = """SELECT id FROM django_jobs_job
             WHERE locked_by IS NOT NULL AND queue = q.name
               AND lease_expires_at < statement_timestamp()
               AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
               {skip}
             ORDER BY lease_expires_at
             LIMIT %(limit)s
-            FOR UPDATE SKIP LOCKED
+            FOR UPDATE SKIP LOCKED"""
+_CLAIMABLE = """claimable AS MATERIALIZED (
+    SELECT candidate.id
+    FROM active AS q
+    CROSS JOIN LATERAL (
+        SELECT id FROM (
+            {expired}
         ) AS expired
         UNION ALL
         SELECT id FROM (
@@ -145,11 +148,28 @@ _CLAIMABLE = """claimable AS MATERIALIZED (
 ),"""
 
 
+def _claimed(picked: str, *, partition: bool) -> str:
+    # The `claimed` CTE of every claim: lease the jobs the CTE `picked` names, the
+    # lease re-checked (a job settled or taken meanwhile is left alone), returning
+    # what the worker runs (the limited claim also the partition it counted).
+    returned = "j.partition, " if partition else ""
+    return f"""claimed AS (
+    UPDATE django_jobs_job AS j{_LEASE}
+    FROM {picked}
+    WHERE j.id = {picked}.id
+      AND (j.locked_by IS NULL OR j.lease_expires_at < statement_timestamp())
+    RETURNING j.id, j.name, j.queue, j.payload, j.priority, j.run_at, j.attempts,
+              j.max_attempts, j.key, j.fingerprint, j.enqueued_at, j.started_at, j.errors,
+              {returned}j.dependents, j.trace_context, j.tags, j.meta
+)"""  # noqa: S608 - spliced: constants of this module and attempts.py, no input
+
+
 def _claim(*, except_limited: bool, aged: bool = False) -> str:
     # With limits configured, the limited names are left out of both branches
     # (%(limited)s): CLAIM_LIMITED claims them. Without, the statement is as it was.
     # `aged`: priority aging's `claimable` (store/aging.py) instead of this one.
     skip = "AND name <> ALL(%(limited)s::text[])" if except_limited else ""
+    expired = _EXPIRED.format(skip=skip)
     return f"""
 WITH {"RECURSIVE " if aged else ""}beat AS (
     UPDATE django_jobs_worker
@@ -162,16 +182,8 @@ active AS MATERIALIZED (
     FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, position)
     WHERE NOT EXISTS (SELECT 1 FROM django_jobs_queue AS s WHERE s.name = q.name AND s.paused)
 ),
-{aging.CLAIMABLE.format(skip=skip) if aged else _CLAIMABLE.format(skip=skip)}
-claimed AS (
-    UPDATE django_jobs_job AS j{_LEASE}
-    FROM claimable
-    WHERE j.id = claimable.id
-      AND (j.locked_by IS NULL OR j.lease_expires_at < statement_timestamp())
-    RETURNING j.id, j.name, j.queue, j.payload, j.priority, j.run_at, j.attempts,
-              j.max_attempts, j.key, j.fingerprint, j.enqueued_at, j.started_at, j.errors,
-              j.dependents, j.trace_context, j.tags, j.meta
-){_RETURNED}"""  # noqa: S608 - spliced: constants of this module and attempts.py, no input
+{(aging.CLAIMABLE if aged else _CLAIMABLE).format(skip=skip, expired=expired)}
+{_claimed("claimable", partition=False)}{_RETURNED}"""  # noqa: S608 - spliced: constants of this module and attempts.py, no input
 
 
 CLAIM = _claim(except_limited=False)
@@ -336,15 +348,7 @@ def _claim_limited(column: str) -> str:
          LIMIT (SELECT n FROM room))
     ) AS c
 ),
-{_LIMITED_PICK}claimed AS (
-    UPDATE django_jobs_job AS j{_LEASE}
-    FROM picked
-    WHERE j.id = picked.id
-      AND (j.locked_by IS NULL OR j.lease_expires_at < statement_timestamp())
-    RETURNING j.id, j.name, j.queue, j.payload, j.priority, j.run_at, j.attempts,
-              j.max_attempts, j.key, j.fingerprint, j.enqueued_at, j.started_at, j.errors,
-              j.partition, j.dependents, j.trace_context, j.tags, j.meta
-),
+{_LIMITED_PICK}{_claimed("picked", partition=True)},
 counted AS (
     INSERT INTO django_jobs_flow_window (key, partition, window_start, starts)
     SELECT w.key, c.part,

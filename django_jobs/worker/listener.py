@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from django.db import connections
 
@@ -18,23 +19,15 @@ LISTEN_TIMEOUT = 0.25
 RETRY_MIN, RETRY_MAX = 0.1, 5.0
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Listener:
     """LISTEN on channel and call wake(queue) for each notification, until closing is set."""
 
-    def __init__(
-        self,
-        *,
-        database: str,
-        channel: str,
-        wake: Callable[[str | None], None],
-        closing: threading.Event,
-        worker_id: str,
-    ) -> None:
-        self.database = database
-        self.channel = channel
-        self.wake = wake
-        self.closing = closing
-        self.worker_id = worker_id
+    database: str
+    channel: str
+    wake: Callable[[str | None], None]
+    closing: threading.Event
+    worker_id: str
 
     def run(self) -> None:
         """Listen until closing is set, reconnecting with backoff; never raises."""

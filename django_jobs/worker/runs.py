@@ -7,7 +7,7 @@ from typing import Any
 
 from django_jobs.context import JobContext
 from django_jobs.lifecycle import Outcome
-from django_jobs.limits import format_duration
+from django_jobs.limits import counted, format_duration
 from django_jobs.registry import Handler
 from django_jobs.rows import ClaimedJob
 
@@ -115,19 +115,14 @@ class WorkerStats:
         """The counts of a worker's "stopped" log line."""
         # The rare counts only when they happened: "0 late settles fenced out" on every
         # stop is jargon a first run does not need.
-        rare = [
-            f", {n} {what}"
-            for n, what in (
-                (self.released, "released"),
-                (self.reexecuted, "re-executed after an expired lease"),
-                (self.lost, "late settles fenced out"),
-                (self.skipped, "skipped"),
-            )
-            if n
-        ]
-        return f"{self.succeeded} succeeded, {self.retried} retried, {self.dead} dead" + "".join(
-            rare
+        rare = counted(
+            (self.released, "released"),
+            (self.reexecuted, "re-executed after an expired lease"),
+            (self.lost, "late settles fenced out"),
+            (self.skipped, "skipped"),
         )
+        common = f"{self.succeeded} succeeded, {self.retried} retried, {self.dead} dead"
+        return ", ".join([common, *rare])
 
 
 # A log line names at most this many jobs, then counts the rest.

@@ -429,15 +429,9 @@ class Command(BaseCommand):
 
 def _cancelled(result: control.CancelResult) -> str:
     """Say what a cancel did, in the words of `jobs status` (waiting, scheduled, blocked)."""
-    kinds = [
-        f"{n} {kind}"
-        for n, kind in (
-            (result.waiting, "waiting"),
-            (result.scheduled, "scheduled"),
-            (result.blocked, "blocked"),
-        )
-        if n
-    ]
+    kinds = limits.counted(
+        (result.waiting, "waiting"), (result.scheduled, "scheduled"), (result.blocked, "blocked")
+    )
     detail = f" ({', '.join(kinds)})" if kinds else ""
     return (
         f"cancelled {result.cancelled} job(s){detail}; "
