@@ -39,72 +39,38 @@ def drop(apps, schema_editor):
         schema_editor.execute(f"DROP INDEX IF EXISTS {name}")
 
 
+def _trace_context(whose):
+    return models.CharField(
+        blank=True,
+        help_text=f"W3C traceparent (and tracestate) of the span that enqueued {whose}.",
+        max_length=568,
+        null=True,
+    )
+
+
+def _json(help_text):
+    return models.JSONField(blank=True, help_text=help_text, null=True)
+
+
 class Migration(migrations.Migration):
     dependencies = [
         ("django_jobs", "0007_deadletter_key"),
     ]
 
     operations = [
-        migrations.AddField(
-            model_name="deadletter",
-            name="trace_context",
-            field=models.CharField(
-                blank=True,
-                help_text="W3C traceparent (and tracestate) of the span that enqueued the job.",
-                max_length=568,
-                null=True,
-            ),
-        ),
-        migrations.AddField(
-            model_name="job",
-            name="trace_context",
-            field=models.CharField(
-                blank=True,
-                help_text="W3C traceparent (and tracestate) of the span that enqueued it.",
-                max_length=568,
-                null=True,
-            ),
-        ),
-        migrations.AddField(
-            model_name="completionmarker",
-            name="progress",
-            field=models.JSONField(blank=True, help_text="The last ctx.progress().", null=True),
-        ),
-        migrations.AddField(
-            model_name="deadletter",
-            name="progress",
-            field=models.JSONField(blank=True, help_text="The last ctx.progress().", null=True),
-        ),
-        migrations.AddField(
-            model_name="job",
-            name="progress",
-            field=models.JSONField(
-                blank=True, help_text="The running attempt's last ctx.progress().", null=True
-            ),
-        ),
-        migrations.AddField(
-            model_name="deadletter",
-            name="meta",
-            field=models.JSONField(
-                blank=True, help_text="Metadata to filter by (a dict).", null=True
-            ),
-        ),
-        migrations.AddField(
-            model_name="deadletter",
-            name="tags",
-            field=models.JSONField(blank=True, help_text="Tags to filter by (a list).", null=True),
-        ),
-        migrations.AddField(
-            model_name="job",
-            name="meta",
-            field=models.JSONField(
-                blank=True, help_text="Metadata to filter by (a dict).", null=True
-            ),
-        ),
-        migrations.AddField(
-            model_name="job",
-            name="tags",
-            field=models.JSONField(blank=True, help_text="Tags to filter by (a list).", null=True),
+        *(
+            migrations.AddField(model_name=model, name=name, field=field)
+            for model, name, field in (
+                ("deadletter", "trace_context", _trace_context("the job")),
+                ("job", "trace_context", _trace_context("it")),
+                ("completionmarker", "progress", _json("The last ctx.progress().")),
+                ("deadletter", "progress", _json("The last ctx.progress().")),
+                ("job", "progress", _json("The running attempt's last ctx.progress().")),
+                ("deadletter", "meta", _json("Metadata to filter by (a dict).")),
+                ("deadletter", "tags", _json("Tags to filter by (a list).")),
+                ("job", "meta", _json("Metadata to filter by (a dict).")),
+                ("job", "tags", _json("Tags to filter by (a list).")),
+            )
         ),
         migrations.RunPython(create, drop),
         migrations.AlterField(
