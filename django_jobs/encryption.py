@@ -164,5 +164,15 @@ def unseal_result(stored: Any) -> Any:
 def blind(fingerprint: str) -> str:
     """Return a fingerprint keyed with the encrypting key: a plain digest would let a
     reader guess short secrets (an SSN) by hashing candidates."""
-    key = base64.urlsafe_b64decode(conf.get("ENCRYPTION_KEYS")[0])
-    return hmac.new(key, fingerprint.encode(), hashlib.sha256).hexdigest()
+    return _keyed(conf.get("ENCRYPTION_KEYS")[0], fingerprint)
+
+
+def blind_all(fingerprint: str) -> tuple[str, ...]:
+    """Return the fingerprint as blind() made it under each of ENCRYPTION_KEYS: a job
+    enqueued before a rotation holds its key with one of these."""
+    return tuple(_keyed(key, fingerprint) for key in conf.get("ENCRYPTION_KEYS"))
+
+
+def _keyed(key: str | bytes, fingerprint: str) -> str:
+    raw = base64.urlsafe_b64decode(key.encode() if isinstance(key, str) else key)
+    return hmac.new(raw, fingerprint.encode(), hashlib.sha256).hexdigest()

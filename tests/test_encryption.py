@@ -217,3 +217,63 @@ def test_an_async_handler_gets_the_plain_payload_and_its_result_is_encrypted(key
         assert encryption.unseal_result(marker.result) == {"ssn": "078-05-1120"}
     finally:
         unregister(handler.name)
+
+
+# ---- combinations (r27) -----------------------------------------------------------------
+
+
+@pytest.fixture
+def unique_secret(keys):
+    from datetime import timedelta
+
+    handler = job(name="tests.enc.unique", encrypt=True, unique_for=timedelta(minutes=5))(
+        lambda payload, ctx: seen.append(payload)
+    )
+    by = job(
+        name="tests.enc.unique_by",
+        encrypt=("ssn",),
+        unique_for=timedelta(minutes=5),
+        unique_by=("ssn",),
+    )(lambda payload, ctx: seen.append(payload))
+    seen.clear()
+    yield handler, by
+    unregister(handler.name)
+    unregister(by.name)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_encrypted_job_unique_for_a_period_is_a_duplicate_inside_it(unique_secret):
+    handler, by = unique_secret
+    first = enqueue(handler, SECRET)
+    again = enqueue(handler, dict(reversed(SECRET.items())))
+    assert again.duplicate and again.id == first.id
+    assert enqueue(handler, {**SECRET, "amount": 1}).id != first.id
+    one = enqueue(by, SECRET)
+    other = enqueue(by, {**SECRET, "card": "5555", "amount": 9})
+    assert other.duplicate and other.id == one.id
+    assert Job.objects.count() == 3
+    drain()
+    assert enqueue(handler, SECRET).duplicate  # the marker holds the period
+    assert len(seen) == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_encrypted_unique_key_does_not_leak_the_payload(unique_secret):
+    """The derived key is a digest of the plain payload: unkeyed, anyone who reads the
+    row could test a guessed SSN by hashing it, which blind() exists to prevent."""
+    from django_jobs import payloads
+
+    handler, by = unique_secret
+    enqueue(by, SECRET)
+    stored = Job.objects.get()
+    plain = payloads.fingerprint("tests.enc.unique_by", payloads.encode({"ssn": SECRET["ssn"]}))
+    assert plain[:32] not in stored.key
+    assert stored.fingerprint != plain
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_keyed_duplicate_across_a_key_rotation_is_still_a_duplicate(handlers, keys):
+    first = enqueue(handlers["whole"], SECRET, key="order-2")
+    keys.DJANGO_JOBS = {**keys.DJANGO_JOBS, "ENCRYPTION_KEYS": [NEW, OLD]}
+    again = enqueue(handlers["whole"], SECRET, key="order-2")
+    assert again.duplicate and again.id == first.id
