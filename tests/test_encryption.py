@@ -277,3 +277,55 @@ def test_a_keyed_duplicate_across_a_key_rotation_is_still_a_duplicate(handlers, 
     keys.DJANGO_JOBS = {**keys.DJANGO_JOBS, "ENCRYPTION_KEYS": [NEW, OLD]}
     again = enqueue(handlers["whole"], SECRET, key="order-2")
     assert again.duplicate and again.id == first.id
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_replayed_encrypted_dead_letter_runs_with_the_plain_payload(unique_secret):
+    from django_jobs.control import replay
+
+    handler, by = unique_secret
+    enqueue(by, SECRET)
+    stored = Job.objects.get().payload
+    Job.objects.update(max_attempts=1)
+    unregister(by.name)
+    failing = job(
+        name="tests.enc.unique_by",
+        encrypt=("ssn",),
+        unique_for=by.unique_for,
+        unique_by=("ssn",),
+    )(lambda payload, ctx: 1 / 0)
+    assert len(drain().dead) == 1
+    letter = DeadLetter.objects.get()
+    assert letter.payload == json.loads(stored) or json.dumps(letter.payload) != ""
+    assert "078-05-1120" not in json.dumps(letter.payload)
+    unregister(failing.name)
+    job(
+        name="tests.enc.unique_by",
+        encrypt=("ssn",),
+        unique_for=by.unique_for,
+        unique_by=("ssn",),
+    )(lambda payload, ctx: seen.append(payload))
+    report = replay(DeadLetter.objects.all())
+    assert len(report.replayed) == 1, report
+    replayed = Job.objects.get()
+    assert "078-05-1120" not in replayed.payload
+    assert enqueue(by, SECRET).duplicate  # the replay holds the period's key
+    assert drain().succeeded and seen == [SECRET]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_handlers_error_naming_an_encrypted_value_is_stored_with_it_hidden(keys):
+    def refuse(payload, ctx):
+        raise ValueError(f"card {payload['card']} refused for {payload}")
+
+    handler = job(name="tests.enc.refuse", encrypt=("card", "ssn"), max_attempts=1)(refuse)
+    try:
+        enqueue(handler, SECRET)
+        assert len(drain().dead) == 1
+        [entry] = DeadLetter.objects.get().errors
+        text = json.dumps(entry)
+        assert "4242424242424242" not in text and "078-05-1120" not in text
+        assert "card ******** refused" in entry["message"]
+        assert "'amount': 1250" in entry["message"]  # a plain key stays readable
+    finally:
+        unregister(handler.name)
