@@ -164,12 +164,14 @@ def unseal_result(stored: Any) -> Any:
 def blind(fingerprint: str) -> str:
     """Return a fingerprint keyed with the encrypting key: a plain digest would let a
     reader guess short secrets (an SSN) by hashing candidates."""
+    _fernet()  # raises Unavailable, saying why, when the keys are missing or invalid
     return _keyed(conf.get("ENCRYPTION_KEYS")[0], fingerprint)
 
 
 def blind_all(fingerprint: str) -> tuple[str, ...]:
     """Return the fingerprint as blind() made it under each of ENCRYPTION_KEYS: a job
     enqueued before a rotation holds its key with one of these."""
+    _fernet()
     return tuple(_keyed(key, fingerprint) for key in conf.get("ENCRYPTION_KEYS"))
 
 

@@ -333,3 +333,14 @@ def test_a_handlers_error_naming_an_encrypted_value_is_stored_with_it_hidden(key
         assert "'amount': 1250" in entry["message"]  # a plain key stays readable
     finally:
         unregister(handler.name)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_keys_an_encrypted_unique_enqueue_says_what_is_missing(unique_secret, settings):
+    settings.DJANGO_JOBS = {**settings.DJANGO_JOBS, "ENCRYPTION_KEYS": None}
+    for handler in unique_secret:
+        with pytest.raises(encryption.Unavailable, match="ENCRYPTION_KEYS"):
+            enqueue(handler, SECRET)
+        with pytest.raises(encryption.Unavailable, match="ENCRYPTION_KEYS"):
+            enqueue(handler, SECRET, key="k")
+    assert not Job.objects.exists()
