@@ -238,7 +238,9 @@ def flood(stop: threading.Event, pending: int = 8) -> None:
 def run_flood(worker_process, settings_json, seconds):
     """Start one worker (concurrency 1), flood it, enqueue one priority-0 job once the flood
     runs; return the seconds from that enqueue to the low job's start (None: it never ran
-    within `seconds`), and how many high jobs ran meanwhile."""
+    within `seconds`), and how many high jobs ran meanwhile. Asserts the flood was live to
+    the end: a high job started in the last 2 s before the low one (or the deadline). A
+    count of highs alone depends on the machine's load (28 in 6 s on a loaded box)."""
     worker = worker_process(
         "--concurrency", "1", extra_env={"JOBS_TEST_SETTINGS": json.dumps(settings_json)}
     )
@@ -257,7 +259,11 @@ def run_flood(worker_process, settings_json, seconds):
             time.sleep(0.1)
         else:
             ran = None
-        highs = Audit.objects.filter(label="high", created_at__gt=enqueued).count()
+        end = timezone.now() if ran is None else ran.created_at
+        ran_high = Audit.objects.filter(label="high", created_at__gt=enqueued, created_at__lt=end)
+        last = ran_high.order_by("-created_at").values_list("created_at", flat=True).first()
+        assert last is not None and (end - last).total_seconds() < 2, "the flood ran dry"
+        highs = ran_high.count()
         return (None if ran is None else (ran.created_at - enqueued).total_seconds()), highs
     finally:
         stop.set()
@@ -269,7 +275,7 @@ def run_flood(worker_process, settings_json, seconds):
 def test_without_aging_the_flood_starves_the_low_job(worker_process):
     started, highs = run_flood(worker_process, {}, seconds=6)
     assert started is None, "the low job ran while priority-10 jobs were waiting"
-    assert highs > 50  # the flood was real
+    assert highs >= 10  # the flood was real (and live to the end: run_flood checks)
 
 
 @pytest.mark.slow
@@ -281,7 +287,7 @@ def test_with_aging_the_low_job_runs_within_the_aging_bound(worker_process, clai
     assert started is not None, "the low job starved"
     print(f"aging 1 s/step ({claim}): the low job started {started:.2f} s in, after {highs} highs")
     assert 10 <= started <= 14, started
-    assert highs > 100
+    assert highs >= 20  # the flood was real (and live to the end: run_flood checks)
 
 
 @pytest.mark.slow
