@@ -16,7 +16,7 @@ from datetime import timedelta
 
 import pytest
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -25,7 +25,7 @@ from django_jobs.checks.configuration import check_settings
 from django_jobs.models import Job
 from django_jobs.rows import ClaimRequest
 from django_jobs.store import JobStore, sql
-from tests.conftest import POSTGRES, wait_for
+from tests.conftest import ENGINE, POSTGRES, wait_for
 from tests.factories import JobFactory
 from tests.testapp import jobs
 from tests.testapp.models import Audit
@@ -308,3 +308,43 @@ def test_three_workers_claiming_aged_jobs_run_each_exactly_once(worker_process):
     labels = list(Audit.objects.values_list("label", flat=True))
     assert sorted(labels) == sorted(f"j{n}" for n in range(300))  # each once
     assert Job.objects.count() == 0
+
+
+# ---- claims side by side ----
+
+
+@pytest.mark.skipif(ENGINE == "sqlite", reason="SQLite has one writer: no claim beside another")
+@pytest.mark.parametrize("claim", ["auto", "orm"] if POSTGRES else ["auto"])
+@pytest.mark.parametrize("step", [None, 600])
+def test_a_claim_beside_one_in_flight_takes_the_next_due_jobs(step, claim):
+    """The aged claim reads its candidates unlocked, then locks them SKIP LOCKED: a claim
+    beside another one in flight found the same first jobs, skipped them all and came
+    back empty with 15 jobs due (found by r27); the plain claim goes on past them."""
+    for _ in range(20):
+        JobFactory()
+    held, done = threading.Event(), threading.Event()
+    got = {}
+
+    def first():
+        try:
+            with aging(step, CLAIM=claim), transaction.atomic():  # its locks, held open
+                request = ClaimRequest(queues=["default"], limit=5, token="a:1:a#1", lease=60)
+                got["a"] = JobStore().claim(request)
+                held.set()
+                done.wait(10)
+        finally:
+            held.set()
+            connection.close()
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    try:
+        assert held.wait(10)
+        with aging(step, CLAIM=claim):
+            request = ClaimRequest(queues=["default"], limit=5, token="b:1:b#1", lease=60)
+            second = JobStore().claim(request)
+    finally:
+        done.set()
+        thread.join(10)
+    assert len(got["a"]) == 5
+    assert len(second) == 5 and not {j.id for j in second} & {j.id for j in got["a"]}
