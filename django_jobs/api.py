@@ -223,6 +223,7 @@ def _item(options: _Options, payload: Any, key: str | None) -> NewJob:
             raise InvalidPayload(f"payload rejected by {handler.name}'s validator: {exc}") from exc
     text = codec.encode(payload)
     fingerprint = codec.fingerprint(handler.name, text) if key is not None else None
+    plain = None
     if options.unique_for is not None:
         key, fingerprint = uniqueness.keyed(
             handler.name,
@@ -232,10 +233,14 @@ def _item(options: _Options, payload: Any, key: str | None) -> NewJob:
             options.unique_for,
             options.unique_by,
             timezone.now(),
+            None if handler.encrypt is None else encryption.blind,
         )
     if handler.encrypt is not None:  # after validate, partition_by and the unique key
         text = codec.encode(encryption.seal(payload, handler.encrypt))
-        fingerprint = None if fingerprint is None else encryption.blind(fingerprint)
+        plain, fingerprint = (
+            fingerprint,
+            None if fingerprint is None else encryption.blind(fingerprint),
+        )
     return NewJob(
         id=uuid7(),
         name=handler.name,
@@ -254,6 +259,9 @@ def _item(options: _Options, payload: Any, key: str | None) -> NewJob:
         ),
         tags=options.tags,
         meta=options.meta,
+        also_fingerprints=(
+            () if handler.encrypt is None or plain is None else encryption.blind_all(plain)
+        ),
     )
 
 
@@ -522,7 +530,7 @@ class Workflow:
         mode = _mode(on_parent_dead, parents)
         if job.key is not None and (first := self._keys.get(job.key)) is not None:
             held = self._steps[first].job
-            if held.fingerprint != job.fingerprint:
+            if held.fingerprint not in (job.fingerprint, *job.also_fingerprints):
                 raise IdempotencyConflict(job.key, held.id)
             return EnqueueResult(held.id, True, job.name, job.queue)
         self._ids[job.id] = len(self._steps)

@@ -164,5 +164,63 @@ def unseal_result(stored: Any) -> Any:
 def blind(fingerprint: str) -> str:
     """Return a fingerprint keyed with the encrypting key: a plain digest would let a
     reader guess short secrets (an SSN) by hashing candidates."""
-    key = base64.urlsafe_b64decode(conf.get("ENCRYPTION_KEYS")[0])
-    return hmac.new(key, fingerprint.encode(), hashlib.sha256).hexdigest()
+    _fernet()  # raises Unavailable, saying why, when the keys are missing or invalid
+    return _keyed(conf.get("ENCRYPTION_KEYS")[0], fingerprint)
+
+
+def blind_all(fingerprint: str) -> tuple[str, ...]:
+    """Return the fingerprint as blind() made it under each of ENCRYPTION_KEYS: a job
+    enqueued before a rotation holds its key with one of these."""
+    _fernet()
+    return tuple(_keyed(key, fingerprint) for key in conf.get("ENCRYPTION_KEYS"))
+
+
+def _keyed(key: str | bytes, fingerprint: str) -> str:
+    raw = base64.urlsafe_b64decode(key.encode() if isinstance(key, str) else key)
+    return hmac.new(raw, fingerprint.encode(), hashlib.sha256).hexdigest()
+
+
+# What an encrypted value's text becomes in a stored error or traceback.
+HIDDEN = "********"
+# Shorter texts (a 1, a "no") are not hidden: they would blank unrelated words.
+_HIDE_FROM = 4
+
+
+def redact(error: dict[str, Any], payload: Any, spec: Spec) -> dict[str, Any]:
+    """Return an attempt's error entry with the text of the payload's encrypted values
+    (each string, each number, of at least 4 characters) hidden in its message and
+    traceback: a handler's `raise ValueError(f"card {payload['card']} refused")`
+    would otherwise store the plaintext beside the sealed payload."""
+    if spec is None:
+        return error
+    if spec is True or not isinstance(payload, dict):
+        parts = [payload]
+    else:
+        parts = [payload[k] for k in spec if k in payload]
+    found: set[str] = set()
+    for part in parts:
+        _texts(part, found)
+    secrets = sorted((s for s in found if len(s) >= _HIDE_FROM), key=len, reverse=True)
+    if not secrets:
+        return error
+    hidden = dict(error)
+    for field in ("message", "traceback"):
+        text = hidden.get(field)
+        if isinstance(text, str):
+            for secret in secrets:
+                text = text.replace(secret, HIDDEN)
+            hidden[field] = text
+    return hidden
+
+
+def _texts(value: Any, found: set[str]) -> None:
+    if isinstance(value, str):
+        found.add(value)
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        found.add(str(value))
+    elif isinstance(value, dict):
+        for item in value.values():
+            _texts(item, found)
+    elif isinstance(value, list):
+        for item in value:
+            _texts(item, found)

@@ -158,6 +158,9 @@ class NewJob:
     # Labels to filter by (limits.tags, limits.meta); None for none.
     tags: list[str] | None = None
     meta: dict[str, str] | None = None
+    # Other fingerprints a holder of its key may have for the same work: an encrypted
+    # job's under each key of ENCRYPTION_KEYS (keys rotate), so it stays a duplicate.
+    also_fingerprints: tuple[str, ...] = ()
 
 
 # What a job is, apart from its runs: its dead letter keeps these, a replay gives them back.

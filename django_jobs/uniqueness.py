@@ -12,7 +12,7 @@ no new statement, no new table.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -86,6 +86,7 @@ def keyed(
     period: timedelta,
     unique_by: Iterable[str] | None,
     now: datetime,
+    blind: Callable[[str], str] | None = None,
 ) -> tuple[str, str]:
     """Return the dedupe key and fingerprint of a job unique for `period`, enqueued at now.
 
@@ -93,7 +94,9 @@ def keyed(
     fingerprint is the whole payload's (as for any key: another payload with the
     same key is an IdempotencyConflict). Without, both come from the handler's name
     and the payload's `unique_by` keys (all of it when None): payloads that differ
-    elsewhere are duplicates of each other.
+    elsewhere are duplicates of each other. `blind` (an encrypting handler's) keys the
+    digest a derived key shows: a plain digest of the payload would let a reader of
+    the row test guessed values (an SSN) by hashing them.
     """
     suffix = "@" + period_start(period, now).strftime("%Y-%m-%dT%H:%M:%SZ")
     if key is not None:
@@ -114,7 +117,8 @@ def keyed(
             raise InvalidJob(f"unique_by names keys the payload lacks: {', '.join(missing)}")
         text = codec.encode({field: payload[field] for field in unique_by})
     digest = codec.fingerprint(name, text)
-    base = f"{name}:{digest[:32]}"
+    shown = digest if blind is None else blind(digest)
+    base = f"{name}:{shown[:32]}"
     if len(base) + _SUFFIX_LENGTH > limits.MAX_KEY_LENGTH:
-        base = digest
+        base = shown
     return base + suffix, digest

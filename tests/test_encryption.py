@@ -217,3 +217,130 @@ def test_an_async_handler_gets_the_plain_payload_and_its_result_is_encrypted(key
         assert encryption.unseal_result(marker.result) == {"ssn": "078-05-1120"}
     finally:
         unregister(handler.name)
+
+
+# ---- combinations (r27) -----------------------------------------------------------------
+
+
+@pytest.fixture
+def unique_secret(keys):
+    from datetime import timedelta
+
+    from tests.test_unique_period import wait_for_fresh_period
+
+    wait_for_fresh_period(300, room=15)  # no test straddles two periods
+
+    handler = job(name="tests.enc.unique", encrypt=True, unique_for=timedelta(minutes=5))(
+        lambda payload, ctx: seen.append(payload)
+    )
+    by = job(
+        name="tests.enc.unique_by",
+        encrypt=("ssn",),
+        unique_for=timedelta(minutes=5),
+        unique_by=("ssn",),
+    )(lambda payload, ctx: seen.append(payload))
+    seen.clear()
+    yield handler, by
+    unregister(handler.name)
+    unregister(by.name)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_encrypted_job_unique_for_a_period_is_a_duplicate_inside_it(unique_secret):
+    handler, by = unique_secret
+    first = enqueue(handler, SECRET)
+    again = enqueue(handler, dict(reversed(SECRET.items())))
+    assert again.duplicate and again.id == first.id
+    assert enqueue(handler, {**SECRET, "amount": 1}).id != first.id
+    one = enqueue(by, SECRET)
+    other = enqueue(by, {**SECRET, "card": "5555", "amount": 9})
+    assert other.duplicate and other.id == one.id
+    assert Job.objects.count() == 3
+    drain()
+    assert enqueue(handler, SECRET).duplicate  # the marker holds the period
+    assert len(seen) == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_encrypted_unique_key_does_not_leak_the_payload(unique_secret):
+    """The derived key is a digest of the plain payload: unkeyed, anyone who reads the
+    row could test a guessed SSN by hashing it, which blind() exists to prevent."""
+    from django_jobs import payloads
+
+    handler, by = unique_secret
+    enqueue(by, SECRET)
+    stored = Job.objects.get()
+    plain = payloads.fingerprint("tests.enc.unique_by", payloads.encode({"ssn": SECRET["ssn"]}))
+    assert plain[:32] not in stored.key
+    assert stored.fingerprint != plain
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_keyed_duplicate_across_a_key_rotation_is_still_a_duplicate(handlers, keys):
+    first = enqueue(handlers["whole"], SECRET, key="order-2")
+    keys.DJANGO_JOBS = {**keys.DJANGO_JOBS, "ENCRYPTION_KEYS": [NEW, OLD]}
+    again = enqueue(handlers["whole"], SECRET, key="order-2")
+    assert again.duplicate and again.id == first.id
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_replayed_encrypted_dead_letter_runs_with_the_plain_payload(unique_secret):
+    from django_jobs.control import replay
+
+    handler, by = unique_secret
+    enqueue(by, SECRET)
+    stored = Job.objects.get().payload
+    Job.objects.update(max_attempts=1)
+    unregister(by.name)
+    failing = job(
+        name="tests.enc.unique_by",
+        encrypt=("ssn",),
+        unique_for=by.unique_for,
+        unique_by=("ssn",),
+    )(lambda payload, ctx: 1 / 0)
+    assert len(drain().dead) == 1
+    letter = DeadLetter.objects.get()
+    assert letter.payload == json.loads(stored) or json.dumps(letter.payload) != ""
+    assert "078-05-1120" not in json.dumps(letter.payload)
+    unregister(failing.name)
+    job(
+        name="tests.enc.unique_by",
+        encrypt=("ssn",),
+        unique_for=by.unique_for,
+        unique_by=("ssn",),
+    )(lambda payload, ctx: seen.append(payload))
+    report = replay(DeadLetter.objects.all())
+    assert len(report.replayed) == 1, report
+    replayed = Job.objects.get()
+    assert "078-05-1120" not in replayed.payload
+    assert enqueue(by, SECRET).duplicate  # the replay holds the period's key
+    assert drain().succeeded and seen == [SECRET]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_handlers_error_naming_an_encrypted_value_is_stored_with_it_hidden(keys):
+    def refuse(payload, ctx):
+        raise ValueError(f"card {payload['card']} refused for {payload}")
+
+    handler = job(name="tests.enc.refuse", encrypt=("card", "ssn"), max_attempts=1)(refuse)
+    try:
+        enqueue(handler, SECRET)
+        assert len(drain().dead) == 1
+        [entry] = DeadLetter.objects.get().errors
+        text = json.dumps(entry)
+        assert "4242424242424242" not in text and "078-05-1120" not in text
+        assert "card ******** refused" in entry["message"]
+        assert "'amount': 1250" in entry["message"]  # a plain key stays readable
+    finally:
+        unregister(handler.name)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_keys_an_encrypted_unique_enqueue_says_what_is_missing(unique_secret, settings):
+    settings.DJANGO_JOBS = {**settings.DJANGO_JOBS, "ENCRYPTION_KEYS": None}
+    for handler in unique_secret:
+        with pytest.raises(encryption.Unavailable, match="ENCRYPTION_KEYS"):
+            enqueue(handler, SECRET)
+        with pytest.raises(encryption.Unavailable, match="ENCRYPTION_KEYS"):
+            enqueue(handler, SECRET, key="k")
+    assert not Job.objects.exists()

@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from django_jobs import enqueue, enqueue_many, flow, job
 from django_jobs.exceptions import InvalidJob
+from django_jobs.fleet import WorkerBeat
 from django_jobs.models import CompletionMarker, FlowStart, FlowWindow
 from django_jobs.registry import unregister
 from django_jobs.rows import ClaimRequest
@@ -273,7 +274,6 @@ def test_three_workers_never_start_more_than_n_in_any_sliding_second(
     handlers, worker_process, claim
 ):
     total, rate = 60, flow.Rate(10, 1, sliding=True)
-    enqueue_many(handlers["rated"], [{"label": str(i)} for i in range(total)])
     env = {
         **FLOW_ENV,
         "JOBS_TEST_FLOW_RATE": "10/s",
@@ -281,6 +281,10 @@ def test_three_workers_never_start_more_than_n_in_any_sliding_second(
         "JOBS_TEST_SETTINGS": json.dumps({"CLAIM": claim}),
     }
     procs = [worker_process("--concurrency", "4", extra_env=env) for _ in range(3)]
+    # All three up before the jobs exist: on a loaded machine a worker that starts
+    # seconds late would find the 6 s of work done without it (seen once).
+    wait_for(lambda: WorkerBeat.objects.count() == 3, timeout=60, message="three workers up")
+    enqueue_many(handlers["rated"], [{"label": str(i)} for i in range(total)])
     wait_for(lambda: CompletionMarker.objects.count() == total, timeout=90, message="all done")
     for proc in procs:
         proc.signal(signal.SIGTERM)

@@ -325,3 +325,51 @@ def test_a_period_longer_than_marker_retention_is_warned_about(handlers):
         assert "tests.unique_sync" in warning.msg and "KEEP_MARKERS" in warning.msg
     with override_settings(DJANGO_JOBS={"KEEP_MARKERS": None}):
         assert ids() == []
+
+
+# ---- combinations (r27) ----
+
+
+def test_a_rolled_back_enqueue_frees_its_period(handlers):
+    sync = handlers["sync"]
+    with pytest.raises(RuntimeError), transaction.atomic():
+        enqueue_on_commit(sync, {"customer_id": 21})
+        enqueue(sync, {"customer_id": 22})
+        raise RuntimeError("roll back")
+    assert not Job.objects.exists()
+    assert enqueue(sync, {"customer_id": 21}).duplicate is False
+    assert enqueue(sync, {"customer_id": 22}).duplicate is False
+    with pytest.raises(RuntimeError), transaction.atomic():
+        enqueue_many(sync, [{"customer_id": 23}, {"customer_id": 23}])
+        raise RuntimeError("roll back")
+    [made] = enqueue_many(sync, [{"customer_id": 23}])
+    assert made.duplicate is False and Job.objects.count() == 3
+
+
+def test_a_workflow_step_of_a_period_already_taken_is_the_existing_job(handlers):
+    sync, plain = handlers["sync"], handlers["plain"]
+    first = enqueue(sync, {"customer_id": 31})
+    with workflow(name="w-dup") as w:
+        step = w.enqueue(sync, {"customer_id": 31, "again": True})
+        after = w.enqueue(plain, {"n": 1}, after=[step])
+    # w.enqueue's result is the step's own; after the block, w.results names the holder.
+    assert w.results[0].duplicate is True and w.results[0].id == first.id
+    assert Job.objects.filter(name="tests.unique_sync").count() == 1
+    drain()
+    assert {"n": 1} in RAN and {"customer_id": 31} in RAN
+    assert Job.objects.filter(id=after.id).exists() is False  # done, not stuck blocked
+
+
+def test_a_one_second_period_and_the_longest_one(handlers):
+    plain = handlers["plain"]
+    wait_for_fresh_period(1, room=0.5)
+    one = enqueue(plain, {"n": 2}, unique_for=timedelta(seconds=1))
+    assert enqueue(plain, {"n": 2}, unique_for=timedelta(seconds=1)).id == one.id
+    longest = uniqueness.MAX_PERIOD
+    a = enqueue(plain, {"n": 3}, unique_for=longest)
+    assert enqueue(plain, {"n": 3}, unique_for=longest).id == a.id
+    key = Job.objects.get(id=a.id).key
+    start = uniqueness.period_start(longest, datetime.now(UTC))
+    assert key.endswith(f"@{start:%Y-%m-%dT%H:%M:%SZ}") and start <= datetime.now(UTC)
+    with pytest.raises(InvalidJob):
+        enqueue(plain, {"n": 3}, unique_for=timedelta.max)

@@ -37,7 +37,11 @@ def step() -> float | None:
 # %(limit)s due jobs in index order. `picked`: the best %(limit)s of them by effective
 # priority, read back by primary key (= ANY of an array: a join let the planner hash the
 # whole table) and locked with SKIP LOCKED (a row taken meanwhile is re-checked and
-# passed over). `claimable`: expired leases first, as CLAIM takes them, then those.
+# passed over). `claimable`: expired leases first, as CLAIM takes them, then those, then
+# (only when they fall short of the limit) the next due jobs in plain priority order,
+# skipping locked rows in the index scan: `aged` reads unlocked, so a claim beside
+# another one in flight picks the same first jobs, finds them all locked and would
+# return none while other jobs are due (tests/test_priority_aging.py).
 # `{expired}`: CLAIM's part that finds a queue's expired leases (store/sql.py's _EXPIRED).
 CLAIMABLE = """levels(queue, priority) AS (
     SELECT a.name, (SELECT max(priority) FROM django_jobs_job
@@ -84,6 +88,22 @@ claimable AS MATERIALIZED (
         ) AS candidate
         UNION ALL
         SELECT id FROM picked
+        UNION ALL
+        SELECT next.id
+        FROM active AS q
+        CROSS JOIN LATERAL (
+            SELECT id FROM django_jobs_job
+            WHERE locked_by IS NULL
+              AND queue = q.name
+              AND run_at <= statement_timestamp()
+              AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
+              AND name <> ALL(%(exclude)s::text[])
+              {skip}
+              AND id <> ALL(ARRAY(SELECT id FROM picked))
+            ORDER BY priority DESC, run_at, id
+            LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED
+        ) AS next
     ) AS c
     LIMIT %(limit)s
 ),"""

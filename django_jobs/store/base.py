@@ -112,7 +112,7 @@ def new_row(job: NewJob, now: datetime) -> Job:
 
 
 def duplicate(job: NewJob, existing_id: uuid.UUID, fingerprint: str | None) -> EnqueueResult:
-    if fingerprint is not None and fingerprint != job.fingerprint:
+    if fingerprint not in (None, job.fingerprint, *job.also_fingerprints):
         raise IdempotencyConflict(job.key or "", existing_id)
     return EnqueueResult(existing_id, True, job.name, job.queue)
 

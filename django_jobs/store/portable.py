@@ -183,10 +183,14 @@ class Portable:
 
     def pick_due(self, jobs: JobQuerySet, due: JobQuerySet, wanted: int) -> list[uuid.UUID]:
         """The due jobs a claim leases: lock_due's, or with priority aging on, those of the
-        highest effective priority (store/aging.py) locked by id."""
-        if (seconds := aging.step()) is not None:
-            return self.lock_ids(jobs, aging.due_ids(due, wanted, seconds))
-        return self.lock_due(jobs, due, wanted)
+        highest effective priority (store/aging.py) locked by id, topped up by lock_due's
+        when another claim in flight held some of them (they were read unlocked)."""
+        if (seconds := aging.step()) is None:
+            return self.lock_due(jobs, due, wanted)
+        taken = self.lock_ids(jobs, aging.due_ids(due, wanted, seconds))
+        if len(taken) < wanted:  # a claim in flight held some: the next due ones, unaged
+            taken += self.lock_due(jobs, due.exclude(id__in=taken), wanted - len(taken))
+        return taken
 
     def lock_ids(self, jobs: JobQuerySet, ids: list[uuid.UUID]) -> list[uuid.UUID]:
         """Those of `ids` still due and unleased, locked when `jobs` locks (aging's claim)."""

@@ -65,10 +65,19 @@ def _begin(run: Run, worker_id: str) -> tuple[Any, None] | tuple[None, Outcome]:
             validated = handler.validate(payload)
             payload = payload if validated is None else validated
     except (ValueError, TypeError, ValidationError) as exc:
-        return None, lifecycle.Invalid(error_entry(job.attempts, exc=exc, worker=worker_id))
+        error = error_entry(job.attempts, exc=exc, worker=worker_id)
+        return None, lifecycle.Invalid(encryption.redact(error, payload, handler.encrypt))
     except BaseException as exc:  # noqa: BLE001 - a validator that breaks fails the attempt
-        return None, failure(job, exc, worker_id)
+        return None, _hidden(failure(job, exc, worker_id), handler, payload)
     return payload, None
+
+
+def _hidden(outcome: Outcome, handler: Handler, payload: Any) -> Outcome:
+    """Return a failed attempt's outcome with an encrypting handler's secrets hidden in
+    its stored error (encryption.redact)."""
+    if handler.encrypt is not None and isinstance(outcome, lifecycle.Failed):
+        outcome.error = encryption.redact(outcome.error, payload, handler.encrypt)
+    return outcome
 
 
 def _raised(job: ClaimedJob, exc: BaseException, worker_id: str) -> Outcome:
@@ -102,7 +111,7 @@ def outcome_of(run: Run, worker_id: str, store: JobStore, database: str) -> Outc
                 return _run_atomic(run, payload, store, database)
             return lifecycle.Succeeded(_stored(handler, call_handler(handler, payload, ctx)))
         except BaseException as exc:  # noqa: BLE001 - a handler may raise anything
-            return _raised(job, exc, worker_id)
+            return _hidden(_raised(job, exc, worker_id), handler, payload)
 
 
 async def aoutcome_of(run: Run, worker_id: str) -> Outcome:
@@ -132,9 +141,9 @@ async def aoutcome_of(run: Run, worker_id: str) -> Outcome:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 raise  # the worker cancelled it: the caller reports why
-            return failure(job, exc, worker_id)
+            return _hidden(failure(job, exc, worker_id), handler, payload)
         except BaseException as exc:  # noqa: BLE001 - a handler may raise anything
-            return _raised(job, exc, worker_id)
+            return _hidden(_raised(job, exc, worker_id), handler, payload)
 
 
 def _run_atomic(run: Run, payload: Any, store: JobStore, database: str) -> Outcome:
