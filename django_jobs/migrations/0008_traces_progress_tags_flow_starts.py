@@ -8,6 +8,8 @@
 #   the dead reason undecryptable (docs/handlers.md#encrypted-payloads).
 # The new columns are nullable: adding them rewrites no row.
 
+from typing import Any
+
 from django.db import migrations, models
 
 # The admin's and the commands' tag and metadata filters (docs/observability.md) on
@@ -39,7 +41,7 @@ def drop(apps, schema_editor):
         schema_editor.execute(f"DROP INDEX IF EXISTS {name}")
 
 
-def _trace_context(whose):
+def _trace_context(whose: str) -> Any:
     return models.CharField(
         blank=True,
         help_text=f"W3C traceparent (and tracestate) of the span that enqueued {whose}.",
@@ -48,7 +50,7 @@ def _trace_context(whose):
     )
 
 
-def _json(help_text):
+def _json(help_text: str) -> Any:
     return models.JSONField(blank=True, help_text=help_text, null=True)
 
 
