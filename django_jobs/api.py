@@ -596,4 +596,4 @@ def _explain_missing_tables(exc: Exception, alias: str) -> None:
 
 
 def _send_enqueued(result: EnqueueResult) -> None:
-    signals.job_enqueued.send(**signals.about(result), duplicate=result.duplicate)
+    signals.send(signals.job_enqueued, **signals.about(result), duplicate=result.duplicate)

@@ -106,7 +106,7 @@ def outcome_of(run: Run, worker_id: str, store: JobStore, database: str) -> Outc
     with attempt_scope(run):
         try:
             if signals.job_started.receivers:
-                signals.job_started.send(**signals.about(job), attempt=job.attempts)
+                signals.send(signals.job_started, **signals.about(job), attempt=job.attempts)
             if handler.atomic:
                 return _run_atomic(run, payload, store, database)
             return lifecycle.Succeeded(_stored(handler, call_handler(handler, payload, ctx)))

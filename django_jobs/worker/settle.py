@@ -14,9 +14,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from django_jobs import conf, lifecycle, signals
-from django_jobs.attempts import MAX_MESSAGE, DeadReason, error_entry, error_summary, type_name
+from django_jobs.attempts import DeadReason, error_entry, error_summary
 from django_jobs.lifecycle import Outcome
-from django_jobs.payloads import safe_str, storable_text
 from django_jobs.registry import Backoff
 from django_jobs.rows import ClaimedJob, Finished, Settled
 from django_jobs.store import JobStore
@@ -296,7 +295,7 @@ class Settler:
             extra=log_extra(job),
         )
         if signals.job_dead_lettered.receivers:
-            self._signal(
+            signals.send(
                 signals.job_dead_lettered,
                 **signals.about(job),
                 reason=reason,
@@ -408,7 +407,7 @@ class Settler:
                     extra=extra,
                 )
         if signals.job_finished.receivers:
-            self._signal(
+            signals.send(
                 signals.job_finished,
                 **signals.about(job),
                 attempt=job.attempts,
@@ -416,15 +415,3 @@ class Settler:
                 error=error,
                 duration=duration,
             )
-
-    def _signal(self, signal: Any, **kwargs: Any) -> None:
-        """Send signal from the dispatcher: a failing receiver is logged, not fatal."""
-        for receiver, response in signal.send_robust(**kwargs):
-            if isinstance(response, Exception):
-                logger.error(
-                    "worker %s: a receiver of a django_jobs signal (%s) raised %s: %s",
-                    self.id,
-                    safe_str(receiver),
-                    type_name(response),
-                    storable_text(safe_str(response), MAX_MESSAGE),
-                )

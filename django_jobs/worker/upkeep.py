@@ -335,7 +335,8 @@ class Upkeep:
             buried += len(letters)
             if signals.job_dead_lettered.receivers:
                 for letter in letters:
-                    signals.job_dead_lettered.send(
+                    signals.send(
+                        signals.job_dead_lettered,
                         **signals.about(letter),
                         reason=letter.reason,
                         attempts=letter.attempts,
