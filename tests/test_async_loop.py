@@ -10,10 +10,12 @@ worker whose slots (or loop) are all held exits 3 as one whose threads are.
 from __future__ import annotations
 
 import signal
+import time
 
 import pytest
 
 from django_jobs import control, enqueue
+from django_jobs.attempts import worker_of
 from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job
 from django_jobs.signals import job_started
 from django_jobs.worker import EXIT_STUCK
@@ -274,6 +276,48 @@ def test_a_wake_up_reaches_both_kinds_of_handler_without_waiting_for_the_poll(
             )
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0, worker.output()[-3000:]
+
+
+@pytest.mark.postgres  # wake-ups are PostgreSQL's NOTIFY
+def test_jobs_a_stopping_worker_gives_back_wake_an_idle_one_without_waiting_for_its_poll(
+    handlers, worker_process
+):
+    # The first worker claims 9 jobs of a handler capped at 3: 3 run (2 s each), 6 wait
+    # behind the cap. A second worker, started after that claim, polls once a minute.
+    # SIGTERM to the first gives the 6 back at once: their NOTIFY must wake the second.
+    ids = [enqueue(handlers["capped"], {"seconds": 2.0}).id for _ in range(9)]
+    first, sampler = _worker(worker_process, "--concurrency", "1", "--grace", "30")
+    sampler.stop()
+    wait_for(
+        lambda: not Job.objects.filter(id__in=ids, locked_by__isnull=True).exists(),
+        message="the first worker to claim all 9",
+    )
+    second = worker_process(
+        "--concurrency", "1", "--poll-interval", "60", extra_env={"JOBS_TEST_ASYNC": "1"}
+    )
+    first_id = {worker_of(t) for t in Job.objects.values_list("locked_by", flat=True)}
+    assert len(first_id) == 1
+    wait_for(lambda: second.output(), message="the second worker's start")
+    time.sleep(1.0)  # its first claim, at start, found all 9 locked
+
+    def taken_over():
+        tokens = Job.objects.filter(id__in=ids).values_list("locked_by", flat=True)
+        return any(t and worker_of(t) not in first_id for t in tokens)
+
+    first.signal(signal.SIGTERM)
+    wait_for(
+        taken_over,
+        timeout=15,  # far within the second worker's 60 s poll: the release woke it
+        message="the second worker to claim a job the first gave back",
+    )
+    wait_for(
+        lambda: CompletionMarker.objects.filter(job_id__in=ids).count() == 9,
+        timeout=60,
+        message="all 9 jobs",
+    )
+    for worker in (first, second):
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0, worker.output()[-3000:]
 
 
 def test_jobs_held_back_behind_their_cap_keep_their_leases_from_a_second_worker(

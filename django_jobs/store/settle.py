@@ -80,13 +80,21 @@ def retry(jobs: JobQuerySet, job: ClaimedJob, *, delay: float, error: dict[str, 
 
 
 def release(jobs: JobQuerySet, held: Iterable[ClaimedJob]) -> int:
-    """Give leases back without consuming the attempt their claim counted."""
+    """Give leases back without consuming the attempt their claim counted.
+
+    The released jobs are due at once: their queues' listening workers are woken
+    (a worker shutting down, or handing back jobs its cap holds, is not the one
+    that should run them), rather than left for their next poll.
+    """
     given = list(held)
     if not given:
         return 0
-    return jobs.filter(id__in=[j.id for j in given], locked_by__in={j.token for j in given}).update(
-        locked_by=None, lease_expires_at=None, attempts=F("attempts") - 1
-    )
+    released = jobs.filter(
+        id__in=[j.id for j in given], locked_by__in={j.token for j in given}
+    ).update(locked_by=None, lease_expires_at=None, attempts=F("attempts") - 1)
+    if released:
+        engine(jobs.db).notify(jobs.db, {j.queue for j in given})
+    return released
 
 
 def snooze(jobs: JobQuerySet, job: ClaimedJob, *, delay: float) -> bool:
