@@ -42,7 +42,8 @@ def step() -> float | None:
 # skipping locked rows in the index scan: `aged` reads unlocked, so a claim beside
 # another one in flight picks the same first jobs, finds them all locked and would
 # return none while other jobs are due (tests/test_priority_aging.py).
-# `{expired}`: CLAIM's part that finds a queue's expired leases (store/sql.py's _EXPIRED).
+# `{expired}`: CLAIM's part that finds a queue's expired leases (store/sql.py's _EXPIRED);
+# `{due}`: its due pick (store/sql.py's _DUE), with NOT_PICKED added to its filter.
 CLAIMABLE = """levels(queue, priority) AS (
     SELECT a.name, (SELECT max(priority) FROM django_jobs_job
                     WHERE locked_by IS NULL AND queue = a.name)
@@ -92,21 +93,13 @@ claimable AS MATERIALIZED (
         SELECT next.id
         FROM active AS q
         CROSS JOIN LATERAL (
-            SELECT id FROM django_jobs_job
-            WHERE locked_by IS NULL
-              AND queue = q.name
-              AND run_at <= statement_timestamp()
-              AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
-              AND name <> ALL(%(exclude)s::text[])
-              {skip}
-              AND id <> ALL(ARRAY(SELECT id FROM picked))
-            ORDER BY priority DESC, run_at, id
-            LIMIT %(limit)s
-            FOR UPDATE SKIP LOCKED
+            {due}
         ) AS next
     ) AS c
     LIMIT %(limit)s
 ),"""
+# The top-up's extra filter, spliced into store/sql.py's due pick (`{due}` above).
+NOT_PICKED = "\n              AND id <> ALL(ARRAY(SELECT id FROM picked))"
 
 
 def due_ids(due: JobQuerySet, wanted: int, seconds: float) -> list[uuid.UUID]:

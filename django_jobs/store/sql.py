@@ -123,6 +123,18 @@ _EXPIRED = """SELECT id FROM django_jobs_job
             ORDER BY lease_expires_at
             LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED"""
+# A queue's due jobs in claim order, passing over locked rows: the other part of
+# `claimable` (CLAIM's, and aging.CLAIMABLE's top-up, which also skips what it picked).
+_DUE = """SELECT id FROM django_jobs_job
+            WHERE locked_by IS NULL
+              AND queue = q.name
+              AND run_at <= statement_timestamp()
+              AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
+              AND name <> ALL(%(exclude)s::text[])
+              {skip}
+            ORDER BY priority DESC, run_at, id
+            LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED"""
 _CLAIMABLE = """claimable AS MATERIALIZED (
     SELECT candidate.id
     FROM active AS q
@@ -132,16 +144,7 @@ _CLAIMABLE = """claimable AS MATERIALIZED (
         ) AS expired
         UNION ALL
         SELECT id FROM (
-            SELECT id FROM django_jobs_job
-            WHERE locked_by IS NULL
-              AND queue = q.name
-              AND run_at <= statement_timestamp()
-              AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
-              AND name <> ALL(%(exclude)s::text[])
-              {skip}
-            ORDER BY priority DESC, run_at, id
-            LIMIT %(limit)s
-            FOR UPDATE SKIP LOCKED
+            {due}
         ) AS due
     ) AS candidate
     LIMIT %(limit)s
@@ -170,6 +173,12 @@ def _claim(*, except_limited: bool, aged: bool = False) -> str:
     # `aged`: priority aging's `claimable` (store/aging.py) instead of this one.
     skip = "AND name <> ALL(%(limited)s::text[])" if except_limited else ""
     expired = _EXPIRED.format(skip=skip)
+    if aged:
+        claimable = aging.CLAIMABLE.format(
+            skip=skip, expired=expired, due=_DUE.format(skip=skip + aging.NOT_PICKED)
+        )
+    else:
+        claimable = _CLAIMABLE.format(expired=expired, due=_DUE.format(skip=skip))
     return f"""
 WITH {"RECURSIVE " if aged else ""}beat AS (
     UPDATE django_jobs_worker
@@ -182,7 +191,7 @@ active AS MATERIALIZED (
     FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, position)
     WHERE NOT EXISTS (SELECT 1 FROM django_jobs_queue AS s WHERE s.name = q.name AND s.paused)
 ),
-{(aging.CLAIMABLE if aged else _CLAIMABLE).format(skip=skip, expired=expired)}
+{claimable}
 {_claimed("claimable", partition=False)}{_RETURNED}"""  # noqa: S608 - spliced: constants of this module and attempts.py, no input
 
 
