@@ -10,15 +10,16 @@ worker whose slots (or loop) are all held exits 3 as one whose threads are.
 from __future__ import annotations
 
 import signal
+import threading
 import time
 
 import pytest
 
-from django_jobs import control, enqueue
+from django_jobs import control, enqueue, enqueue_many, registry
 from django_jobs.attempts import worker_of
 from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job
 from django_jobs.signals import job_started
-from django_jobs.worker import EXIT_STUCK
+from django_jobs.worker import EXIT_STUCK, Worker
 from tests.conftest import POSTGRES, wait_for
 from tests.test_timeouts import Sampler
 from tests.testapp import async_jobs, hostile, jobs
@@ -356,3 +357,21 @@ def test_jobs_held_back_behind_their_cap_keep_their_leases_from_a_second_worker(
     )
     assert attempts == [1] * 9
     assert "taking it over" not in first.output() + second.output()
+
+
+def test_a_worker_with_both_kinds_drains_sync_jobs_without_waiting_for_the_poll():
+    # A worker with async handlers registered (the test app has some) claims each kind
+    # by its own statement. With only sync jobs due, the loop's statement comes back
+    # empty: that must not make the worker wait for its poll while the threads' share
+    # came back full (it drained at a job per poll's worth of claims: ~500 jobs/s).
+    ids = [r.id for r in enqueue_many(jobs.noop, [{}] * 400)]
+    worker = Worker(concurrency=2, poll_interval=60, listen=False, max_jobs=400)
+    kinds = {h.is_async for h in registry.all_handlers().values()}
+    assert kinds == {True, False}  # both kinds registered
+    runner = threading.Thread(target=worker.run, daemon=True)
+    started = time.monotonic()
+    runner.start()
+    runner.join(timeout=30)  # far within one 60 s poll
+    assert not runner.is_alive(), f"{CompletionMarker.objects.count()} of 400 after 30 s"
+    assert CompletionMarker.objects.filter(job_id__in=ids).count() == 400
+    assert time.monotonic() - started < 30

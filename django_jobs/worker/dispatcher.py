@@ -439,6 +439,7 @@ class Worker:
         """Make the next claim look at every limited group and at the other jobs."""
         self._flow_due = {g.key for g in self._flow_limits}
         self._others_due = True
+        self._slots.wake()
 
     # ---- claiming ---------------------------------------------------------
 
@@ -503,12 +504,16 @@ class Worker:
             else:
                 self._settler.completed(batch, None if found is None else found[0])
                 jobs = None if found is None else found[1]
+        got_by_share = [] if jobs is None else [len(jobs)]
         for share in other_shares if jobs is not None else ():  # the other kind's, no beat
             other = request._replace(limit=share.limit, names=share.names, beat=None)
-            jobs += self._db(partial(self._store.claim, other)) or []
+            jobs += (theirs := self._db(partial(self._store.claim, other)) or [])
+            got_by_share.append(len(theirs))
         if jobs is None:
             return asked, asked  # the database is away: try again, do not conclude "idle"
         got = len(jobs)
+        if self._slots.claimed(shares, got_by_share):
+            got = max(got, asked)  # a kind's share came back full: more may be due
         if got:
             self._empty_looks = 0
         if self._flow_limits:

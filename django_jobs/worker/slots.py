@@ -32,6 +32,9 @@ class Slots:
         self._avg_loop: float | None = None
         self.thread_names: list[str] = []
         self.loop_names: list[str] = []
+        # The kinds whose last claim came back short: none of their jobs was left due,
+        # so claims leave them out until a look everywhere (a poll, a wake-up).
+        self._quiet: set[str] = set()
 
     def split(self, names: Iterable[str], handlers: Mapping[str, Any]) -> None:
         """Tell the names whose handlers run on the loop from those the threads run."""
@@ -99,25 +102,58 @@ class Slots:
 
         With both kinds, each kind is claimed by a statement of its own, up to its own
         free slots (one for both could bring the loop's free count of sync jobs, queued
-        behind the threads past their leases), so that every wake-up looks at both; a
-        kind without room is left out (added to excluded).
+        behind the threads past their leases). A kind without room, or quiet (its last
+        claim came back short) while the other is not, is left out (added to excluded);
+        a look everywhere (wake) makes every wake-up look at both again.
         """
         if not (self.loop_names and self.thread_names):
-            return [ClaimShare(names, asked)]
+            return [ClaimShare(names, asked, THREADS)]
         free_threads, free_loop = self.free_by_kind(inflight, held_back)
+        if len(self._quiet) == 1:  # the other kind alone, while it finds jobs
+            if THREADS in self._quiet:
+                free_threads = 0
+            else:
+                free_loop = 0
         on_loop = set(self.loop_names)  # filtered from names: what the burst check asks
-        threads = ClaimShare([n for n in names if n not in on_loop], min(asked, free_threads))
-        loop = ClaimShare([n for n in names if n in on_loop], min(asked - threads.limit, free_loop))
+        threads = ClaimShare(
+            [n for n in names if n not in on_loop], min(asked, free_threads), THREADS
+        )
+        loop = ClaimShare(
+            [n for n in names if n in on_loop], min(asked - threads.limit, free_loop), LOOP
+        )
         if not threads.limit:
             excluded.update(self.thread_names)
         if not loop.limit:
             excluded.update(self.loop_names)
         return [share for share in (threads, loop) if share.limit] or [threads]  # or: beat only
 
+    def claimed(self, shares: list[ClaimShare], got: list[int]) -> bool:
+        """Note which kinds' claims came back short; say whether one came back full.
+
+        A full share may have left jobs due: the dispatcher claims again at once. A
+        short one found none left: that kind is quiet until the next wake().
+        """
+        full = False
+        for share, count in zip(shares, got, strict=True):
+            if count >= share.limit:
+                full = True
+                self._quiet.discard(share.kind)
+            else:
+                self._quiet.add(share.kind)
+        return full
+
+    def wake(self) -> None:
+        """A poll or a wake-up: the next claim looks at both kinds again."""
+        self._quiet.clear()
+
+
+THREADS, LOOP = "threads", "loop"
+
 
 @dataclass(frozen=True, slots=True)
 class ClaimShare:
-    """One claim statement: up to limit jobs of these names."""
+    """One claim statement: up to limit jobs of these names, for one kind of handler."""
 
     names: list[str]
     limit: int
+    kind: str = THREADS
