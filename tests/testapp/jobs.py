@@ -23,6 +23,18 @@ def record_atomic(payload, ctx):
         time.sleep(payload["sleep"])
 
 
+@job(name="tests.flood", atomic=True)
+def flood(payload, ctx):
+    """A priority-10 job that, until `until` (epoch seconds), enqueues its successor in its
+    own transaction: the queue holds the same number of them all along (tests of aging)."""
+    from django_jobs import enqueue
+
+    Audit.objects.create(label="high", job_id=ctx.id, attempt=ctx.attempt)
+    time.sleep(payload["sleep"])
+    if time.time() < payload["until"]:
+        enqueue(flood, payload, priority=10)
+
+
 @job(name="tests.noop")
 def noop(payload, ctx):
     return None
