@@ -7,8 +7,9 @@ handler are buffered, or ``chunk_wait`` seconds have passed since the first of
 them arrived, they leave together as one ``ChunkRun`` for one executor thread.
 
 A chunk holds one thread slot, however many jobs it has: ``discount`` is how many
-of the worker's in-flight jobs the slot count leaves out (each handler's members
-count as ceil(members / N) slots), so that a claim brings enough jobs to fill chunks.
+of the worker's in-flight jobs the slot count leaves out. A running chunk counts as
+one slot; buffered jobs count as none (at most N - 1 per handler wait), so that the
+worker goes on claiming until its chunks fill.
 """
 
 from __future__ import annotations
@@ -34,15 +35,16 @@ class Chunks:
     def __init__(self, *, submit: Callable[[ChunkRun], None]) -> None:
         self._submit = submit  # hands a chunk to the executor threads
         self._buffers: dict[str, _Buffer] = {}
-        self._members: dict[str, int] = {}  # jobs in flight per chunk handler (buffered or running)
-        self.discount = 0
+        self._buffered = 0  # jobs waiting in the buffers
+        self._chunk_of: dict[Run, ChunkRun] = {}  # each handed-out job still in flight: its chunk
+        self._left: dict[ChunkRun, int] = {}  # each chunk handed out: its jobs still in flight
         self.pending = False  # whether any buffer holds a job
 
     def add(self, run: Run) -> None:
         """Buffer run (of a chunk handler); hand its chunk out when that fills it."""
         handler = run.handler
         assert handler is not None and handler.chunk is not None  # only chunk runs come here
-        self._count(handler, +1)
+        self._buffered += 1
         buffer = self._buffers.get(handler.name)
         if buffer is None:
             buffer = self._buffers[handler.name] = _Buffer(handler)
@@ -55,8 +57,19 @@ class Chunks:
 
     def left(self, run: Run) -> None:
         """A chunk run left the worker's flight (settled, released): free its share of a slot."""
-        assert run.handler is not None and run.handler.chunk is not None
-        self._count(run.handler, -1)
+        chunk = self._chunk_of.pop(run, None)
+        if chunk is None:  # taken out of its buffer (remove, take_buffered): counted there
+            return
+        left = self._left[chunk] - 1
+        if left:
+            self._left[chunk] = left
+        else:
+            del self._left[chunk]
+
+    @property
+    def discount(self) -> int:
+        """In-flight chunk jobs the slot count leaves out: buffered ones, and all but one per chunk."""
+        return self._buffered + len(self._chunk_of) - len(self._left)
 
     def next_flush(self, now: float, *, everything: bool = False) -> float:
         """When the oldest partial chunk is due (monotonic; inf without one; now: everything)."""
@@ -81,6 +94,7 @@ class Chunks:
         if buffer is None or run not in buffer.runs:
             return False
         buffer.runs.remove(run)
+        self._buffered -= 1
         self.pending = any(b.runs for b in self._buffers.values())
         forget(run)
         return True
@@ -90,6 +104,7 @@ class Chunks:
         runs = [run for buffer in self._buffers.values() for run in buffer.runs]
         for buffer in self._buffers.values():
             buffer.runs = []
+        self._buffered -= len(runs)
         self.pending = False
         for run in runs:
             forget(run)
@@ -98,21 +113,17 @@ class Chunks:
     def reset(self) -> None:
         """Forget every chunk run at once (the caller gives them all back)."""
         self._buffers.clear()
-        self._members.clear()
-        self.discount = 0
+        self._buffered = 0
+        self._chunk_of.clear()
+        self._left.clear()
         self.pending = False
 
     def _take(self, buffer: _Buffer) -> ChunkRun:
         chunk = ChunkRun(buffer.handler, buffer.runs)
         buffer.runs = []
+        self._buffered -= len(chunk.runs)
+        for run in chunk.runs:
+            self._chunk_of[run] = chunk
+        self._left[chunk] = len(chunk.runs)
         self.pending = any(b.runs for b in self._buffers.values())
         return chunk
-
-    def _count(self, handler: Handler, step: int) -> None:
-        size = handler.chunk
-        assert size is not None
-        before = self._members.get(handler.name, 0)
-        after = max(0, before + step)
-        self._members[handler.name] = after
-        # Members minus the slots they hold: ceil(n / size) slots for n members.
-        self.discount += (after - -(-after // size)) - (before - -(-before // size))
