@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from django_jobs import ChunkContext, ChunkFailed, enqueue_many, job
@@ -202,3 +204,33 @@ def test_drain_runs_chunk_jobs_without_waiting():
     assert sorted(n for call in calls for n in call) == list(range(6))
     assert all(len(call) <= 4 for call in calls)
     assert CompletionMarker.objects.count() == 6
+
+
+def test_the_documented_chunk_handler_runs_as_written():
+    page = (Path(__file__).resolve().parent.parent / "docs" / "handlers.md").read_text()
+    section = page.split("## Chunk handlers", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict[str, object] = {}
+    exec(code, namespace)  # noqa: S102 - the page's own example
+    try:
+        enqueue_many("docs.index_documents", [{"text": "abc"}, {"text": ""}, {"text": "de"}])
+        drain()
+    finally:
+        unregister("docs.index_documents")
+    assert sorted(CompletionMarker.objects.values_list("result", flat=True)) == [2, 3]
+    dead = DeadLetter.objects.get()
+    assert dead.attempts == 3 and "nothing to index" in dead.error
+
+
+def test_chunk_failed_naming_no_job_fails_the_chunk(run_worker):
+    @job(name="tests.chunks.stranger", chunk=2, chunk_wait=0.1, max_attempts=1)
+    def stranger(payloads, ctx):
+        raise ChunkFailed({"not-a-job": ValueError("who")})
+
+    try:
+        _enqueue(stranger, 2)
+        run_worker(concurrency=1)
+    finally:
+        unregister("tests.chunks.stranger")
+    dead = list(DeadLetter.objects.all())
+    assert len(dead) == 2 and all("TypeError" in d.error for d in dead)
