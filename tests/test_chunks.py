@@ -50,7 +50,11 @@ def chunk_fails(payloads, ctx):
 @job(name="tests.chunks.partial", chunk=3, chunk_wait=0.1, max_attempts=2)
 def chunk_partial(payloads, ctx):
     calls.append([p["n"] for p in payloads])
-    failed = {c.id: ValueError(f"bad {p['n']}") for p, c in zip(payloads, ctx.jobs) if p["n"] == 1}
+    failed = {
+        c.id: ValueError(f"bad {p['n']}")
+        for p, c in zip(payloads, ctx.jobs, strict=True)
+        if p["n"] == 1
+    }
     if failed:
         raise ChunkFailed(failed, results=[p["n"] for p in payloads])
     return [p["n"] for p in payloads]
@@ -71,13 +75,13 @@ def chunk_short(payloads, ctx):
 
 @job(name="tests.chunks.atomic", chunk=3, chunk_wait=0.1, atomic=True)
 def chunk_atomic(payloads, ctx):
-    for p, c in zip(payloads, ctx.jobs):
+    for p, c in zip(payloads, ctx.jobs, strict=True):
         Audit.objects.create(label=f"atomic-{p['n']}", job_id=c.id)
 
 
 @job(name="tests.chunks.atomic_fails", chunk=3, chunk_wait=0.1, atomic=True, max_attempts=1)
 def chunk_atomic_fails(payloads, ctx):
-    for p, c in zip(payloads, ctx.jobs):
+    for p, c in zip(payloads, ctx.jobs, strict=True):
         Audit.objects.create(label=f"atomic-{p['n']}", job_id=c.id)
     raise RuntimeError("roll it all back")
 

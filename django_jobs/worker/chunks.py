@@ -68,7 +68,7 @@ class Chunks:
 
     @property
     def discount(self) -> int:
-        """In-flight chunk jobs the slot count leaves out: buffered ones, and all but one per chunk."""
+        """Chunk jobs in flight the slot count leaves out: the buffered, all but one per chunk."""
         return self._buffered + len(self._chunk_of) - len(self._left)
 
     def next_flush(self, now: float, *, everything: bool = False) -> float:
