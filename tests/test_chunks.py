@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
+from django.db import connection
 
 from django_jobs import ChunkContext, ChunkFailed, enqueue_many, job
 from django_jobs.exceptions import InvalidJob
@@ -238,3 +241,37 @@ def test_chunk_failed_naming_no_job_fails_the_chunk(run_worker):
         unregister("tests.chunks.stranger")
     dead = list(DeadLetter.objects.all())
     assert len(dead) == 2 and all("TypeError" in d.error for d in dead)
+
+
+@job(name="tests.chunks.slow", chunk=4, chunk_wait=60)
+def chunk_slow(payloads, ctx):
+    calls.append([p["n"] for p in payloads])
+
+
+def test_shutdown_gives_buffered_jobs_back_unstarted():
+    _enqueue(chunk_slow, 2)
+    worker = Worker(concurrency=1, grace=5, poll_interval=0.1)
+
+    def stop_once_buffered():
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if Job.objects.filter(locked_by__isnull=False).count() == 2:
+                    break
+                time.sleep(0.05)
+        finally:
+            connection.close()
+            worker.stop()
+
+    stopper = threading.Thread(target=stop_once_buffered)
+    stopper.start()
+    started = time.monotonic()
+    try:
+        worker.run()
+    finally:
+        stopper.join()
+    assert time.monotonic() - started < 30
+    assert calls == []  # the chunk never ran
+    assert Job.objects.count() == 2
+    assert set(Job.objects.values_list("attempts", flat=True)) == {0}
+    assert not Job.objects.filter(locked_by__isnull=False).exists()
