@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from django_jobs.context import JobContext
+from django_jobs.context import ChunkContext, JobContext
 from django_jobs.exceptions import (
+    ChunkFailed,
     FatalError,
     IdempotencyConflict,
     InvalidJob,
@@ -45,6 +46,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Backoff",
+    "ChunkContext",
+    "ChunkFailed",
     "EnqueueResult",
     "FatalError",
     "IdempotencyConflict",

@@ -142,3 +142,23 @@ class JobContext:
         seconds = limits.seconds("extend_lease", seconds)
         if self._extend is not None:
             self._extend(seconds)
+
+
+@dataclass(slots=True, eq=False)
+class ChunkContext:
+    """What a chunk handler knows about the jobs it runs: ``jobs[i]`` is payload i's context."""
+
+    name: str
+    queue: str
+    worker_id: str
+    jobs: list[JobContext]
+
+    @property
+    def is_cancelled(self) -> bool:
+        """Whether the worker wants any job of the chunk to stop (see JobContext.cancelled)."""
+        return any(ctx.is_cancelled for ctx in self.jobs)
+
+    def extend_lease(self, seconds: float) -> None:
+        """Ask the worker to keep every job of the chunk leased for at least `seconds` more."""
+        for ctx in self.jobs:
+            ctx.extend_lease(seconds)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
 from django_jobs import limits
@@ -93,3 +94,21 @@ class Snooze(Exception):  # noqa: N818 - it is an instruction, not an error
         value = limits.seconds("Snooze", seconds, zero=True)
         super().__init__(f"snoozed for {value:g}s")
         self.seconds = value
+
+
+class ChunkFailed(Exception):  # noqa: N818 - it reports other jobs' failures, like Snooze
+    """Raise from a chunk handler when some of its jobs failed and the others are done.
+
+    ``failures`` maps each failed job, by its id (``ctx.jobs[i].id``, a UUID or its
+    text) or by its index in ``payloads``, to the exception it failed with; each is
+    retried (or dead-lettered) alone, following its own attempts. The other jobs
+    complete, with ``results[i]`` as their result when ``results`` is given (one
+    entry per payload; those of failed jobs are ignored). docs/handlers.md#chunk-handlers
+    """
+
+    def __init__(
+        self, failures: Mapping[object, BaseException], results: Sequence[object] | None = None
+    ) -> None:
+        super().__init__(f"{len(failures)} job(s) of the chunk failed")
+        self.failures = dict(failures)
+        self.results = None if results is None else list(results)

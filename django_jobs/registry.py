@@ -19,6 +19,10 @@ from django_jobs import conf, encryption, flow, limits, uniqueness
 from django_jobs.exceptions import HandlerConflict, InvalidJob, UnknownJob
 from django_jobs.limits import MAX_PRIORITY, MIN_PRIORITY
 
+# @job(chunk=N): the range of N, and how long a worker waits to fill a chunk by default.
+MIN_CHUNK, MAX_CHUNK = 2, 1000
+DEFAULT_CHUNK_WAIT = 1.0
+
 if sys.version_info >= (3, 13):
     from typing import TypeVar
 else:  # TypeVar defaults (PEP 696); psycopg requires typing-extensions before 3.13
@@ -144,6 +148,10 @@ class Handler(Generic[P, R]):
     # Unique for a period (django_jobs.uniqueness): at most one job per key and period.
     unique_for: timedelta | None = None
     unique_by: tuple[str, ...] | None = None
+    # Chunk handlers (docs/handlers.md#chunk-handlers): up to `chunk` payloads per call,
+    # waiting at most `chunk_wait` seconds to fill one. None: one payload per call.
+    chunk: int | None = None
+    chunk_wait: float = DEFAULT_CHUNK_WAIT
 
     def __call__(self, payload: P | None = None, ctx: JobContext | None = None) -> R:
         """Call the function directly (in tests, say), bypassing the queue."""
@@ -300,6 +308,26 @@ def check_backoff(value: object) -> Backoff | None:
         raise InvalidJob(f"invalid backoff: {exc}") from None
 
 
+def check_chunk(chunk: object, chunk_wait: object, concurrency: object) -> tuple[int | None, float]:
+    """Return @job's chunk and chunk_wait if they are valid together, else raise InvalidJob."""
+    if chunk is None:
+        if chunk_wait is not None:
+            raise InvalidJob("chunk_wait needs chunk: @job(chunk=100, chunk_wait=1.0)")
+        return None, DEFAULT_CHUNK_WAIT
+    size = limits.integer("chunk", chunk, MIN_CHUNK, MAX_CHUNK, error=InvalidJob)
+    wait = (
+        DEFAULT_CHUNK_WAIT
+        if chunk_wait is None
+        else limits.seconds("chunk_wait", chunk_wait, zero=True, error=InvalidJob)
+    )
+    if concurrency is not None:
+        raise InvalidJob(
+            "concurrency caps jobs, and a chunk runs many at once on one thread: "
+            "@job(chunk=...) cannot take concurrency (use global_concurrency or rate_limit)"
+        )
+    return size, wait
+
+
 def register(handler: Handler[P, R]) -> Handler[P, R]:
     """Add handler to the registry; a second function under the same name is an error."""
     existing = _handlers.get(handler.name)
@@ -424,6 +452,8 @@ def job(
     encrypt: bool | Iterable[str] = False,
     unique_for: timedelta | None = None,
     unique_by: Iterable[str] | None = None,
+    chunk: int | None = None,
+    chunk_wait: float | None = None,
 ) -> Callable[[Callable[[P, JobContext], R]], Handler[P, R]]: ...
 
 
@@ -448,6 +478,8 @@ def job(
     encrypt: bool | Iterable[str] = False,
     unique_for: timedelta | None = None,
     unique_by: Iterable[str] | None = None,
+    chunk: int | None = None,
+    chunk_wait: float | None = None,
 ) -> Handler[P, R] | Callable[[Callable[[P, JobContext], R]], Handler[P, R]]:
     """Declare a job handler, called as ``handler(payload, ctx)`` by the worker.
 
@@ -467,8 +499,12 @@ def job(
     payload: stored encrypted with ENCRYPTION_KEYS, decrypted in the worker only,
     the result too (docs/handlers.md#encrypted-payloads). ``unique_for`` (a
     timedelta): at most one job per period and payload, or per the payload keys
-    ``unique_by`` names (docs/enqueue.md#unique-for-a-period).
+    ``unique_by`` names (docs/enqueue.md#unique-for-a-period). ``chunk`` (2..1000):
+    the handler is called as ``handler(payloads, ctx)`` with up to that many
+    payloads, waiting at most ``chunk_wait`` seconds (default 1.0) to fill a chunk
+    (docs/handlers.md#chunk-handlers).
     """
+    chunk, chunk_wait = check_chunk(chunk, chunk_wait, concurrency)
     if partition_by is not None and global_concurrency is None and rate_limit is None:
         raise InvalidJob("partition_by needs global_concurrency or rate_limit to partition")
     sealed = encryption.check_encrypt(encrypt)
@@ -483,6 +519,11 @@ def job(
         if not callable(f):
             raise TypeError("@job decorates a function")
         _check_signature(f)
+        if chunk is not None and inspect.iscoroutinefunction(f):
+            raise InvalidJob(
+                f"@job(chunk=...) {getattr(f, '__qualname__', f)}: a chunk handler is a plain "
+                "def (async chunk handlers are not supported)"
+            )
         handler = Handler(
             func=f,
             name=check_name(name if name is not None else f"{f.__module__}.{f.__qualname__}"),
@@ -511,6 +552,8 @@ def job(
             encrypt=sealed,
             unique_for=period,
             unique_by=by,
+            chunk=chunk,
+            chunk_wait=chunk_wait,
         )
         return register(handler)
 

@@ -275,6 +275,11 @@ def perform(
     `attempt` and `max_attempts` set ``ctx.attempt`` and ``ctx.max_attempts``.
     """
     handler = _handler(handler_or_name)
+    if handler.chunk is not None:
+        raise InvalidJob(
+            f"{handler.name} is a chunk handler (handler(payloads, ctx)): enqueue its jobs "
+            "and run them with drain(), which runs them as chunks"
+        )
     prepared = prepare(handler, payload, key, None, None, None, queue, max_attempts)
     if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
         raise InvalidJob(f"attempt must be a positive integer, not {attempt!r}")

@@ -14,6 +14,7 @@ import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from uuid import UUID
 
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import ValidationError
@@ -21,13 +22,13 @@ from django.db import transaction
 
 from django_jobs import encryption, lifecycle, payloads, signals
 from django_jobs.attempts import DeadReason, error_entry
-from django_jobs.context import JobContext
-from django_jobs.exceptions import FatalError, JobCancelled, LeaseLost, Snooze
+from django_jobs.context import ChunkContext, JobContext
+from django_jobs.exceptions import ChunkFailed, FatalError, JobCancelled, LeaseLost, Snooze
 from django_jobs.lifecycle import Outcome
 from django_jobs.registry import Handler
 from django_jobs.rows import ClaimedJob
 from django_jobs.store import JobStore
-from django_jobs.worker.runs import Run
+from django_jobs.worker.runs import ChunkRun, Run
 
 
 @contextmanager
@@ -180,3 +181,166 @@ def call_handler(handler: Handler, payload: Any, ctx: JobContext) -> Any:
         # (the ORM) back to this thread, so they use this thread's connection.
         return async_to_sync(handler.func)(payload, ctx)
     return handler.func(payload, ctx)
+
+
+# ---- chunk handlers (docs/handlers.md#chunk-handlers) ----------------------------
+
+
+def chunk_outcomes(
+    chunk: ChunkRun, worker_id: str, store: JobStore, database: str
+) -> list[Outcome]:
+    """Run a chunk handler on this thread over its runs; return each run's outcome, in order.
+
+    A run whose payload does not decode or validate (or that was cancelled while it
+    waited) gets its own outcome and is left out of the call. As outcome_of, it never
+    raises.
+    """
+    handler, runs = chunk.handler, chunk.runs
+    outcomes: list[Outcome | None] = []
+    called: list[int] = []  # positions in runs of the payloads the handler receives
+    chunk_payloads: list[Any] = []
+    for index, run in enumerate(runs):
+        payload, outcome = _begin(run, worker_id)
+        outcomes.append(outcome)
+        if outcome is None:
+            called.append(index)
+            chunk_payloads.append(payload)
+    if called:
+        members = [runs[i] for i in called]
+        if handler.atomic:
+            got = _chunk_atomic(handler, members, chunk_payloads, worker_id, store, database)
+        else:
+            got, _ = _chunk_call(handler, members, chunk_payloads, worker_id)
+        for index, outcome in zip(called, got, strict=True):
+            outcomes[index] = outcome
+    return [outcome for outcome in outcomes if outcome is not None]
+
+
+def _chunk_call(
+    handler: Handler, runs: list[Run], chunk_payloads: list[Any], worker_id: str
+) -> tuple[list[Outcome], bool]:
+    """Call the chunk handler once: each run's outcome, and whether the whole call failed."""
+    first = runs[0]
+    assert first.ctx is not None  # a run handed out has one
+    contexts = [run.ctx for run in runs if run.ctx is not None]
+    ctx = ChunkContext(first.job.name, first.job.queue, first.ctx.worker_id, contexts)
+    try:
+        if signals.job_started.receivers:
+            for run in runs:
+                job = run.job
+                signals.send(signals.job_started, **signals.about(job), attempt=job.attempts)
+        chunk_func: Any = handler.func  # called with the payloads and a ChunkContext
+        returned = chunk_func(chunk_payloads, ctx)
+        failures: dict[int, BaseException] = {}
+        results: Any = returned
+    except ChunkFailed as exc:
+        try:
+            failures = _named(exc, runs)
+        except TypeError as refused:
+            return _all_failed(runs, chunk_payloads, handler, refused, worker_id), True
+        results = exc.results
+    except BaseException as exc:  # noqa: BLE001 - a handler may raise anything
+        return _all_failed(runs, chunk_payloads, handler, exc, worker_id), True
+    if results is not None and (not isinstance(results, list) or len(results) != len(runs)):
+        bad = TypeError(
+            f"chunk handler {handler.name} returned {type(results).__name__}"
+            + (f" of {len(results)}" if isinstance(results, list) else "")
+            + f": return None or a list of one result per payload ({len(runs)})"
+        )
+        return _all_failed(runs, chunk_payloads, handler, bad, worker_id), True
+    outcomes: list[Outcome] = []
+    for index, (run, payload) in enumerate(zip(runs, chunk_payloads, strict=True)):
+        failed = failures.get(index)
+        if failed is None:
+            try:
+                value = None if results is None else results[index]
+                outcomes.append(lifecycle.Succeeded(_stored(handler, value)))
+                continue
+            except BaseException as exc:  # noqa: BLE001 - an unstorable result fails its job
+                failed = exc
+        outcomes.append(_hidden(_raised(run.job, failed, worker_id), handler, payload))
+    return outcomes, False
+
+
+def _named(exc: ChunkFailed, runs: list[Run]) -> dict[int, BaseException]:
+    """Return ChunkFailed's failures by position in runs; TypeError for a key naming none."""
+    positions = {str(run.job.id): index for index, run in enumerate(runs)}
+    named: dict[int, BaseException] = {}
+    for key, error in exc.failures.items():
+        if type(key) is int and 0 <= key < len(runs):
+            index = key
+        elif isinstance(key, str | UUID) and str(key) in positions:
+            index = positions[str(key)]
+        else:
+            raise TypeError(
+                f"ChunkFailed names {key!r}, which is neither a job id of the chunk "
+                f"(ctx.jobs[i].id) nor a payload's index (0..{len(runs) - 1})"
+            )
+        if not isinstance(error, BaseException):
+            raise TypeError(f"ChunkFailed maps {key!r} to {error!r}: map it to an exception")
+        named[index] = error
+    return named
+
+
+def _all_failed(
+    runs: list[Run], chunk_payloads: list[Any], handler: Handler, exc: BaseException, worker_id: str
+) -> list[Outcome]:
+    """Return each run's outcome when the whole chunk failed with exc."""
+    return [
+        _hidden(_raised(run.job, exc, worker_id), handler, payload)
+        for run, payload in zip(runs, chunk_payloads, strict=True)
+    ]
+
+
+class _ChunkAbort(Exception):
+    """Roll an atomic chunk back: `index` (or None: every run) met `outcome`."""
+
+    def __init__(self, index: int | None, outcome: Outcome | None = None) -> None:
+        self.index, self.outcome = index, outcome
+
+
+def _chunk_atomic(
+    handler: Handler,
+    runs: list[Run],
+    chunk_payloads: list[Any],
+    worker_id: str,
+    store: JobStore,
+    database: str,
+) -> list[Outcome]:
+    """Run an atomic chunk: its effects, the done jobs' markers and deletions in one transaction.
+
+    A failure of the whole chunk rolls everything back and every job fails; with
+    ChunkFailed, the effects commit with the markers of the jobs it did not name,
+    and the named jobs are retried. A job whose marker exists, or whose lease was
+    lost, rolls the chunk back: that job is settled as the single-job atomic path
+    settles it, the others are given back unstarted (their attempt not counted).
+    """
+    outcomes: list[Outcome] = []
+    try:
+        with transaction.atomic(using=database):
+            outcomes, whole = _chunk_call(handler, runs, chunk_payloads, worker_id)
+            if whole:
+                raise _ChunkAbort(None)
+            for index, (run, outcome) in enumerate(zip(runs, outcomes, strict=True)):
+                if type(outcome) is not lifecycle.Succeeded:
+                    continue
+                if run.abandoned:
+                    raise _ChunkAbort(index, lifecycle.Lost())
+                try:
+                    if not store.complete_atomically(run.job, outcome.result):
+                        raise _ChunkAbort(index, lifecycle.AlreadyDone())
+                except LeaseLost:
+                    raise _ChunkAbort(index, lifecycle.Lost()) from None
+                outcomes[index] = lifecycle.SettledAtomically()
+    except _ChunkAbort as abort:
+        if abort.index is None:
+            return outcomes
+        return [
+            abort.outcome
+            if index == abort.index and abort.outcome is not None
+            else outcome
+            if isinstance(outcome, lifecycle.Failed | lifecycle.Snoozed)
+            else lifecycle.Unstarted()
+            for index, outcome in enumerate(outcomes)
+        ]
+    return outcomes

@@ -34,6 +34,7 @@ from django_jobs.registry import Handler
 from django_jobs.rows import ClaimedJob, ClaimRequest
 from django_jobs.store import JobStore
 from django_jobs.worker import options
+from django_jobs.worker.chunks import Chunks
 from django_jobs.worker.eventloop import LoopExecutor
 from django_jobs.worker.executor import ThreadExecutor
 from django_jobs.worker.guard import DbGuard
@@ -129,8 +130,7 @@ class Worker:
         self._queryset: JobQuerySet = Job.objects.using(self.database)
         self._store = JobStore(self.database)
         self._settler = Settler(self, self._store)  # outcomes settled (worker/settle.py)
-        # The two executors: sync handlers on threads, async ones as tasks on one event
-        # loop (started with the first), its sync_to_async calls on `concurrency` threads.
+        # Sync handlers on threads; async ones on one event loop (its ORM calls on threads).
         self._executor = ThreadExecutor(
             size=self.concurrency,
             worker_id=self.id,
@@ -144,6 +144,7 @@ class Worker:
             worker_id=self.id,
             report=self._inbox.put,
         )
+        self._chunks = Chunks(submit=self._executor.submit)  # chunk handlers' jobs waiting
         # Runs with a timeout, and handlers past it still running (worker/timeouts.py).
         self._timeouts = Timeouts(self, self._executor.stuck, self._eventloop)
         self._slots = Slots(threads=self.concurrency, loop=self.async_concurrency, batch=self.batch)
@@ -162,18 +163,15 @@ class Worker:
         # The groups (keys) whose slots this worker freed since the loop last looked: told
         # to the other workers (NOTIFY) when this worker's next claim will not refill them.
         self._freed: set[str] = set()
-        # The limited groups whose jobs the next claim looks for (their keys): all of them
-        # at each poll and wake-up, a group whose slot this worker freed, and those the
-        # last claim found jobs of; not the others, so that a busy worker draining other
-        # jobs does not pay the limited claim's statements each time.
+        # The limited groups (keys) the next claim looks at: all at each poll and wake-up,
+        # then those with a freed slot or found by the last claim (fewer statements).
         self._flow_due: set[str] = {g.key for g in self._flow_limits}
         # With limits: whether the next claim looks for other jobs too. Not after one
         # that found fewer than it asked for, until a poll or wake-up: a worker whose
         # limited slot frees then claims that group's jobs alone.
         self._others_due = True
-        # Burst mode: a claim came back short but the database still holds due work
-        # (rows another claim held, a lock race, a limit): when to look again, and how
-        # many such looks in a row found nothing (the pause doubles with each).
+        # Burst mode: a short claim while due work remains (held rows, a lock race, a limit):
+        # when to look again, and how many such looks in a row found nothing.
         self._look_again_at: float | None = None
         self._empty_looks = 0
         self._ops = Upkeep(self)  # heartbeat row, schedules, pruning, counters
@@ -260,6 +258,8 @@ class Worker:
 
             if self._timeouts.timed:
                 self._timeouts.expire(now)
+            if self._chunks.pending and not self._stopping:
+                self._chunks.hand_out_due(now, everything=self.burst and not self._more)
             if not self._stopping and self._timeouts.gave_up(now):
                 self._stopping = True  # every thread is stuck: exit for a restart
                 grace_deadline = self._begin_shutdown()
@@ -340,6 +340,7 @@ class Worker:
             deadlines.append(grace_deadline)
         if self._look_again_at is not None:
             deadlines.append(self._look_again_at)
+        deadlines.append(self._chunks.next_flush(now, everything=self.burst and not self._more))
         deadlines.extend(self._timeouts.deadlines(now))
         return max(0.0, min(deadlines) - now)
 
@@ -444,7 +445,7 @@ class Worker:
     # ---- claiming ---------------------------------------------------------
 
     def _free_slots(self) -> int:
-        free = self._slots.free(len(self._inflight), self._held_back)
+        free = self._slots.free(self._busy(), self._held_back)
         if self.max_jobs is not None:
             free = min(free, self.max_jobs - self._claimed_total)
         return max(0, min(free, self.batch))
@@ -453,7 +454,10 @@ class Worker:
         if not (self._more or poll_due):
             return False
         free = self._free_slots()
-        return free > 0 and self._slots.claim_now(free, len(self._inflight))
+        return free > 0 and self._slots.claim_now(free, self._busy())
+
+    def _busy(self) -> int:  # jobs in flight as slots count them (worker/chunks.py)
+        return len(self._inflight) - self._chunks.discount
 
     def _claim(self, settle: bool = False) -> tuple[int, int]:
         """Claim what the free slots can take; with `settle`, settle the successes first."""
@@ -469,7 +473,7 @@ class Worker:
         if registry.generation() != self._names_generation:
             self._names_changed()
         first_share, *other_shares = shares = self._slots.shares(
-            self.names, asked, len(self._inflight), self._held_back, self._excluded
+            self.names, asked, self._busy(), self._held_back, self._excluded
         )
         asked = sum(share.limit for share in shares)
         beat = self._ops.beat(time.monotonic())
@@ -618,7 +622,9 @@ class Worker:
         self._by_name[name] = self._by_name.get(name, 0) + 1
         if run.timeout:
             self._timeouts.timed.add(run)
-        if run.on_loop:
+        if run.handler.chunk:  # held until its chunk fills or has waited chunk_wait
+            self._chunks.add(run)
+        elif run.on_loop:
             assert self._eventloop is not None  # on_loop only with a loop
             self._slots.on_loop += 1
             self._eventloop.submit(run)
@@ -653,6 +659,8 @@ class Worker:
             self._timeouts.timed.discard(run)
             if run.on_loop:
                 self._slots.on_loop -= 1
+            elif run.handler is not None and run.handler.chunk:
+                self._chunks.left(run)
             name = run.job.name
             left = self._by_name.get(name, 1) - 1
             if left:
@@ -712,6 +720,8 @@ class Worker:
         started = run not in self._held_back
         if not started:
             self._held_back.remove(run)
+        elif self._chunks.remove(run, self._forget):  # waiting for its chunk: never started
+            started = False
         self._settler.settle(run, lifecycle.CancelRequested(started=started), 0.0)
         if started and run.on_loop and self._eventloop is not None:
             self._eventloop.cancel(run)  # an async handler is stopped at its current await
@@ -725,6 +735,8 @@ class Worker:
         self._executor.drain()
         if self._eventloop is not None and self._eventloop.started:
             self._eventloop.drain()
+        if self._chunks.pending:  # chunks not yet run: their jobs go back to the queue
+            self._release(self._chunks.take_buffered(self._forget))
         if self._held_back:
             self._release(list(self._held_back))
             self._freed.update(k for run in self._held_back if (k := self._group_of(run.job)))

@@ -21,7 +21,7 @@ from django.db import DatabaseError, connections
 from django_jobs import lifecycle, tracing
 from django_jobs.store import JobStore
 from django_jobs.worker import attempt
-from django_jobs.worker.runs import STOP_EXECUTOR, Finished, Run
+from django_jobs.worker.runs import STOP_EXECUTOR, ChunkRun, Finished, Run
 
 # A thread idle longer than this checks its connection before the next handler
 # (servers and poolers drop idle sessions; a failed first query would cost an attempt).
@@ -70,11 +70,11 @@ class ThreadExecutor:
         """The executor threads started."""
         return list(self._threads)
 
-    def submit(self, run: Run) -> None:
+    def submit(self, run: Run | ChunkRun) -> None:
         """Queue run for the threads."""
         self._work.put(run)
 
-    def queued(self) -> list[Run]:
+    def queued(self) -> list[Run | ChunkRun]:
         """Take the runs queued and not started (for a caller that runs them itself)."""
         taken = []
         while not self._work.empty():
@@ -109,6 +109,10 @@ class ThreadExecutor:
                 run = self._work.get()
                 if run is STOP_EXECUTOR:
                     return
+                if type(run) is ChunkRun:
+                    self._chunk(run, own, last_job)
+                    last_job = time.monotonic()
+                    continue
                 if self._draining:
                     self._report(Finished(run, lifecycle.Unstarted(), 0.0))
                     continue
@@ -142,6 +146,39 @@ class ThreadExecutor:
         except BaseException:  # noqa: BLE001 - a handler can leave a connection in any state
             close_connections(own)
         return Finished(run, outcome, time.monotonic() - run.started)
+
+    def _chunk(self, chunk: ChunkRun, own: list[Any], last_job: float) -> None:
+        """Run a chunk (or hand it back unstarted while draining); report each of its jobs."""
+        if self._draining:
+            for run in chunk.runs:
+                self._report(Finished(run, lifecycle.Unstarted(), 0.0))
+            return
+        if time.monotonic() - last_job > IDLE_CHECK:
+            _check_connections(own)
+        for finished in self.execute_chunk(chunk, own):
+            self._report(finished)
+
+    def execute_chunk(self, chunk: ChunkRun, own: list[Any]) -> list[Finished]:
+        """Run a chunk handler once over its jobs on this thread; return each job's report."""
+        started = time.monotonic()
+        thread = threading.current_thread()
+        for run in chunk.runs:
+            run.thread, run.started = thread, started
+        try:
+            outcomes = attempt.chunk_outcomes(chunk, self._worker_id, self._store, self._database)
+        except BaseException as exc:  # noqa: BLE001 - chunk_outcomes catches all; the net
+            outcomes = [attempt.failure(run.job, exc, self._worker_id) for run in chunk.runs]
+        for run in chunk.runs:
+            if run.ctx is not None:
+                run.ctx.flush_progress()
+        try:
+            tidy_connections(own)
+        except BaseException:  # noqa: BLE001 - a handler can leave a connection in any state
+            close_connections(own)
+        took = time.monotonic() - started
+        return [
+            Finished(run, outcome, took) for run, outcome in zip(chunk.runs, outcomes, strict=True)
+        ]
 
 
 def tidy_connections(own: list[Any]) -> None:

@@ -33,7 +33,7 @@ from django_jobs.lifecycle import Failed
 from django_jobs.rows import ClaimedJob
 from django_jobs.store import JobStore
 from django_jobs.worker.dispatcher import Worker
-from django_jobs.worker.runs import Run
+from django_jobs.worker.runs import ChunkRun, Finished, Run
 
 __all__ = ["InlineWorker", "Reported"]
 
@@ -73,9 +73,13 @@ class InlineWorker(Worker):
             # state between polls would skip what the last round found too few of).
             self._look_everywhere()
             self.claimed_last, _ = self._claim()
+            self._chunks.hand_out_due(time.monotonic(), everything=True)  # no waiting here
             while queued := self._executor.queued():
                 for run in queued:
-                    self._run_here(run, raise_errors)
+                    if isinstance(run, ChunkRun):
+                        self._run_chunk_here(run, raise_errors)
+                    else:
+                        self._run_here(run, raise_errors)
             if self._settler.done:  # settled without running (their key's marker existed)
                 self._settler.flush()
         finally:
@@ -96,6 +100,20 @@ class InlineWorker(Worker):
         finally:
             if timer is not None:
                 timer.cancel()
+        self._after(finished, raise_errors)
+
+    def _run_chunk_here(self, chunk: ChunkRun, raise_errors: bool) -> None:
+        with _shielded():
+            own = [] if _in_transaction() else list(connections.all(initialized_only=True))
+            reports = self._executor.execute_chunk(chunk, own)
+        for finished in reports:
+            self._after(finished, raise_errors, flush=False)
+        if self._settler.done:  # the chunk's successes in one statement, as in the worker
+            self._settler.flush()
+
+    def _after(self, finished: Finished, raise_errors: bool, *, flush: bool = True) -> None:
+        """Settle a run's report as the dispatcher does (or raise what its handler raised)."""
+        run = finished.run
         self._drain_inbox(0)  # what the handler asked for meanwhile (ctx.extend_lease)
         outcome = finished.outcome
         if isinstance(outcome, Failed) and not run.abandoned:
@@ -112,7 +130,7 @@ class InlineWorker(Worker):
             # before the handler did: pass the deadline itself.)
             self._timeouts.expire(max(time.monotonic(), run.deadline or 0.0))
         self._on_finished(finished)
-        if self._settler.done:
+        if flush and self._settler.done:
             self._settler.flush()
 
     def _give_back(self) -> None:
@@ -123,6 +141,7 @@ class InlineWorker(Worker):
         self._timeouts.timed.clear()
         self._held_back.clear()
         self._by_name.clear()
+        self._chunks.reset()
         if left:
             self._release(left)
 

@@ -37,6 +37,14 @@ class Run:
         return None
 
 
+@dataclass(slots=True, eq=False)
+class ChunkRun:
+    """The runs of one chunk handler's jobs, run together by one call (worker/chunks.py)."""
+
+    handler: Handler
+    runs: list[Run]
+
+
 # ---- inbox events ---------------------------------------------------------
 
 

@@ -136,8 +136,9 @@ class Timeouts:
         return True
 
     def _stuck_for_good(self, now: float) -> bool:
-        threads = [at for run, (_, at) in self.abandoned.items() if not run.on_loop]
-        if len(threads) >= self.concurrency and now >= max(threads) + self.grace:
+        # By thread: the jobs of a chunk handler share one (worker/chunks.py).
+        threads = {run.thread: at for run, (_, at) in self.abandoned.items() if not run.on_loop}
+        if len(threads) >= self.concurrency and now >= max(threads.values()) + self.grace:
             self._stuck_what = f"all {self.concurrency} handler thread(s) are"
             return True
         slots = [at for run, (_, at) in self.abandoned.items() if run.on_loop]
@@ -181,7 +182,7 @@ class Timeouts:
                 continue
             if run.thread is not None:
                 self.stuck_threads.add(run.thread)
-            abandoned = sum(1 for r in self.abandoned if not r.on_loop)
+            abandoned = len({r.thread for r in self.abandoned if not r.on_loop})
             every = abandoned >= self.concurrency
             logger.warning(
                 "job %s[%s] attempt %d: its handler ran past its %gs timeout (TimeoutError; "
