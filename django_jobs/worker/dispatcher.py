@@ -160,15 +160,12 @@ class Worker:
         self._limited = {g.value for g in self._flow_limits if g.kind == "name"}
         self._limited_queues = {g.value for g in self._flow_limits if g.kind == "queue"}
         self._flow_freed = False  # a limited job finished: settle it, then claim again
-        # The groups (keys) whose slots this worker freed since the loop last looked: told
-        # to the other workers (NOTIFY) when this worker's next claim will not refill them.
-        self._freed: set[str] = set()
+        self._freed: set[str] = set()  # groups it freed slots of: NOTIFY unless it refills
         # The limited groups (keys) the next claim looks at: all at each poll and wake-up,
         # then those with a freed slot or found by the last claim (fewer statements).
         self._flow_due: set[str] = {g.key for g in self._flow_limits}
-        # With limits: whether the next claim looks for other jobs too. Not after one
-        # that found fewer than it asked for, until a poll or wake-up: a worker whose
-        # limited slot frees then claims that group's jobs alone.
+        # With limits: whether the next claim looks for other jobs too (not after a short
+        # one, until a poll or wake-up: a freed limited slot is then claimed alone).
         self._others_due = True
         # Burst mode: a short claim while due work remains (held rows, a lock race, a limit):
         # when to look again, and how many such looks in a row found nothing.
@@ -526,9 +523,7 @@ class Worker:
             # The other half found fewer than asked: none left until a poll or wake-up.
             self._others_due = self._others_due and got >= asked
             if self.burst and got < asked and not looked_everywhere:
-                # Before a burst worker asks the database whether anything is due,
-                # every group is looked at.
-                self._look_everywhere()
+                self._look_everywhere()  # every group, before asking whether any is due
                 got = asked
         self._claimed_total += len(jobs)
         self.stats.claimed += len(jobs)
