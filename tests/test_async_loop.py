@@ -279,6 +279,18 @@ def test_a_wake_up_reaches_both_kinds_of_handler_without_waiting_for_the_poll(
     assert worker.wait(timeout=20) == 0, worker.output()[-3000:]
 
 
+def _nine_capped_jobs_claimed(handlers, worker_process, seconds, *args):
+    """Enqueue 9 jobs of the handler capped at 3; start a worker that claims all of them."""
+    ids = [enqueue(handlers["capped"], {"seconds": seconds}).id for _ in range(9)]
+    first, sampler = _worker(worker_process, "--concurrency", "1", *args)
+    sampler.stop()
+    wait_for(
+        lambda: not Job.objects.filter(id__in=ids, locked_by__isnull=True).exists(),
+        message="the first worker to claim all 9",
+    )
+    return ids, first
+
+
 @pytest.mark.postgres  # wake-ups are PostgreSQL's NOTIFY
 def test_jobs_a_stopping_worker_gives_back_wake_an_idle_one_without_waiting_for_its_poll(
     handlers, worker_process
@@ -286,13 +298,7 @@ def test_jobs_a_stopping_worker_gives_back_wake_an_idle_one_without_waiting_for_
     # The first worker claims 9 jobs of a handler capped at 3: 3 run (2 s each), 6 wait
     # behind the cap. A second worker, started after that claim, polls once a minute.
     # SIGTERM to the first gives the 6 back at once: their NOTIFY must wake the second.
-    ids = [enqueue(handlers["capped"], {"seconds": 2.0}).id for _ in range(9)]
-    first, sampler = _worker(worker_process, "--concurrency", "1", "--grace", "30")
-    sampler.stop()
-    wait_for(
-        lambda: not Job.objects.filter(id__in=ids, locked_by__isnull=True).exists(),
-        message="the first worker to claim all 9",
-    )
+    ids, first = _nine_capped_jobs_claimed(handlers, worker_process, 2.0, "--grace", "30")
     second = worker_process(
         "--concurrency", "1", "--poll-interval", "60", extra_env={"JOBS_TEST_ASYNC": "1"}
     )
@@ -328,13 +334,7 @@ def test_jobs_held_back_behind_their_cap_keep_their_leases_from_a_second_worker(
     # room), 3 run and 6 wait their turn for up to 3 s, twice the 1.5 s lease. The
     # heartbeat keeps the waiting ones leased too: a second worker polling all along
     # takes none of them over, and each runs once, as attempt 1.
-    ids = [enqueue(handlers["capped"], {"seconds": 1.0}).id for _ in range(9)]
-    first, sampler = _worker(worker_process, "--concurrency", "1", "--lease", "1.5")
-    sampler.stop()
-    wait_for(
-        lambda: not Job.objects.filter(id__in=ids, locked_by__isnull=True).exists(),
-        message="the first worker to claim all 9",
-    )
+    ids, first = _nine_capped_jobs_claimed(handlers, worker_process, 1.0, "--lease", "1.5")
     second = worker_process(
         "--concurrency",
         "1",
