@@ -64,6 +64,14 @@ def test_run_after_is_honoured(run_worker):
     assert tasks.record.get_result(later.id).return_value == "later"
 
 
+def test_async_tasks_run_together_on_the_workers_event_loop(run_worker):
+    results = [tasks.async_nap.enqueue(0.3) for _ in range(20)]
+    run_worker(concurrency=1)  # one thread: only the loop runs them side by side
+    peaks = [tasks.async_nap.get_result(r.id).return_value for r in results]
+    assert len(peaks) == 20
+    assert max(peaks) > 1, peaks
+
+
 def test_async_task_receives_its_context(run_worker):
     result = tasks.async_context.enqueue()
     run_worker()

@@ -8,8 +8,10 @@ plain functions as unittest users would.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
+import time
 from importlib.util import find_spec
 
 import pytest
@@ -449,6 +451,80 @@ def test_async_handlers_run_in_the_test_thread():
     enqueue(handlers.async_record, {"label": "async"})
     assert [a.result for a in drain().succeeded] == ["async-ok"]
     assert Audit.objects.get().label == "async"
+
+
+@job(name="tests.helpers.async_slow", timeout=0.3, max_attempts=1)
+async def async_slow(payload, ctx):
+    await Audit.objects.acreate(label="start", job_id=ctx.id)
+    try:
+        await asyncio.sleep(30)
+    except asyncio.CancelledError:
+        await Audit.objects.acreate(label=f"cancelled, ctx.cancelled {ctx.is_cancelled}")
+        raise
+    await Audit.objects.acreate(label="end")
+
+
+@job(name="tests.helpers.async_stubborn", timeout=0.2, max_attempts=1)
+async def async_stubborn(payload, ctx):
+    """Swallow the cancellation and return later: the attempt has timed out all the same."""
+    try:
+        await asyncio.sleep(30)
+    except asyncio.CancelledError:
+        await asyncio.sleep(0.2)
+    await Audit.objects.acreate(label="returned late")
+    return "late"
+
+
+@job(name="tests.helpers.async_steps")
+async def async_steps(payload, ctx):
+    for step in ("start", "end"):
+        await Audit.objects.acreate(label=f"{payload['n']}-{step}")
+        await asyncio.sleep(0.01)
+
+
+@job(name="tests.helpers.async_inner_cancel", max_attempts=1)
+async def async_inner_cancel(payload, ctx):
+    """Await a task something else cancelled: the handler's own CancelledError, not a timeout."""
+    inner = asyncio.ensure_future(asyncio.sleep(30))
+    asyncio.get_running_loop().call_soon(inner.cancel)
+    await inner
+
+
+def test_an_async_handler_past_its_timeout_has_its_task_cancelled(caplog):
+    enqueue(async_slow, {})
+    started = time.monotonic()
+    [dead] = drain().dead
+    assert time.monotonic() - started < 10  # not the handler's 30 s
+    assert (dead.reason, type(dead.error)) == (DeadReason.ATTEMPTS_EXHAUSTED, TimeoutError)
+    assert list(Audit.objects.order_by("id").values_list("label", flat=True)) == [
+        "start",
+        "cancelled, ctx.cancelled True",
+    ]
+    assert "its task is cancelled" in caplog.text
+
+
+def test_an_async_handler_that_swallows_its_cancellation_has_still_timed_out():
+    enqueue(async_stubborn, {})
+    summary = drain()
+    [dead] = summary.dead
+    assert type(dead.error) is TimeoutError
+    assert not summary.succeeded
+    assert Audit.objects.get().label == "returned late"  # it ran on; its result is discarded
+    assert not CompletionMarker.objects.exists()
+
+
+def test_async_handlers_run_one_at_a_time_in_claim_order():
+    for n in range(3):
+        enqueue(async_steps, {"n": n}, priority=n)
+    assert len(drain().succeeded) == 3
+    labels = list(Audit.objects.order_by("id").values_list("label", flat=True))
+    assert labels == [f"{n}-{step}" for n in (2, 1, 0) for step in ("start", "end")]
+
+
+def test_an_async_handlers_own_cancelled_error_is_a_failed_attempt_not_a_timeout():
+    enqueue(async_inner_cancel, {})
+    [dead] = drain().dead
+    assert isinstance(dead.error, asyncio.CancelledError)
 
 
 # ---- perform -----------------------------------------------------------------

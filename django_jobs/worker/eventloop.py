@@ -108,6 +108,32 @@ class _OrmPool(ThreadPoolExecutor):
             connections.close_all()
 
 
+async def attempt_in_task(run: Run, worker_id: str) -> Finished:
+    """Await run's async handler in the running task and return its report; never raise.
+
+    The worker's loop runs each job in a task of its own; drain() awaits one at a
+    time (django_jobs.worker.inline). A cancel of the task (a timeout, a shutdown,
+    an operator's cancel) ends the handler, reported as stopped.
+    """
+    run.started = time.monotonic()
+    try:
+        # In its span, when tracing is on.
+        outcome = await tracing.aattempt(lambda r: attempt.aoutcome_of(r, worker_id), run)
+    except asyncio.CancelledError as exc:  # the worker's own cancellation
+        # At a timeout or a release the dispatcher has recorded why it cancelled, and
+        # this report only says the task has ended; at an operator's cancel it is the
+        # attempt's outcome (a dead letter as cancelled).
+        stopped = JobCancelled(f"stopped: cancelled ({type_name(exc)} in the handler)")
+        outcome = attempt.failure(run.job, stopped, worker_id)
+    except BaseException as exc:  # noqa: BLE001 - a GeneratorExit the handler raised
+        # The task throws a GeneratorExit raised below an await (a sync_to_async call's)
+        # into this, its outermost frame, past the handler's and aoutcome_of's.
+        outcome = attempt.failure(run.job, exc, worker_id)
+    if run.ctx is not None:
+        run.ctx.flush_progress()  # its last value, written before the settle (same inbox)
+    return Finished(run, outcome, time.monotonic() - run.started)
+
+
 class LoopExecutor:
     """Run async handlers as tasks on one event loop thread; report each as a thread does."""
 
@@ -266,26 +292,12 @@ class LoopExecutor:
             run.task = loop.create_task(self._attempt(run))
 
     async def _attempt(self, run: Run) -> None:
-        run.started = time.monotonic()
         try:
-            # In its span, when tracing is on.
-            outcome = await tracing.aattempt(lambda r: attempt.aoutcome_of(r, self._worker_id), run)
-        except asyncio.CancelledError as exc:  # the worker's own cancellation
-            # At a timeout or a release the dispatcher has recorded why it cancelled, and
-            # this report only says the task has ended; at an operator's cancel it is the
-            # attempt's outcome (a dead letter as cancelled).
-            stopped = JobCancelled(f"stopped: cancelled ({type_name(exc)} in the handler)")
-            outcome = attempt.failure(run.job, stopped, self._worker_id)
-        except BaseException as exc:  # noqa: BLE001 - a GeneratorExit the handler raised
-            # The task throws a GeneratorExit raised below an await (a sync_to_async call's)
-            # into this, its outermost frame, past the handler's and aoutcome_of's.
-            outcome = attempt.failure(run.job, exc, self._worker_id)
+            finished = await attempt_in_task(run, self._worker_id)
         finally:
             self._running.discard(run)
             run.task = None
-        if run.ctx is not None:
-            run.ctx.flush_progress()  # its last value, written before the settle (same inbox)
-        self._report(Finished(run, outcome, time.monotonic() - run.started))
+        self._report(finished)
         if self._waiting:
             self._fill()
 

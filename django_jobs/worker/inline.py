@@ -20,12 +20,14 @@ the worker.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any, NamedTuple
 
+from asgiref.sync import async_to_sync
 from django.db import connections, transaction
 
 from django_jobs import registry
@@ -33,6 +35,8 @@ from django_jobs.lifecycle import Failed
 from django_jobs.rows import ClaimedJob
 from django_jobs.store import JobStore
 from django_jobs.worker.dispatcher import Worker
+from django_jobs.worker.eventloop import attempt_in_task
+from django_jobs.worker.executor import close_connections, tidy_connections
 from django_jobs.worker.runs import ChunkRun, Finished, Run
 
 __all__ = ["InlineWorker", "Reported"]
@@ -51,8 +55,9 @@ class InlineWorker(Worker):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        # Async handlers run here too, each on a loop of its own (async_to_sync), one
-        # after the other: the attempt's outcome is decided as on the worker's loop.
+        # Async handlers run here too, one after the other, each awaited in a task on
+        # a loop of its own (async_to_sync), its ORM calls on this thread: the outcome
+        # is decided as on the worker's loop, and a timeout cancels the task.
         self._eventloop = self._timeouts.eventloop = None
         self._slots.loop_enabled = False
         self._slots.split(self.names, registry.all_handlers())
@@ -92,6 +97,9 @@ class InlineWorker(Worker):
         return self._report
 
     def _run_here(self, run: Run, raise_errors: bool) -> None:
+        if run.handler is not None and run.handler.is_async:
+            self._await_here(run, raise_errors)
+            return
         timer = _Deadline(run) if run.timeout else None
         try:
             with _shielded():
@@ -100,6 +108,16 @@ class InlineWorker(Worker):
         finally:
             if timer is not None:
                 timer.cancel()
+        self._after(finished, raise_errors)
+
+    def _await_here(self, run: Run, raise_errors: bool) -> None:
+        with _shielded():
+            own = [] if _in_transaction() else list(connections.all(initialized_only=True))
+            finished = async_to_sync(_in_task)(run, self.id)
+            try:
+                tidy_connections(own)
+            except BaseException:  # noqa: BLE001 - a handler can leave a connection in any state
+                close_connections(own)
         self._after(finished, raise_errors)
 
     def _run_chunk_here(self, chunk: ChunkRun, raise_errors: bool) -> None:
@@ -163,18 +181,38 @@ class _Deadline:
     """Do to a run at its timeout what the worker's dispatcher does: abandon it, cancel ctx."""
 
     def __init__(self, run: Run) -> None:
-        self._timer = threading.Timer(run.timeout or 0.0, self._expire, args=(run,))
+        self._timer = threading.Timer(run.timeout or 0.0, self.expire, args=(run,))
         self._timer.daemon = True
         self._timer.start()
 
     @staticmethod
-    def _expire(run: Run) -> None:
+    def expire(run: Run) -> None:
         run.abandoned = run.timed_out = True
         if run.ctx is not None:
             run.ctx.cancel()
 
     def cancel(self) -> None:
         self._timer.cancel()
+
+
+async def _in_task(run: Run, worker_id: str) -> Finished:
+    """Await run's async handler in a task; at its timeout, cancel the task as the loop does."""
+    task = asyncio.ensure_future(attempt_in_task(run, worker_id))
+    run.task = task  # kept after it ends: Timeouts words its warning for a cancelled task
+    timer = None
+    if run.timeout:
+        timer = asyncio.get_running_loop().call_later(run.timeout, _cancel_at_timeout, run)
+    try:
+        return await task
+    finally:
+        if timer is not None:
+            timer.cancel()
+
+
+def _cancel_at_timeout(run: Run) -> None:
+    _Deadline.expire(run)
+    if run.task is not None:
+        run.task.cancel()
 
 
 def _in_transaction() -> bool:

@@ -165,8 +165,8 @@ class Timeouts:
             exc = TimeoutError(f"handler ran longer than its {run.timeout:g}s timeout")
             self.abandoned[run] = (attempt.failure(job, exc, self.worker_id), now)
             self.stats.abandoned = len(self.abandoned)
-            if run.on_loop:
-                if self.eventloop is not None:
+            if run.on_loop or run.task is not None:  # a task (the loop's, or drain()'s)
+                if self.eventloop is not None and run.on_loop:
                     self.eventloop.cancel(run)
                 logger.warning(
                     "job %s[%s] attempt %d: its async handler ran past its %gs timeout "

@@ -4,6 +4,7 @@ Autodiscovered like jobs.py when a TASKS backend is ours, so worker processes kn
 Needs Django >= 6.0; on older Django nothing imports this module.
 """
 
+import asyncio
 import os
 import time
 
@@ -56,6 +57,25 @@ def flaky(context, succeed_on):
     if context.attempt < succeed_on:
         raise RuntimeError(f"flaky failure on attempt {context.attempt}")
     return {"attempt": context.attempt, "workers": context.task_result.worker_ids}
+
+
+# The async_nap tasks awaiting now in this process (on the worker's one loop thread).
+_napping = {"now": 0}
+
+
+@task
+async def async_nap(seconds):
+    """Await `seconds`; return how many async_nap tasks of this process awaited meanwhile."""
+    _napping["now"] += 1
+    peak = _napping["now"]
+    try:
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(min(left, 0.01))
+            peak = max(peak, _napping["now"])
+    finally:
+        _napping["now"] -= 1
+    return peak
 
 
 @task(takes_context=True)
