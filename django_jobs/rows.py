@@ -70,8 +70,6 @@ class ClaimedJob:
     trace_context: str | None = None
     # The last progress the worker wrote to its row (context.JobContext.progress).
     progress: dict[str, Any] | None = None
-    tags: list[str] | None = None
-    meta: dict[str, str] | None = None
 
     @property
     def idempotency_key(self) -> str:

@@ -69,8 +69,6 @@ _CLAIMED_FIELDS = (
     "dependents",
     "run_at",
     "trace_context",
-    "tags",
-    "meta",
 )
 
 
@@ -377,8 +375,6 @@ class Portable:
                 dependents=row[12],
                 run_at=row[13],
                 trace_context=row[14],
-                tags=row[15],
-                meta=row[16],
             )
             for row in rows
         ]

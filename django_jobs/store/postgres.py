@@ -372,16 +372,9 @@ def _claimed(rows: list[tuple[Any, ...]], token: str) -> list[ClaimedJob]:
             dependents=row[13],
             run_at=row[14],
             trace_context=row[15],
-            tags=_json_column(row[16]),
-            meta=_json_column(row[17]),
         )
         for row in rows
     ]
-
-
-def _json_column(value: Any) -> Any:
-    """A jsonb column as read raw: JSON text (Django's psycopg loads jsonb as text), or None."""
-    return json.loads(value) if isinstance(value, str) else value
 
 
 # COPY's text format: backslash, tab, newline and carriage return are escaped.

@@ -85,7 +85,7 @@ SELECT id, name, queue, payload, priority, attempts, max_attempts, key, fingerpr
            SELECT 1 FROM django_jobs_marker AS m
            WHERE m.key = COALESCE(claimed.key, claimed.id::text)
        ) AS completed,
-       dependents, run_at, trace_context, tags, meta
+       dependents, run_at, trace_context
 FROM claimed
 ORDER BY priority DESC, run_at, id
 """
@@ -163,7 +163,7 @@ def _claimed(picked: str, *, partition: bool) -> str:
       AND (j.locked_by IS NULL OR j.lease_expires_at < statement_timestamp())
     RETURNING j.id, j.name, j.queue, j.payload, j.priority, j.run_at, j.attempts,
               j.max_attempts, j.key, j.fingerprint, j.enqueued_at, j.started_at, j.errors,
-              {returned}j.dependents, j.trace_context, j.tags, j.meta
+              {returned}j.dependents, j.trace_context
 )"""  # noqa: S608 - spliced: constants of this module and attempts.py, no input
 
 
