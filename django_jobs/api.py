@@ -109,6 +109,8 @@ def enqueue_on_commit(
         handler, payload, key, delay, run_at, priority, queue, max_attempts, tags, meta, unique
     )
     alias = conf.database()
+    if commit_of is None:
+        _refuse_a_transaction_elsewhere(alias)
     parents = _parents(after)
     mode = _mode(on_parent_dead, parents)
     if commit_of is None or commit_of == alias:
@@ -123,6 +125,26 @@ def enqueue_on_commit(
     later = partial(_write, job, alias, parents, mode, tracing.current())
     transaction.on_commit(later, using=commit_of)
     return EnqueueResult(job.id, None, job.name, job.queue)
+
+
+def _refuse_a_transaction_elsewhere(alias: str) -> None:
+    """Refuse to write at once a job whose caller's transaction is on another alias.
+
+    Written now on the jobs database (no transaction open there), the job would
+    outlive a rollback of the caller's block on the other alias, which is
+    what enqueue_on_commit promises it does not.
+    """
+    if connections[alias].in_atomic_block:
+        return
+    for conn in connections.all(initialized_only=True):
+        if conn.in_atomic_block:
+            raise InvalidJob(
+                f"enqueue_on_commit: a transaction is open on database {conn.alias!r} but "
+                f"not on the jobs database {alias!r}, so the job would be written at once "
+                f"and outlive a rollback of {conn.alias!r}. Pass commit_of={conn.alias!r} "
+                "to write it when that transaction commits, or call enqueue() to write it "
+                "now (docs/enqueue.md)"
+            )
 
 
 @dataclass(frozen=True, slots=True)

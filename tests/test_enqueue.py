@@ -469,6 +469,29 @@ class TestCommitOfAnotherDatabase:
         with pytest.raises(InvalidJob, match="nope"):
             enqueue_on_commit(jobs.noop, commit_of="nope")
 
+    def test_a_transaction_open_only_on_another_alias_is_refused_without_commit_of(self):
+        # Written at once on the jobs database, the job would outlive this rollback.
+        with pytest.raises(RuntimeError), transaction.atomic(using="other"):
+            with pytest.raises(InvalidJob, match="commit_of='other'"):
+                enqueue_on_commit(jobs.noop, {"x": 1})
+            raise RuntimeError
+        assert Job.objects.count() == 0
+
+    def test_a_transaction_open_on_the_jobs_database_too_holds_the_job(self):
+        with pytest.raises(RuntimeError), transaction.atomic(using="other"):
+            with transaction.atomic():
+                enqueue_on_commit(jobs.noop, {"x": 1})
+                raise RuntimeError
+        assert Job.objects.count() == 0
+        with transaction.atomic(using="other"), transaction.atomic():
+            enqueue_on_commit(jobs.noop, {"x": 1})
+        assert Job.objects.count() == 1
+
+    def test_enqueue_still_writes_at_once_whatever_is_open_elsewhere(self):
+        with transaction.atomic(using="other"):
+            enqueue(jobs.noop, {"x": 1})
+            assert Job.objects.count() == 1
+
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
