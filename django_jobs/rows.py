@@ -70,6 +70,9 @@ class ClaimedJob:
     trace_context: str | None = None
     # The last progress the worker wrote to its row (context.JobContext.progress).
     progress: dict[str, Any] | None = None
+    # Not claimed (nothing that runs a job reads them): read when its letter is written.
+    tags: list[str] | None = None
+    meta: dict[str, str] | None = None
 
     @property
     def idempotency_key(self) -> str:

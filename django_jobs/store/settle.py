@@ -158,6 +158,10 @@ def dead_letter(
     """Move a held job to the dead letters in one transaction; None if its lease is gone."""
     alias = jobs.db
     held = jobs.filter(id=job.id, locked_by=job.token)
+    labels = held.values_list("tags", "meta").first()  # the claim leaves them out
+    if labels is None:
+        return None
+    job.tags, job.meta = labels
     letter = DeadLetter.for_job(job, reason=reason, error=error, attempts=attempts)
     payload = letter.payload
     with transaction.atomic(using=alias):
