@@ -30,6 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import Any, cast
 
 from asgiref.sync import AsyncToSync
@@ -289,14 +290,19 @@ class LoopExecutor:
                 self._report(Finished(run, lifecycle.Unstarted(), 0.0))
                 continue
             self._running.add(run)
-            run.task = loop.create_task(self._attempt(run))
+            # The attempt is the task's outermost coroutine: a GeneratorExit raised under
+            # an await is thrown into that frame, which catches it (attempt_in_task).
+            run.task = task = loop.create_task(attempt_in_task(run, self._worker_id))
+            task.add_done_callback(partial(self._ended, run))
 
-    async def _attempt(self, run: Run) -> None:
-        try:
-            finished = await attempt_in_task(run, self._worker_id)
-        finally:
-            self._running.discard(run)
-            run.task = None
+    def _ended(self, run: Run, task: asyncio.Task[Finished]) -> None:
+        self._running.discard(run)
+        run.task = None
+        if task.cancelled():  # cancelled before its first step: the handler never started
+            stopped = JobCancelled("stopped: cancelled before its handler started")
+            finished = Finished(run, attempt.failure(run.job, stopped, self._worker_id), 0.0)
+        else:
+            finished = task.result()  # attempt_in_task never raises
         self._report(finished)
         if self._waiting:
             self._fill()
@@ -370,4 +376,4 @@ class LoopExecutor:
         return None, ""
 
 
-_ATTEMPT_CODE = LoopExecutor._attempt.__code__
+_ATTEMPT_CODE = attempt_in_task.__code__
