@@ -4,7 +4,6 @@ Autodiscovered like jobs.py when a TASKS backend is ours, so worker processes kn
 Needs Django >= 6.0; on older Django nothing imports this module.
 """
 
-import asyncio
 import os
 import time
 
@@ -13,6 +12,7 @@ from django.dispatch import receiver
 from django.tasks import task
 from django.tasks.signals import task_enqueued, task_finished, task_started
 
+from tests.testapp import async_jobs
 from tests.testapp.models import Audit
 
 
@@ -59,23 +59,10 @@ def flaky(context, succeed_on):
     return {"attempt": context.attempt, "workers": context.task_result.worker_ids}
 
 
-# The async_nap tasks awaiting now in this process (on the worker's one loop thread).
-_napping = {"now": 0}
-
-
 @task
 async def async_nap(seconds):
-    """Await `seconds`; return how many async_nap tasks of this process awaited meanwhile."""
-    _napping["now"] += 1
-    peak = _napping["now"]
-    try:
-        deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
-            await asyncio.sleep(min(left, 0.01))
-            peak = max(peak, _napping["now"])
-    finally:
-        _napping["now"] -= 1
-    return peak
+    """Await `seconds`; return how many such naps of this process awaited meanwhile."""
+    return await async_jobs.nap({"seconds": seconds}, None)
 
 
 @task(takes_context=True)
