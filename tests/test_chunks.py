@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from django_jobs import ChunkContext, ChunkFailed, enqueue_many, job
+from django_jobs import ChunkContext, ChunkFailed, control, enqueue_many, job
 from django_jobs.exceptions import InvalidJob
-from django_jobs.models import CompletionMarker, DeadLetter, Job
+from django_jobs.models import CompletionMarker, DeadLetter, DeadReason, Job
 from django_jobs.registry import unregister
 from django_jobs.testing import drain
 from django_jobs.worker import Worker
-from tests.conftest import POSTGRES
+from tests.conftest import POSTGRES, wait_for
+from tests.factories import JobFactory
 from tests.testapp.models import Audit
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -33,7 +34,10 @@ def claim_path(request, settings):
 @pytest.fixture(autouse=True, scope="module")
 def _unregister_handlers():
     yield
-    for name in ("sum", "slow", "fails", "partial", "by_index", "short", "atomic", "atomic_fails"):
+    for name in (
+        *("sum", "slow", "fails", "partial", "by_index", "short", "atomic", "atomic_fails"),
+        *("waits", "timed", "timed_out", "validated"),
+    ):
         unregister(f"tests.chunks.{name}")
 
 
@@ -275,3 +279,196 @@ def test_shutdown_gives_buffered_jobs_back_unstarted():
     assert Job.objects.count() == 2
     assert set(Job.objects.values_list("attempts", flat=True)) == {0}
     assert not Job.objects.filter(locked_by__isnull=False).exists()
+
+
+def _serve(worker, until, timeout=20.0):
+    """Run worker (serving, not burst) on this thread until until() holds in another thread.
+
+    until runs on a helper thread (its own connection), which stops the worker
+    when it returns; whatever it raised is raised here once the worker stopped.
+    """
+    failed: list[BaseException] = []
+
+    def watch():
+        try:
+            until()
+        except BaseException as exc:  # noqa: BLE001 - raised again on the test's thread
+            failed.append(exc)
+        finally:
+            connection.close()
+            worker.stop()
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    started = time.monotonic()
+    try:
+        worker.run()
+    finally:
+        watcher.join()
+    if failed:
+        raise failed[0]
+    assert time.monotonic() - started < timeout
+
+
+# ---- an operator's cancel of a buffered job ----------------------------------------------------
+
+
+@job(name="tests.chunks.waits", chunk=4, chunk_wait=3)
+def chunk_waits(payloads, ctx):
+    calls.append([p["n"] for p in payloads])
+    return [p["n"] for p in payloads]
+
+
+def test_cancelling_a_buffered_job_dead_letters_it_and_runs_the_rest_of_its_chunk():
+    results = _enqueue(chunk_waits, 3)
+    cancelled, kept = results[1].id, [results[0].id, results[2].id]
+    # heartbeat every 0.5 s, far within the 3 s the partial chunk waits for a fourth job
+    worker = Worker(concurrency=1, lease=1.5, poll_interval=0.1, grace=5)
+
+    def cancel_while_buffered():
+        wait_for(
+            lambda: Job.objects.filter(locked_by__isnull=False).count() == 3,
+            message="the 3 jobs to be claimed into the buffer",
+        )
+        assert calls == []  # still buffered: the chunk waits for its fourth job
+        outcome = control.cancel([cancelled], by="ops")
+        assert (outcome.cancelled, outcome.requested) == (0, 1)
+        wait_for(
+            lambda: CompletionMarker.objects.count() == 2, message="the rest of the chunk to run"
+        )
+
+    _serve(worker, cancel_while_buffered)
+    assert [sorted(call) for call in calls] == [[0, 2]]  # one call, without the cancelled one
+    assert set(CompletionMarker.objects.values_list("job_id", flat=True)) == set(kept)
+    letter = DeadLetter.objects.get()
+    assert (letter.id, letter.reason, letter.attempts) == (cancelled, DeadReason.CANCELLED, 0)
+    assert "cancelled before it started" in letter.error
+    assert not Job.objects.exists()
+    assert worker.stats.succeeded == 2
+
+
+def test_cancelling_every_buffered_job_never_calls_the_handler():
+    ids = [r.id for r in _enqueue(chunk_waits, 2)]
+    worker = Worker(concurrency=1, lease=1.5, poll_interval=0.1, grace=5)
+
+    def cancel_both():
+        wait_for(
+            lambda: Job.objects.filter(locked_by__isnull=False).count() == 2,
+            message="the 2 jobs to be claimed into the buffer",
+        )
+        assert control.cancel(ids).requested == 2
+        wait_for(lambda: DeadLetter.objects.count() == 2, message="both dead letters")
+        time.sleep(3.5)  # past the chunk_wait the buffer had: nothing is left to flush
+
+    _serve(worker, cancel_both)
+    assert calls == []
+    assert set(DeadLetter.objects.values_list("reason", flat=True)) == {DeadReason.CANCELLED}
+    assert not Job.objects.exists() and not CompletionMarker.objects.exists()
+
+
+# ---- a chunk past its timeout --------------------------------------------------------------------
+
+saw_cancelled: list[bool] = []
+errors_before: list[list[str]] = []  # each retried job's recorded errors, read by its retry
+
+
+def _until_cancelled(ctx, seconds=10.0):
+    deadline = time.monotonic() + seconds
+    while not ctx.is_cancelled and time.monotonic() < deadline:
+        time.sleep(0.01)
+    saw_cancelled.append(ctx.is_cancelled)
+
+
+@job(name="tests.chunks.timed", chunk=3, chunk_wait=0.1, timeout=0.3, max_attempts=2)
+def chunk_timed(payloads, ctx):
+    """Outlive the timeout on the first attempt (until ctx.is_cancelled), succeed on the next."""
+    calls.append([p["n"] for p in payloads])
+    if ctx.jobs[0].attempt == 1:
+        _until_cancelled(ctx)
+        return ["late"] * len(payloads)  # discarded: the attempt timed out
+    rows = Job.objects.filter(id__in=[c.id for c in ctx.jobs]).values_list("errors", flat=True)
+    errors_before.extend([f"{e['type']}: {e['message']}" for e in errors] for errors in rows)
+    return [p["n"] for p in payloads]
+
+
+@job(name="tests.chunks.timed_out", chunk=3, chunk_wait=0.1, timeout=0.3, max_attempts=1)
+def chunk_timed_out(payloads, ctx):
+    calls.append([p["n"] for p in payloads])
+    _until_cancelled(ctx)
+
+
+def test_a_chunk_past_its_timeout_fails_every_job_with_timeout_error_then_retries(run_worker):
+    saw_cancelled.clear()
+    errors_before.clear()
+    results = _enqueue(chunk_timed, 3)
+    worker = run_worker(concurrency=1, batch=3, grace=5)
+    assert [sorted(call) for call in calls] == [[0, 1, 2], [0, 1, 2]]
+    assert saw_cancelled == [True]  # the handler saw ctx.is_cancelled at the deadline
+    markers = CompletionMarker.objects.filter(job_id__in=[r.id for r in results])
+    assert sorted(markers.values_list("result", flat=True)) == [0, 1, 2]  # not "late"
+    assert set(markers.values_list("attempts", flat=True)) == {2}
+    timed_out = "builtins.TimeoutError: handler ran longer than its 0.3s timeout"
+    assert errors_before == [[timed_out]] * 3  # every job of the chunk's first attempt
+    assert (worker.stats.retried, worker.stats.succeeded) == (3, 3)
+    assert not Job.objects.exists() and not DeadLetter.objects.exists()
+
+
+def test_a_chunk_past_its_timeout_on_its_last_attempt_dead_letters_each_job_and_work_goes_on():
+    saw_cancelled.clear()
+    timed = {r.id for r in _enqueue(chunk_timed_out, 3)}
+    worker = Worker(concurrency=1, batch=3, poll_interval=0.1, grace=5)
+    later: list = []
+
+    def then_enqueue_more():
+        wait_for(lambda: DeadLetter.objects.count() == 3, message="the 3 dead letters")
+        later.extend(r.id for r in _enqueue(chunk_sum, 4))
+        wait_for(
+            lambda: CompletionMarker.objects.count() == 4,
+            message="the jobs enqueued after the timeout to run",
+        )
+
+    _serve(worker, then_enqueue_more)
+    letters = DeadLetter.objects.all()
+    assert {d.id for d in letters} == timed
+    for letter in letters:
+        assert (letter.reason, letter.attempts) == (DeadReason.ATTEMPTS_EXHAUSTED, 1)
+        assert "TimeoutError" in letter.error and "0.3s timeout" in letter.error
+    assert saw_cancelled == [True]
+    # The same worker (its one thread back from the abandoned chunk) claimed and ran the rest.
+    assert set(CompletionMarker.objects.values_list("job_id", flat=True)) == set(later)
+    assert sorted(n for call in calls[1:] for n in call) == [0, 1, 2, 3]
+    assert worker.stats.succeeded == 4 and worker.stats.dead == 3
+    assert not Job.objects.exists()
+
+
+# ---- per-payload validation ------------------------------------------------------------------
+
+
+def _even_only(payload):
+    if payload["n"] % 2:
+        raise ValueError(f"odd payload {payload['n']}")
+    return {**payload, "checked": True}
+
+
+@job(name="tests.chunks.validated", chunk=4, chunk_wait=0.1, validate=_even_only)
+def chunk_validated(payloads, ctx):
+    assert len(ctx.jobs) == len(payloads)
+    calls.append([(p["n"], p.get("checked")) for p in payloads])
+    return [p["n"] for p in payloads]
+
+
+def test_a_payload_that_fails_validation_is_dead_lettered_alone_and_left_out_of_the_call(
+    run_worker,
+):
+    # enqueue() runs the validator too: rows written as a deploy of a stricter validator finds them
+    rows = [JobFactory(name="tests.chunks.validated", payload=f'{{"n": {n}}}') for n in range(4)]
+    run_worker(concurrency=1, batch=4)
+    assert len(calls) == 1
+    assert sorted(calls[0]) == [(0, True), (2, True)]  # the validator's values, odd ones out
+    assert sorted(CompletionMarker.objects.values_list("result", flat=True)) == [0, 2]
+    letters = DeadLetter.objects.order_by("payload")
+    assert [d.id for d in letters] == [rows[1].id, rows[3].id]
+    for letter, n in zip(letters, (1, 3), strict=True):
+        assert (letter.reason, letter.attempts) == (DeadReason.INVALID_PAYLOAD, 1)
+        assert f"odd payload {n}" in letter.error
+    assert not Job.objects.exists()
