@@ -332,3 +332,9 @@ if os.environ.get("JOBS_TEST_ASYNC"):
     from tests.testapp import async_jobs
 
     async_jobs.register()
+
+# Chunk handlers shared by worker processes: only in the worker processes that ask.
+if os.environ.get("JOBS_TEST_CHUNKS"):
+    from tests.testapp import chunk_jobs
+
+    chunk_jobs.register()
