@@ -38,8 +38,10 @@ def _run_with_a_kill(worker_process, handler, claim):
     victim = workers[0]
     # Mid-run: some chunks done, and the victim holding jobs (buffered or running).
     wait_for(
-        lambda: CompletionMarker.objects.count() >= TOTAL // 5
-        and Job.objects.filter(locked_by__startswith=_prefix(victim)).exists(),
+        lambda: (
+            CompletionMarker.objects.count() >= TOTAL // 5
+            and Job.objects.filter(locked_by__startswith=_prefix(victim)).exists()
+        ),
         timeout=15,
         message="the victim to hold jobs mid-run",
     )
