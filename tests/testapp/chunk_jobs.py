@@ -14,12 +14,16 @@ NAMES = ("tests.chunkproc.atomic", "tests.chunkproc.plain")
 
 
 def _record(payloads, ctx):
-    """One Audit row per payload (label "n-<n>"), after `sleep` seconds per chunk."""
-    time.sleep(max((p.get("sleep", 0) for p in payloads), default=0))
+    """Write one Audit row per payload (label "n-<n>"), then take `sleep` seconds per chunk.
+
+    Effects first: a kill during the sleep finds them written and the jobs not settled
+    (an atomic chunk's rolled back, a plain one's kept: its retry writes them again).
+    """
     Audit.objects.bulk_create(
         Audit(label=f"n-{p['n']}", job_id=c.id, attempt=c.attempt)
         for p, c in zip(payloads, ctx.jobs, strict=True)
     )
+    time.sleep(max((p.get("sleep", 0) for p in payloads), default=0))
     return [p["n"] for p in payloads]
 
 
