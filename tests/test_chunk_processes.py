@@ -57,7 +57,7 @@ def _run_with_a_kill(worker_process, handler, claim):
     workers.append(worker_process(*args, extra_env=env))  # its restart
     wait_for(
         lambda: CompletionMarker.objects.count() == TOTAL and not Job.objects.exists(),
-        timeout=20,
+        timeout=30,
         message=f"all {TOTAL} jobs to complete",
     )
     for worker in workers[1:]:
