@@ -85,6 +85,17 @@ class ClaimedJob:
     def malformed(self) -> str | None:
         """Say which column of this row no worker can use as it is, or None when all are fine."""
         errors = self.errors
+        if (  # every claimed job asks: the common answer first, without a loop
+            type(errors) is list
+            and not errors
+            and type(self.attempts) is int
+            and type(self.max_attempts) is int
+            and type(self.priority) is int
+            and type(self.name) is str
+            and type(self.queue) is str
+            and type(self.payload) is str
+        ):
+            return None
         if not isinstance(errors, list) or not all(type(e) is dict for e in errors):
             return f"its errors column is not a list of error objects: {_preview(errors)}"
         for name in ("attempts", "max_attempts", "priority"):

@@ -72,6 +72,7 @@ def register(task: Task[..., Any], policy: Policy) -> TaskHandler:
         policy=policy,
     )
     registry.register(handler)
+    runner.listen()
     return handler
 
 

@@ -147,7 +147,10 @@ def _on_job_finished(
         _send(task_finished, task, result)
 
 
-signals.job_finished.connect(_on_job_finished, dispatch_uid="django_jobs.tasks.runner")
+def listen() -> None:
+    """Send task_finished from now on (called as a Task is registered: without Tasks, a
+    worker's jobs pay for no receiver)."""
+    signals.job_finished.connect(_on_job_finished, dispatch_uid="django_jobs.tasks.runner")
 
 
 def _loggable(error: Any) -> bool:
