@@ -134,7 +134,7 @@ def _refuse_a_transaction_elsewhere(alias: str) -> None:
     outlive a rollback of the caller's block on the other alias, which is
     what enqueue_on_commit promises it does not.
     """
-    if connections[alias].in_atomic_block:
+    if len(connections.settings) == 1 or connections[alias].in_atomic_block:
         return
     for conn in connections.all(initialized_only=True):
         if conn.in_atomic_block:
