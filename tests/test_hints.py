@@ -104,6 +104,21 @@ def test_first_run_checks_survive_a_bad_database_setting(settings, alias):
     assert checks.check_sqlite() == []
 
 
+def test_atomic_requests_on_an_alias_without_the_jobs_is_warned_about(settings, monkeypatch):
+    from django_jobs import checks
+
+    databases = settings.DATABASES
+    monkeypatch.setitem(databases["other"], "ATOMIC_REQUESTS", True)
+    [warning] = checks.check_atomic_requests()
+    assert warning.id == "django_jobs.W022"
+    assert "commit_of='other'" in warning.hint
+    monkeypatch.setitem(databases["default"], "ATOMIC_REQUESTS", True)  # the jobs' too
+    assert checks.check_atomic_requests() == []
+    monkeypatch.setitem(databases["default"], "ATOMIC_REQUESTS", False)
+    monkeypatch.setitem(databases["other"], "ATOMIC_REQUESTS", False)
+    assert checks.check_atomic_requests() == []
+
+
 def test_an_empty_registry_says_where_handlers_are_declared(monkeypatch):
     from django_jobs import UnknownJob, registry
 

@@ -7,6 +7,7 @@ metrics). docs/configuration.md lists every check id.
 
 from django_jobs.checks.configuration import check_admin_apps, check_claim, check_settings
 from django_jobs.checks.database import (
+    check_atomic_requests,
     check_autovacuum,
     check_migrations,
     check_pooler,
@@ -17,6 +18,7 @@ from django_jobs.checks.schedules import check_schedules
 
 __all__ = [
     "check_admin_apps",
+    "check_atomic_requests",
     "check_autovacuum",
     "check_claim",
     "check_migrations",

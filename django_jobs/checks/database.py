@@ -76,6 +76,29 @@ def check_sqlite(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     ]
 
 
+@register(Tags.compatibility)
+def check_atomic_requests(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """Warn when views run in a transaction on an alias that does not hold the jobs."""
+    alias = conf.get("DATABASE")
+    if not isinstance(alias, str) or alias not in settings.DATABASES:
+        return []  # E003
+    if settings.DATABASES[alias].get("ATOMIC_REQUESTS"):
+        return []  # the jobs commit with the request's transaction
+    return [
+        Warning(
+            f"ATOMIC_REQUESTS is on for database {other!r}, which does not hold the jobs "
+            f"(DJANGO_JOBS['DATABASE'] is {alias!r}): in a view, enqueue_on_commit raises "
+            f"InvalidJob, since a job written at once on {alias!r} would outlive a "
+            "rollback of the request.",
+            hint=f"Pass commit_of={other!r} to enqueue_on_commit in views, or keep the "
+            f"jobs on {other!r} (DJANGO_JOBS['DATABASE']).",
+            id="django_jobs.W022",
+        )
+        for other, options in settings.DATABASES.items()
+        if other != alias and options.get("ATOMIC_REQUESTS")
+    ]
+
+
 @register(Tags.database)
 def check_autovacuum(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[Any]:
     """Warn when the jobs database does not autovacuum: the jobs table would grow without end."""
