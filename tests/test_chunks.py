@@ -255,26 +255,15 @@ def chunk_slow(payloads, ctx):
 def test_shutdown_gives_buffered_jobs_back_unstarted():
     _enqueue(chunk_slow, 2)
     worker = Worker(concurrency=1, grace=5, poll_interval=0.1)
-
-    def stop_once_buffered():
-        try:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                if Job.objects.filter(locked_by__isnull=False).count() == 2:
-                    break
-                time.sleep(0.05)
-        finally:
-            connection.close()
-            worker.stop()
-
-    stopper = threading.Thread(target=stop_once_buffered)
-    stopper.start()
-    started = time.monotonic()
-    try:
-        worker.run()
-    finally:
-        stopper.join()
-    assert time.monotonic() - started < 30
+    _serve(
+        worker,
+        lambda: wait_for(
+            lambda: Job.objects.filter(locked_by__isnull=False).count() == 2,
+            timeout=30,
+            message="both jobs buffered",
+        ),
+        timeout=30,
+    )
     assert calls == []  # the chunk never ran
     assert Job.objects.count() == 2
     assert set(Job.objects.values_list("attempts", flat=True)) == {0}
