@@ -160,6 +160,52 @@ def postgres_ready(python: str) -> bool:
     return runs(python, check)
 
 
+# The second PostgreSQL server of the several-databases tests (tests/settings.py's "jobs2").
+JOBS2_CLUSTER = "jobs2"
+
+
+def ensure_second_postgres() -> bool:
+    """Start the PostgreSQL cluster "jobs2" on JOBS2_PGPORT (5433), making it if need be."""
+    port = os.environ.get("JOBS2_PGPORT", "5433")
+    host = os.environ.get("JOBS2_PGHOST", "127.0.0.1")
+
+    def ready() -> bool:
+        check = ["pg_isready", "-h", host, "-p", port, "-q"]
+        return shutil.which("pg_isready") is not None and subprocess.run(check).returncode == 0
+
+    if ready():
+        return True
+    root = hasattr(os, "geteuid") and os.geteuid() == 0
+    if not (root and shutil.which("pg_createcluster") and os.path.isdir("/etc/postgresql")):
+        say(f"no PostgreSQL on {host}:{port} for the several-databases tests (JOBS2_PGPORT)")
+        return False
+    version = sorted(os.listdir("/etc/postgresql"))[0]
+    folder = f"/etc/postgresql/{version}/{JOBS2_CLUSTER}"
+    if not os.path.isdir(folder):
+        say(f"making the PostgreSQL cluster {JOBS2_CLUSTER} on port {port}")
+        subprocess.run(
+            ["pg_createcluster", version, JOBS2_CLUSTER, "--port", port],
+            stdout=subprocess.DEVNULL,
+            check=True,
+        )
+        with open(f"{folder}/pg_hba.conf", "w") as hba:  # as the first cluster: trust
+            hba.write("local all all trust\nhost all all 127.0.0.1/32 trust\n")
+        with open(f"{folder}/conf.d/django-jobs.conf", "w") as extra:
+            extra.write("listen_addresses = '127.0.0.1'\nmax_connections = 100\n")
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", version, JOBS2_CLUSTER, "start"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=False,
+    )
+    for _ in range(60):
+        if ready():
+            return True
+        time.sleep(0.5)
+    say(f"the PostgreSQL cluster {JOBS2_CLUSTER} did not start on port {port}")
+    return False
+
+
 def runs(python: str, code: str) -> bool:
     """Whether python runs code without an error (a connection check, an import)."""
     return subprocess.run([python, "-c", code], capture_output=True, check=False).returncode == 0
@@ -215,6 +261,7 @@ def test(args: list[str]) -> int:
             "  or set PGHOST/PGPORT/PGUSER/PGPASSWORD to one you can use."
         )
     os.makedirs(os.path.join(ROOT, "reports"), exist_ok=True)
+    ensure_second_postgres()  # without it, the several-databases tests fail (not skip)
     base_env = dict(os.environ)
     if ensure_browser() or os.environ.get("CI"):
         # The browser test then fails, rather than skips, without a browser.
@@ -287,6 +334,7 @@ def postgres_run(python: str, env: dict[str, str], args: list[str], report: str,
 def test_django52(args: list[str]) -> int:
     """Run the suite on the oldest supported Django (5.2) against PostgreSQL."""
     python = ensure_venv("test", VENV_DJANGO52, DJANGO52_PINS)
+    ensure_second_postgres()
     # django.tasks (Django >= 6.0) tests skip here by design; their skip reasons name no PostgreSQL.
     # Without arguments, the MariaDB stage's selection (the slow tests are two thirds of the
     # PostgreSQL run's time, and drive the same code through more processes, not other

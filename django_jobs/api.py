@@ -22,7 +22,17 @@ from django.core.exceptions import ValidationError
 from django.db import DatabaseError, ProgrammingError, connections, transaction
 from django.utils import timezone
 
-from django_jobs import conf, encryption, flow, limits, registry, signals, tracing, uniqueness
+from django_jobs import (
+    conf,
+    encryption,
+    flow,
+    limits,
+    registry,
+    routers,
+    signals,
+    tracing,
+    uniqueness,
+)
 from django_jobs import payloads as codec  # enqueue_many takes a parameter named payloads
 from django_jobs.exceptions import IdempotencyConflict, InvalidJob, InvalidPayload
 from django_jobs.models import OnParentDead
@@ -51,6 +61,7 @@ def enqueue(
     meta: dict[str, str] | None = None,
     unique_for: timedelta | None = None,
     unique_by: Iterable[str] | None = None,
+    using: str | None = None,
 ) -> EnqueueResult:
     """Write a job now on the jobs database, inside whatever transaction is open there.
 
@@ -66,13 +77,16 @@ def enqueue(
     the admin's and the commands' filters (docs/observability.md).
     `unique_for` and `unique_by` (the handler's when not given): at most one job
     per period (docs/enqueue.md#unique-for-a-period); a second is a duplicate.
+    `using`: the job database to write on, when DJANGO_JOBS["DATABASES"] holds several
+    (otherwise the one whose transaction is open, the ROUTE's or DATABASE: docs/scaling.md).
     """
     unique = _unique(unique_for, unique_by, key)
     job = prepare(
         handler, payload, key, delay, run_at, priority, queue, max_attempts, tags, meta, unique
     )
     parents = _parents(after)
-    return _write(job, conf.database(), parents, _mode(on_parent_dead, parents))
+    alias = routers.job_database(using, job.name, job.queue, payload)
+    return _write(job, alias, parents, _mode(on_parent_dead, parents))
 
 
 def enqueue_on_commit(
@@ -92,6 +106,7 @@ def enqueue_on_commit(
     meta: dict[str, str] | None = None,
     unique_for: timedelta | None = None,
     unique_by: Iterable[str] | None = None,
+    using: str | None = None,
 ) -> EnqueueResult:
     """Enqueue a job that exists if and only if the current transaction commits.
 
@@ -103,12 +118,19 @@ def enqueue_on_commit(
     nowhere is refused from this call, and the parents are looked up again
     when the row is written (one gone by then raises from the commit). `tags`
     and `meta`, `unique_for` and `unique_by` as for ``enqueue``.
+
+    With several job databases (DJANGO_JOBS["DATABASES"]), the row goes on `using`,
+    else on the one of the innermost open ``atomic`` block (so that it commits with
+    the rows it belongs to), else on the ROUTE's or DATABASE (docs/scaling.md).
+    A `commit_of` that is a job database is where the row goes, in that transaction.
     """
     unique = _unique(unique_for, unique_by, key)
     job = prepare(
         handler, payload, key, delay, run_at, priority, queue, max_attempts, tags, meta, unique
     )
-    alias = conf.database()
+    if commit_of is not None and using is None and commit_of in conf.databases():
+        using = commit_of
+    alias = routers.job_database(using, job.name, job.queue, payload)
     if commit_of is None:
         _refuse_a_transaction_elsewhere(alias)
     parents = _parents(after)
@@ -319,6 +341,7 @@ def enqueue_many(
     meta: dict[str, str] | None = None,
     unique_for: timedelta | None = None,
     unique_by: Iterable[str] | None = None,
+    using: str | None = None,
 ) -> list[EnqueueResult]:
     """Enqueue one job per payload in one round of writes (COPY on PostgreSQL).
 
@@ -328,7 +351,8 @@ def enqueue_many(
     one dedupe key (or None) per payload. Results come back in input order.
     `tags` and `meta`, as for ``enqueue``, label every job of the call; `unique_for`
     and `unique_by` as for ``enqueue``, per job (with `keys`, each key is unique for
-    the period).
+    the period). `using` as for ``enqueue``; a ROUTE that spreads the payloads over
+    several databases makes one write per database, all-or-nothing within each.
     """
     unique = _unique(unique_for, unique_by, None)
     if unique[1] is not None and keys is not None:
@@ -346,7 +370,22 @@ def enqueue_many(
             raise type(exc)(f"job {index}: {exc}") from exc
     if not jobs:
         return []
-    alias = conf.database()
+    name, queue = options.handler.name, options.queue
+    where = [routers.job_database(using, name, queue, payload) for payload in items]
+    if len(set(where)) == 1:
+        return _write_many(jobs, where[0])
+    by_alias: dict[str, list[int]] = {}
+    for index, alias in enumerate(where):
+        by_alias.setdefault(alias, []).append(index)
+    results: list[EnqueueResult | None] = [None] * len(jobs)
+    for alias, indexes in by_alias.items():
+        written = _write_many([jobs[i] for i in indexes], alias)
+        for i, result in zip(indexes, written, strict=True):
+            results[i] = result
+    return [result for result in results if result is not None]
+
+
+def _write_many(jobs: list[NewJob], alias: str) -> list[EnqueueResult]:
     try:
         with tracing.sending(jobs):
             results = JobStore(alias).insert_many(jobs)
@@ -487,8 +526,10 @@ class Workflow:
         name: str,
         tags: Iterable[str] | None = None,
         meta: dict[str, str] | None = None,
+        using: str | None = None,
     ) -> None:
         self.name = limits.workflow_name(name, error=InvalidJob)
+        self.using = using
         # What every step carries besides its own (validated here, and with each step's).
         self.tags = [] if tags is None else limits.tags(tags, error=InvalidJob)
         self.meta = {} if meta is None else limits.meta(meta, error=InvalidJob)
@@ -498,6 +539,7 @@ class Workflow:
         self._steps: list[Step] = []
         self._ids: dict[uuid.UUID, int] = {}
         self._keys: dict[str, int] = {}
+        self._first_payload: Any = None
         self._closed = False
 
     def __enter__(self) -> Workflow:
@@ -555,6 +597,8 @@ class Workflow:
             if held.fingerprint not in (job.fingerprint, *job.also_fingerprints):
                 raise IdempotencyConflict(job.key, held.id)
             return EnqueueResult(held.id, True, job.name, job.queue)
+        if not self._steps:
+            self._first_payload = payload  # what ROUTE sees of the workflow
         self._ids[job.id] = len(self._steps)
         if job.key is not None:
             self._keys[job.key] = len(self._steps)
@@ -566,7 +610,8 @@ class Workflow:
     def _write(self) -> None:
         if not self._steps:
             return
-        alias = conf.database()
+        first = self._steps[0].job
+        alias = routers.job_database(self.using, first.name, first.queue, self._first_payload)
         try:
             with tracing.sending_workflow(self.name, self._steps):
                 self.results = JobStore(alias).insert_workflow(self.name, self._steps)
@@ -579,7 +624,11 @@ class Workflow:
 
 
 def workflow(
-    *, name: str, tags: Iterable[str] | None = None, meta: dict[str, str] | None = None
+    *,
+    name: str,
+    tags: Iterable[str] | None = None,
+    meta: dict[str, str] | None = None,
+    using: str | None = None,
 ) -> Workflow:
     """Enqueue steps that wait for each other, written together when the block exits.
 
@@ -594,9 +643,10 @@ def workflow(
     the jobs database, as ``enqueue_on_commit`` writes; a block that raises
     writes nothing. Raises InvalidJob for a name that is not printable text of
     1 to 255 characters. `tags` and `meta` go on every step, besides the step's own
-    (a step's meta wins for a key both give).
+    (a step's meta wins for a key both give). Every step lives in one database:
+    `using`, else the one enqueue would pick for the first step (docs/scaling.md).
     """
-    return Workflow(name, tags, meta)
+    return Workflow(name, tags, meta, using)
 
 
 # PostgreSQL's undefined_table and undefined_column.

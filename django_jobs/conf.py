@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -10,8 +11,16 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 DEFAULTS: dict[str, Any] = {
-    # Database alias that holds the jobs, completion markers and dead letters.
+    # Database alias that holds the jobs, completion markers and dead letters (the
+    # default of several, below; when only DATABASES is set, its first alias).
     "DATABASE": "default",
+    # Every alias that holds job tables, when jobs live in more than one database
+    # (docs/scaling.md#several-databases); None: DATABASE alone.
+    "DATABASES": None,
+    # Where enqueue writes a job that names no database and whose caller has no
+    # transaction open on one: a callable (or its dotted path) of (name, queue, payload)
+    # returning an alias of DATABASES, or None for DATABASE.
+    "ROUTE": None,
     # Queue of handlers that name none.
     "DEFAULT_QUEUE": "default",
     # If a list, the only queue names enqueue accepts.
@@ -98,7 +107,12 @@ DEFAULTS: dict[str, Any] = {
 @cache
 def get_settings() -> dict[str, Any]:
     """Return DEFAULTS updated with the project's DJANGO_JOBS."""
-    return {**DEFAULTS, **getattr(settings, "DJANGO_JOBS", {})}
+    own = getattr(settings, "DJANGO_JOBS", {})
+    merged = {**DEFAULTS, **own}
+    listed = own.get("DATABASES")
+    if "DATABASE" not in own and isinstance(listed, list | tuple) and listed:
+        merged["DATABASE"] = listed[0]
+    return merged
 
 
 def get(name: str) -> Any:
@@ -107,14 +121,35 @@ def get(name: str) -> Any:
 
 
 def database() -> str:
-    """Return the alias of the jobs database."""
+    """Return the alias of the jobs database (the default one, when there are several)."""
     alias: str = get_settings()["DATABASE"]
     return alias
+
+
+@cache
+def databases() -> tuple[str, ...]:
+    """Return every alias that holds job tables: DATABASE first, then DATABASES' others."""
+    s = get_settings()
+    listed = s["DATABASES"] if isinstance(s["DATABASES"], list | tuple) else ()
+    return tuple(dict.fromkeys([s["DATABASE"], *listed]))
+
+
+@cache
+def route() -> Callable[[str, str, Any], str | None] | None:
+    """Return DJANGO_JOBS["ROUTE"] as a callable (imported when a dotted path), or None."""
+    value = get_settings()["ROUTE"]
+    if isinstance(value, str):
+        from django.utils.module_loading import import_string
+
+        value = import_string(value)
+    return value  # type: ignore[no-any-return]
 
 
 # Modules that cache something derived from the settings (the JSON encoder, the
 # schedules) clear it with receivers of their own: conf imports none of them.
 @receiver(setting_changed)
 def _clear_cache(*, setting: str, **kwargs: Any) -> None:
-    if setting == "DJANGO_JOBS":
+    if setting in ("DJANGO_JOBS", "DATABASES"):
         get_settings.cache_clear()
+        databases.cache_clear()
+        route.cache_clear()

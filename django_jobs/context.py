@@ -33,6 +33,8 @@ class JobContext:
     enqueued_at: datetime
     dedupe_key: str | None = None
     worker_id: str = ""
+    # The alias of the job database that holds this job (docs/scaling.md).
+    database: str = "default"
     # When the first attempt started, and the errors of earlier attempts (oldest first).
     started_at: datetime | None = None
     errors: list[dict[str, Any]] = field(default_factory=list)

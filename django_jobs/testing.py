@@ -300,6 +300,7 @@ def perform(
         enqueued_at=now,
         dedupe_key=prepared.key,
         worker_id="django_jobs.testing",
+        database=conf.database(),
         started_at=now,
     )
     if handler.atomic:

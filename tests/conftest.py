@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import glob
 import os
 import signal
@@ -180,6 +181,14 @@ def worker_process(tmp_path):
             if connections["other"].settings_dict["NAME"].startswith("test_")
             else connection.settings_dict["NAME"]
         ),
+        # The second job database's test database, when a test of this run asked for it.
+        **(
+            {"TEST_JOBS2_DB_NAME": str(connections["jobs2"].settings_dict["NAME"])}
+            if os.path.basename(str(connections["jobs2"].settings_dict["NAME"])).startswith(
+                "test_"
+            )
+            else {}
+        ),
         "PYTHONPATH": str(ROOT),
     }
 
@@ -192,6 +201,22 @@ def worker_process(tmp_path):
     yield start
     for proc in started:
         proc.stop()
+
+
+# What a test of several job databases sets, in its process and in its workers'.
+TWO_DATABASES = ["default", "jobs2"]
+TWO_DATABASES_ENV = {"JOBS_TEST_SETTINGS": json.dumps({"DATABASES": TWO_DATABASES})}
+
+
+@pytest.fixture
+def two_job_databases(settings):
+    """DJANGO_JOBS["DATABASES"] = ["default", "jobs2"]; return the env its workers need.
+
+    "jobs2" is a second PostgreSQL server (dev.py starts it), a second SQLite file, or a
+    second MariaDB database; the test asks for it with django_db(databases=[...]).
+    """
+    settings.DJANGO_JOBS = {**settings.DJANGO_JOBS, "DATABASES": TWO_DATABASES}
+    return TWO_DATABASES_ENV
 
 
 @contextlib.contextmanager

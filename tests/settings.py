@@ -34,6 +34,25 @@ if os.environ.get("TEST_DB", "postgres") == "sqlite":
             "NAME": os.path.join(os.path.dirname(__file__), "other.sqlite3"),
             "TEST": {"NAME": os.path.join(os.path.dirname(__file__), "test_other.sqlite3")},
         },
+        # A second job database (docs/scaling.md): tests that ask for it list it in
+        # DJANGO_JOBS["DATABASES"] (tests/conftest.py's two_job_databases).
+        "jobs2": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.environ.get(
+                "TEST_JOBS2_DB_NAME", os.path.join(os.path.dirname(__file__), "jobs2.sqlite3")
+            ),
+            "OPTIONS": {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+            "TEST": {
+                "NAME": os.environ.get(
+                    "TEST_JOBS2_DB_NAME",
+                    os.path.join(os.path.dirname(__file__), "test_jobs2.sqlite3"),
+                )
+            },
+        },
     }
 elif os.environ.get("TEST_DB") == "mariadb":
     # MariaDB 10.6+ through mysqlclient (python3 dev.py test-mariadb).
@@ -54,6 +73,10 @@ elif os.environ.get("TEST_DB") == "mariadb":
         # In worker subprocesses, the test database of "other" (MySQL checks connect to
         # it), or default's when the run made none (tests/conftest.py's worker_process).
         "NAME": os.environ.get("TEST_OTHER_DB_NAME", DATABASES["default"]["NAME"] + "_other"),
+    }
+    DATABASES["jobs2"] = {
+        **DATABASES["default"],
+        "NAME": os.environ.get("TEST_JOBS2_DB_NAME", DATABASES["default"]["NAME"] + "_jobs2"),
     }
 else:
     DATABASES = {
@@ -78,6 +101,17 @@ else:
         **DATABASES["default"],
         "NAME": os.environ.get("JOBS_TEST_DB", "django_jobs") + "_other",
     }
+    # A second job database on a second PostgreSQL server (dev.py starts the cluster
+    # "jobs2" on port 5433): tests that ask for it list it in DJANGO_JOBS["DATABASES"].
+    DATABASES["jobs2"] = {
+        **DATABASES["default"],
+        "HOST": os.environ.get("JOBS2_PGHOST", "127.0.0.1"),
+        "PORT": os.environ.get("JOBS2_PGPORT", "5433"),
+        "NAME": os.environ.get(
+            "TEST_JOBS2_DB_NAME", os.environ.get("JOBS_TEST_DB", "django_jobs") + "_jobs2"
+        ),
+    }
+    DATABASES["jobs2"].pop("DISABLE_SERVER_SIDE_CURSORS", None)  # not behind PgBouncer
 
 INSTALLED_APPS = [
     "django.contrib.admin",

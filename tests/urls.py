@@ -9,6 +9,7 @@ from tests.testapp import views
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("orders/", views.create_order, name="create-order"),
+    path("orders/<str:alias>/", views.create_order_on, name="create-order-on"),
     path("metrics/jobs", metrics_view, name="jobs-metrics"),
 ]
 

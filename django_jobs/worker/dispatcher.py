@@ -567,6 +567,7 @@ class Worker:
                 enqueued_at=job.enqueued_at,
                 dedupe_key=job.key,
                 worker_id=self.id,
+                database=self.database,
                 started_at=job.started_at,
                 errors=job.errors,
                 _parents=partial(self._store.parent_results, job.id),

@@ -182,6 +182,16 @@ def slow_first(payload, ctx):
         time.sleep(payload["slow"])
 
 
+@job(name="tests.record_where", atomic=True, max_attempts=30, backoff=0.5)
+def record_where(payload, ctx):
+    """An atomic effect written on the job's own database (jobs in several databases)."""
+    Audit.objects.using(ctx.database).create(
+        label=payload["label"], job_id=ctx.id, attempt=ctx.attempt
+    )
+    if payload.get("ms"):
+        time.sleep(payload["ms"] / 1000)
+
+
 @job(name="tests.slow_first_atomic", atomic=True, max_attempts=10)
 def slow_first_atomic(payload, ctx):
     Audit.objects.create(label=payload["label"], job_id=ctx.id, attempt=ctx.attempt)

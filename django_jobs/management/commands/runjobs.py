@@ -13,8 +13,9 @@ from typing import Any, TextIO, cast
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
 
-from django_jobs import registry
+from django_jobs import conf, registry
 from django_jobs.management.arguments import (
     add_repeatable,
     async_slots,
@@ -27,6 +28,7 @@ from django_jobs.management.arguments import (
 from django_jobs.management.tables import require_job_tables
 from django_jobs.models import QueueState
 from django_jobs.worker import EXIT_STUCK, HandlersStuck, Worker
+from django_jobs.worker.several import Workers
 
 # -v 0: warnings and errors; -v 1 (the default): one line per job outcome too; -v 2+: debug.
 LOG_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
@@ -106,6 +108,15 @@ class Command(BaseCommand):
             type=seconds,
             help="Seconds between polls (default POLL_INTERVAL, 1).",
         )
+        add_repeatable(
+            parser,
+            "--database",
+            dest="databases",
+            type=str,
+            metavar="ALIAS",
+            help="Job database to serve (repeatable). Default: every alias of "
+            "DJANGO_JOBS['DATABASES'], each with a worker of its own.",
+        )
         parser.add_argument(
             "--no-listen",
             action="store_true",
@@ -126,12 +137,15 @@ class Command(BaseCommand):
         grace: float | None,
         poll_interval: float | None,
         no_listen: bool,
+        databases: list[str] | None,
         verbosity: int,
         **options: Any,
     ) -> None:
         self._configure_logging(verbosity)
+        served = self._databases(databases)
         try:
-            worker = Worker(
+            workers = Workers(
+                served,
                 queues=queues,
                 concurrency=concurrency,
                 async_concurrency=async_concurrency,
@@ -146,14 +160,29 @@ class Command(BaseCommand):
             )
         except ImproperlyConfigured as exc:  # --heartbeat >= --lease, or bad DJANGO_JOBS values
             raise CommandError(str(exc), returncode=2) from None
-        require_job_tables(worker.database)
+        for worker in workers.workers:
+            require_job_tables(worker.database)
         self._warn_idle(queues)
-        self._warn_paused(worker)
-        with on_stop(worker.stop):
+        for worker in workers.workers:
+            self._warn_paused(worker)
+        with on_stop(workers.stop):
             try:
-                worker.run()
+                workers.run()
             except HandlersStuck as exc:  # logged by the worker; only a restart frees threads
                 raise CommandError(f"{exc}: exiting for a restart", returncode=EXIT_STUCK) from None
+
+    def _databases(self, databases: list[str] | None) -> list[str]:
+        aliases = conf.databases()
+        if not databases:
+            return list(aliases)
+        unknown = [alias for alias in databases if alias not in aliases]
+        if unknown:
+            raise CommandError(
+                f"--database {unknown[0]!r} is not a job database: DJANGO_JOBS['DATABASES'] "
+                f"holds {', '.join(map(repr, aliases))}",
+                returncode=2,
+            )
+        return list(dict.fromkeys(databases))
 
     def _warn_idle(self, queues: list[str] | None) -> None:
         """Say so when this worker has nothing it could run."""
@@ -178,11 +207,16 @@ class Command(BaseCommand):
         paused = QueueState.objects.using(worker.database).filter(
             paused=True, name__in=worker.queues
         )
-        for row in paused.order_by("name"):
+        try:
+            rows = list(paused.order_by("name"))
+        except DatabaseError:  # the database is away: the worker reconnects and says so
+            return
+        for row in rows:
             logger.warning(
-                "queue %r is paused%s%s: no worker claims its jobs until "
+                "queue %r is paused%s%s%s: no worker claims its jobs until "
                 "`python manage.py jobs resume %s`",
                 row.name,
+                f" on database {worker.database!r}" if len(conf.databases()) > 1 else "",
                 f" by {row.paused_by}" if row.paused_by else "",
                 f" ({row.reason})" if row.reason else "",
                 row.name,

@@ -1,0 +1,263 @@
+"""Jobs in several databases (DJANGO_JOBS["DATABASES"]): where enqueue writes, what workers serve.
+
+"jobs2" is a second PostgreSQL server on PostgreSQL runs (dev.py starts the cluster), a
+second file on SQLite and a second database on MariaDB.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import transaction
+from django.test import Client, override_settings
+
+from django_jobs import conf, enqueue, enqueue_many, enqueue_on_commit, workflow
+from django_jobs.exceptions import InvalidJob
+from django_jobs.models import CompletionMarker, Job
+from django_jobs.routers import JobsRouter
+from django_jobs.worker import Worker
+from tests.testapp.jobs import record, record_where
+from tests.testapp.models import Audit, Order
+
+pytestmark = pytest.mark.django_db(databases=["default", "jobs2", "other"], transaction=True)
+
+
+def jobs_on(alias, **filters):
+    return Job.objects.using(alias).filter(**filters)
+
+
+def by_label(label):
+    """The order's route: jobs whose label starts with "eu" go on jobs2."""
+    return lambda name, queue, payload: "jobs2" if str(payload["label"]).startswith(label) else None
+
+
+class TestSettings:
+    def test_databases_put_database_first(self, settings):
+        settings.DJANGO_JOBS = {"DATABASES": ["jobs2", "default"], "DATABASE": "default"}
+        assert conf.databases() == ("default", "jobs2")
+
+    def test_only_databases_makes_its_first_alias_the_default(self, settings):
+        settings.DJANGO_JOBS = {"DATABASES": ["jobs2", "default"]}
+        assert conf.database() == "jobs2"
+        assert conf.databases() == ("jobs2", "default")
+
+    def test_one_database_when_databases_is_not_set(self, settings):
+        settings.DJANGO_JOBS = {"DATABASE": "other"}
+        assert conf.databases() == ("other",)
+
+    def test_the_router_migrates_on_every_job_database_only(self, two_job_databases):
+        router = JobsRouter()
+        assert router.allow_migrate("default", "django_jobs")
+        assert router.allow_migrate("jobs2", "django_jobs")
+        assert not router.allow_migrate("other", "django_jobs")
+
+    def test_a_row_loaded_from_a_job_database_is_saved_back_there(self, two_job_databases):
+        enqueue(record, {"label": "x"}, using="jobs2")
+        job = Job.objects.using("jobs2").get()
+        assert JobsRouter().db_for_write(Job, instance=job) == "jobs2"
+        job.priority = 7
+        job.save()
+        assert Job.objects.using("jobs2").get().priority == 7
+        assert not Job.objects.using("default").exists()
+
+
+class TestWriting:
+    def test_using_names_the_database(self, two_job_databases):
+        result = enqueue(record, {"label": "a"}, using="jobs2")
+        assert jobs_on("jobs2", id=result.id).exists()
+        assert not jobs_on("default").exists()
+
+    def test_using_an_alias_without_job_tables_is_refused(self, two_job_databases):
+        with pytest.raises(InvalidJob, match=r"using='other' is not a job database"):
+            enqueue(record, {"label": "a"}, using="other")
+        with pytest.raises(InvalidJob, match=r"not a job database"):
+            enqueue_on_commit(record, {"label": "a"}, using="nowhere")
+
+    def test_with_one_database_using_must_be_it(self):
+        enqueue(record, {"label": "a"}, using="default")
+        with pytest.raises(InvalidJob, match=r"using='jobs2' is not a job database"):
+            enqueue(record, {"label": "a"}, using="jobs2")
+
+    def test_no_transaction_open_writes_on_database(self, two_job_databases):
+        enqueue_on_commit(record, {"label": "a"})
+        assert jobs_on("default").count() == 1
+
+    def test_the_open_transaction_decides(self, two_job_databases):
+        with transaction.atomic(using="jobs2"):
+            result = enqueue_on_commit(record_where, {"label": "eu-1"})
+            assert jobs_on("jobs2", id=result.id).exists()
+        assert jobs_on("jobs2", id=result.id).exists()
+        assert not jobs_on("default").exists()
+
+    def test_a_rollback_on_that_database_leaves_no_job(self, two_job_databases):
+        with pytest.raises(RuntimeError), transaction.atomic(using="jobs2"):
+            Order.objects.using("jobs2").create(item="book")
+            enqueue_on_commit(record_where, {"label": "eu-1"})
+            raise RuntimeError("rolled back")
+        assert not jobs_on("jobs2").exists()
+        assert not Order.objects.using("jobs2").exists()
+
+    def test_the_innermost_block_decides(self, two_job_databases):
+        with transaction.atomic(using="jobs2"), transaction.atomic(using="default"):
+            with transaction.atomic(using="default"):  # deeper on default
+                deeper = enqueue_on_commit(record, {"label": "deeper"})
+        with transaction.atomic(using="default"), transaction.atomic(using="jobs2"):
+            with transaction.atomic(using="jobs2"):
+                inner = enqueue_on_commit(record, {"label": "inner"})
+        assert jobs_on("default", id=deeper.id).exists()
+        assert jobs_on("jobs2", id=inner.id).exists()
+
+    def test_equally_nested_another_job_database_wins_over_database(self, two_job_databases):
+        # What a view under ATOMIC_REQUESTS (on default) that opens atomic(using="jobs2")
+        # holds: Django does not record which of the two was opened first.
+        with transaction.atomic(using="default"), transaction.atomic(using="jobs2"):
+            result = enqueue_on_commit(record_where, {"label": "eu-1"})
+        assert jobs_on("jobs2", id=result.id).exists()
+
+    def test_equally_nested_other_job_databases_take_the_route(self, settings):
+        settings.DJANGO_JOBS = {**settings.DJANGO_JOBS, "DATABASES": ["default", "jobs2", "other"]}
+        with transaction.atomic(using="jobs2"), transaction.atomic(using="other"):
+            with pytest.raises(InvalidJob, match=r"'jobs2', 'other', equally nested: pass using="):
+                enqueue_on_commit(record, {"label": "a"})
+            explicit = enqueue_on_commit(record, {"label": "a"}, using="other")
+            settings.DJANGO_JOBS = {**settings.DJANGO_JOBS, "ROUTE": by_label("eu")}
+            routed = enqueue_on_commit(record, {"label": "eu-1"})
+        assert jobs_on("other", id=explicit.id).exists()
+        assert jobs_on("jobs2", id=routed.id).exists()
+
+    def test_a_block_on_an_alias_without_job_tables_is_still_refused(self, two_job_databases):
+        with transaction.atomic(using="other"):
+            with pytest.raises(InvalidJob, match=r"open on database 'other'"):
+                enqueue_on_commit(record, {"label": "a"})
+        assert not jobs_on("default").exists() and not jobs_on("jobs2").exists()
+
+    def test_commit_of_a_job_database_writes_the_job_there(self, two_job_databases):
+        with transaction.atomic(using="jobs2"):
+            result = enqueue_on_commit(record, {"label": "a"}, commit_of="jobs2")
+            assert jobs_on("jobs2", id=result.id).exists()  # in the transaction, not after
+
+    def test_route_places_jobs_without_a_transaction(self, two_job_databases, settings):
+        settings.DJANGO_JOBS = {**settings.DJANGO_JOBS, "ROUTE": by_label("eu")}
+        eu = enqueue(record, {"label": "eu-7"})
+        us = enqueue(record, {"label": "us-7"})
+        assert jobs_on("jobs2", id=eu.id).exists()
+        assert jobs_on("default", id=us.id).exists()
+
+    def test_route_as_a_dotted_path(self, two_job_databases, settings):
+        settings.DJANGO_JOBS = {
+            **settings.DJANGO_JOBS,
+            "ROUTE": "tests.test_several_databases.route_everything_to_jobs2",
+        }
+        result = enqueue(record, {"label": "x"})
+        assert jobs_on("jobs2", id=result.id).exists()
+
+    def test_route_returning_an_alias_without_job_tables_is_refused(
+        self, two_job_databases, settings
+    ):
+        settings.DJANGO_JOBS = {**settings.DJANGO_JOBS, "ROUTE": lambda *_: "other"}
+        with pytest.raises(InvalidJob, match=r"ROUTE'\] returned 'other' for job 'tests.record'"):
+            enqueue(record, {"label": "x"})
+
+    def test_enqueue_many_spread_by_the_route_keeps_the_order(self, two_job_databases, settings):
+        settings.DJANGO_JOBS = {**settings.DJANGO_JOBS, "ROUTE": by_label("eu")}
+        labels = ["eu-0", "us-1", "eu-2", "us-3", "us-4"]
+        results = enqueue_many(record, [{"label": label} for label in labels])
+        assert [r.name for r in results] == ["tests.record"] * 5
+        on_jobs2 = set(jobs_on("jobs2").values_list("id", flat=True))
+        assert [r.id in on_jobs2 for r in results] == [True, False, True, False, False]
+        assert jobs_on("default").count() == 3
+
+    def test_dedupe_keys_are_per_database(self, two_job_databases):
+        first = enqueue(record, {"label": "a"}, key="k", using="default")
+        second = enqueue(record, {"label": "a"}, key="k", using="jobs2")
+        again = enqueue(record, {"label": "a"}, key="k", using="jobs2")
+        assert first.id != second.id
+        assert again.duplicate and again.id == second.id
+
+    def test_a_workflow_lives_in_one_database(self, two_job_databases):
+        with workflow(name="order-1", using="jobs2") as w:
+            a = w.enqueue(record, {"label": "a"})
+            w.enqueue(record, {"label": "b"}, after=[a])
+        assert jobs_on("jobs2").count() == 2
+        assert not jobs_on("default").exists()
+
+    def test_a_workflow_follows_the_open_transaction(self, two_job_databases):
+        with transaction.atomic(using="jobs2"), workflow(name="order-2") as w:
+            w.enqueue(record, {"label": "a"})
+        assert jobs_on("jobs2").count() == 1
+
+    def test_a_view_writes_its_order_and_job_together(self, two_job_databases):
+        client = Client(raise_request_exception=False)
+        response = client.post("/orders/jobs2/", {"item": "book"})
+        assert response.status_code == 200
+        order = Order.objects.using("jobs2").get()
+        job = jobs_on("jobs2").get()
+        assert json.loads(job.payload) == {"label": f"order-{order.pk}"}
+        response = client.post("/orders/jobs2/", {"item": "book", "fail": "1"})
+        assert response.status_code == 500
+        assert Order.objects.using("jobs2").count() == 1  # neither the order nor its job
+        assert jobs_on("jobs2").count() == 1
+        assert not jobs_on("default").exists() and not Order.objects.exists()
+
+
+def route_everything_to_jobs2(name, queue, payload):
+    return "jobs2"
+
+
+class TestRunning:
+    def test_a_worker_runs_the_jobs_of_its_database_there(self, two_job_databases):
+        enqueue(record_where, {"label": "one"}, using="jobs2")
+        enqueue(record_where, {"label": "two"}, using="default")
+        Worker(database="jobs2", burst=True, concurrency=2).run()
+        assert list(Audit.objects.using("jobs2").values_list("label", flat=True)) == ["one"]
+        assert CompletionMarker.objects.using("jobs2").count() == 1
+        assert not Audit.objects.using("default").exists()
+        assert jobs_on("default").count() == 1
+
+    def test_runjobs_serves_every_job_database(self, two_job_databases):
+        for n in range(20):
+            enqueue(record_where, {"label": f"d{n}"}, using="default")
+            enqueue(record_where, {"label": f"j{n}"}, using="jobs2")
+        call_command("runjobs", "--burst", "--concurrency", "2")
+        assert Audit.objects.using("default").count() == 20
+        assert Audit.objects.using("jobs2").count() == 20
+        assert not jobs_on("default").exists() and not jobs_on("jobs2").exists()
+
+    def test_runjobs_database_picks_some(self, two_job_databases):
+        enqueue(record_where, {"label": "d"}, using="default")
+        enqueue(record_where, {"label": "j"}, using="jobs2")
+        call_command("runjobs", "--burst", "--database", "jobs2")
+        assert jobs_on("default").count() == 1
+        assert not jobs_on("jobs2").exists()
+
+    def test_runjobs_refuses_an_alias_that_is_not_a_job_database(self, two_job_databases):
+        with pytest.raises(CommandError, match=r"--database 'other' is not a job database"):
+            call_command("runjobs", "--burst", "--database", "other")
+
+    def test_the_context_names_the_database(self, two_job_databases):
+        seen = []
+
+        from django_jobs import job
+
+        @job(name="tests.where_am_i")
+        def where_am_i(payload, ctx):
+            seen.append(ctx.database)
+
+        try:
+            enqueue(where_am_i, using="jobs2")
+            enqueue(where_am_i, using="default")
+            call_command("runjobs", "--burst")
+        finally:
+            from django_jobs import registry
+
+            registry.unregister("tests.where_am_i")
+        assert sorted(seen) == ["default", "jobs2"]
+
+
+@override_settings(DJANGO_JOBS={"DATABASES": ["default", "jobs2"], "DATABASE": "jobs2"})
+def test_database_may_be_any_alias_of_databases():
+    result = enqueue(record, {"label": "x"})
+    assert jobs_on("jobs2", id=result.id).exists()
