@@ -146,7 +146,7 @@ def enqueue_on_commit(
     # the context of this call, not whatever is current when the commit runs.
     later = partial(_write, job, alias, parents, mode, tracing.current())
     transaction.on_commit(later, using=commit_of)
-    return EnqueueResult(job.id, None, job.name, job.queue)
+    return EnqueueResult(job.id, None, job.name, job.queue, database=alias)
 
 
 def _refuse_a_transaction_elsewhere(alias: str) -> None:
@@ -596,16 +596,20 @@ class Workflow:
             held = self._steps[first].job
             if held.fingerprint not in (job.fingerprint, *job.also_fingerprints):
                 raise IdempotencyConflict(job.key, held.id)
-            return EnqueueResult(held.id, True, job.name, job.queue)
+            return EnqueueResult(held.id, True, job.name, job.queue, database=self._alias())
         if not self._steps:
             self._first_payload = payload  # what ROUTE sees of the workflow
         self._ids[job.id] = len(self._steps)
         if job.key is not None:
             self._keys[job.key] = len(self._steps)
         self._steps.append(Step(job, parents, mode))
-        result = EnqueueResult(job.id, False, job.name, job.queue)
+        result = EnqueueResult(job.id, False, job.name, job.queue, database=self._alias())
         self.results.append(result)
         return result
+
+    def _alias(self) -> str:
+        """Where the steps go, as far as a step enqueued now can tell (the write decides)."""
+        return self.using or conf.database()
 
     def _write(self) -> None:
         if not self._steps:

@@ -132,7 +132,8 @@ class EnqueueResult:
     ``duplicate`` is None only for ``enqueue_on_commit(..., commit_of=other_alias)``,
     whose row is written after that other database commits. ``enqueued_at`` is the
     time written in the new row (the database's on PostgreSQL); None when no row
-    was written yet, or for a duplicate.
+    was written yet, or for a duplicate. ``database`` is the alias of the job database
+    that holds the job (docs/scaling.md).
     """
 
     id: uuid.UUID
@@ -140,6 +141,7 @@ class EnqueueResult:
     name: str
     queue: str
     enqueued_at: datetime | None = None
+    database: str = "default"
 
 
 @dataclass(slots=True)  # not frozen: frozen dataclasses cost a setattr call per field

@@ -67,6 +67,13 @@ class ScheduleSpec:
     payload: str = "null"  # JSON text
     queue: str | None = None
     priority: int | None = None
+    # The job database whose workers tick it: "" for DJANGO_JOBS["DATABASE"], "*" for
+    # every job database (a job per tick in each), else an alias of DATABASES.
+    database: str = ""
+
+    def fires_in(self, alias: str) -> bool:
+        """Whether the workers of job database `alias` tick this schedule."""
+        return self.database == "*" or (self.database or conf.database()) == alias
 
     def previous_tick(self, now: datetime) -> datetime:
         """Return the latest tick at or before `now` (aware, UTC)."""
@@ -100,6 +107,7 @@ def make_spec(
     payload: Any = None,
     queue: str | None = None,
     priority: int | None = None,
+    database: str | None = None,
 ) -> ScheduleSpec:
     """Validate a schedule's definition and return it; raise InvalidSchedule naming the problem."""
     if (
@@ -159,6 +167,11 @@ def make_spec(
             raise InvalidSchedule(f"schedule {name!r}: {exc}") from None
     if not isinstance(job, str) or not job:
         raise InvalidSchedule(f"schedule {name!r}: job must be the name of a @job handler")
+    if database is not None and (not isinstance(database, str) or not database):
+        raise InvalidSchedule(
+            f"schedule {name!r}: database must be an alias of DJANGO_JOBS['DATABASES'] or "
+            f"'*' (every one), not {limits.shown(database)}"
+        )
     try:
         text = payloads.encode(payload)
     except InvalidJob as exc:
@@ -172,6 +185,7 @@ def make_spec(
         payload=text,
         queue=queue,
         priority=priority,
+        database=database or "",
     )
 
 
@@ -189,11 +203,14 @@ def periodic(
     payload: Any = None,
     queue: str | None = None,
     priority: int | None = None,
+    database: str | None = None,
 ) -> Callable[[Handler[P, R]], Handler[P, R]]:
     """Run the @job below on a schedule: a five-field cron expression, or every=seconds.
 
     ``name`` defaults to the job's name; ``payload``, ``queue`` and ``priority`` are
-    those of every job the schedule enqueues. Put it above ``@job``.
+    those of every job the schedule enqueues. ``database``: the job database it fires
+    in, once per tick (default DJANGO_JOBS["DATABASE"]; "*": in every one). Put it
+    above ``@job``.
     """
 
     def decorate(handler: Handler[P, R]) -> Handler[P, R]:
@@ -208,6 +225,7 @@ def periodic(
             payload=payload,
             queue=queue,
             priority=priority,
+            database=database,
         )
         existing = _declared.get(spec.name)
         if existing is not None and existing != spec:
@@ -242,6 +260,7 @@ def _from_settings() -> tuple[ScheduleSpec, ...]:
             "payload",
             "queue",
             "priority",
+            "database",
         }
         if unknown:
             raise InvalidSchedule(f"schedule {name!r}: unknown options {sorted(unknown)}")
@@ -261,6 +280,11 @@ def declared() -> dict[str, ScheduleSpec]:
             )
         specs[spec.name] = spec
     return specs
+
+
+def declared_in(alias: str) -> dict[str, ScheduleSpec]:
+    """Return the declared schedules that fire in job database `alias`, by name."""
+    return {name: spec for name, spec in declared().items() if spec.fires_in(alias)}
 
 
 @receiver(setting_changed)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import glob
+import json
 import os
 import signal
 import subprocess
@@ -184,9 +184,7 @@ def worker_process(tmp_path):
         # The second job database's test database, when a test of this run asked for it.
         **(
             {"TEST_JOBS2_DB_NAME": str(connections["jobs2"].settings_dict["NAME"])}
-            if os.path.basename(str(connections["jobs2"].settings_dict["NAME"])).startswith(
-                "test_"
-            )
+            if os.path.basename(str(connections["jobs2"].settings_dict["NAME"])).startswith("test_")
             else {}
         ),
         "PYTHONPATH": str(ROOT),

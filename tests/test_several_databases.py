@@ -7,8 +7,10 @@ second file on SQLite and a second database on MariaDB.
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
+from django.core.checks import run_checks
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import transaction
@@ -16,9 +18,10 @@ from django.test import Client, override_settings
 
 from django_jobs import conf, enqueue, enqueue_many, enqueue_on_commit, workflow
 from django_jobs.exceptions import InvalidJob
-from django_jobs.models import CompletionMarker, Job
+from django_jobs.models import CompletionMarker, Job, Schedule
 from django_jobs.routers import JobsRouter
 from django_jobs.worker import Worker
+from django_jobs.worker.ticker import Ticker, db_now, sync
 from tests.testapp.jobs import record, record_where
 from tests.testapp.models import Audit, Order
 
@@ -261,3 +264,64 @@ class TestRunning:
 def test_database_may_be_any_alias_of_databases():
     result = enqueue(record, {"label": "x"})
     assert jobs_on("jobs2", id=result.id).exists()
+
+
+class TestSchedules:
+    """A schedule fires once per tick in the database it names, not once per database."""
+
+    def _tick_everywhere(self, schedules_setting, settings):
+        settings.DJANGO_JOBS = {
+            **settings.DJANGO_JOBS,
+            "DATABASES": ["default", "jobs2"],
+            "SCHEDULES": schedules_setting,
+        }
+        for alias in ("default", "jobs2"):
+            sync(alias)
+            now = db_now(alias)
+            Schedule.objects.using(alias).update(
+                created_at=now - timedelta(hours=1), last_tick_at=now - timedelta(minutes=2)
+            )
+            ticker = Ticker(alias)
+            ticker.refresh(now)
+            ticker.run_due(now)
+
+    def test_a_schedule_fires_in_database_only(self, settings):
+        self._tick_everywhere({"tick": {"every": 60, "job": "tests.record_key"}}, settings)
+        assert jobs_on("default").count() == 1
+        assert not jobs_on("jobs2").exists()
+        assert not Schedule.objects.using("jobs2").filter(declared=True).exists()
+
+    def test_a_schedule_fires_in_the_database_it_names(self, settings):
+        self._tick_everywhere(
+            {"tick": {"every": 60, "job": "tests.record_key", "database": "jobs2"}}, settings
+        )
+        assert not jobs_on("default").exists()
+        assert jobs_on("jobs2").count() == 1
+
+    def test_a_schedule_for_every_database_fires_in_each(self, settings):
+        self._tick_everywhere(
+            {"tick": {"every": 60, "job": "tests.record_key", "database": "*"}}, settings
+        )
+        assert jobs_on("default").count() == 1
+        assert jobs_on("jobs2").count() == 1
+
+    def test_a_schedule_naming_another_alias_fails_the_checks(self, settings):
+        settings.DJANGO_JOBS = {
+            **settings.DJANGO_JOBS,
+            "SCHEDULES": {"tick": {"every": 60, "job": "tests.record_key", "database": "other"}},
+        }
+        found = [m.id for m in run_checks()]
+        assert "django_jobs.E213" in found
+
+
+def test_the_result_names_the_database(two_job_databases):
+    assert enqueue(record, {"label": "a"}, using="jobs2").database == "jobs2"
+    assert enqueue(record, {"label": "a"}).database == "default"
+    again = enqueue(record, {"label": "b"}, key="k", using="jobs2")
+    assert enqueue(record, {"label": "b"}, key="k", using="jobs2") == again.__class__(
+        again.id, True, "tests.record", "default", None, "jobs2"
+    )
+    assert [r.database for r in enqueue_many(record, [{"label": "c"}], using="jobs2")] == ["jobs2"]
+    with workflow(name="w", using="jobs2") as w:
+        w.enqueue(record, {"label": "d"})
+    assert [r.database for r in w.results] == ["jobs2"]

@@ -1,4 +1,4 @@
-"""System checks of the schedules (DJANGO_JOBS["SCHEDULES"] and @periodic): E201, E202, E208."""
+"""System checks of the schedules (SCHEDULES and @periodic): E201, E202, E208, E213."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import Error, Tags, register
 
-from django_jobs import registry, schedules
+from django_jobs import conf, registry, schedules
 from django_jobs.exceptions import InvalidJob
 
 
@@ -38,6 +38,15 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Any]:
                     + "Use the handler's name "
                     "(its dotted path unless @job(name=...) says otherwise).",
                     id="django_jobs.E202",
+                )
+            )
+        if spec.database not in ("", "*", *conf.databases()):
+            errors.append(
+                Error(
+                    f"Schedule {spec.name!r} fires in database {spec.database!r}, which is "
+                    "not a job database.",
+                    hint="Name an alias of DJANGO_JOBS['DATABASES'] (or '*' for every one).",
+                    id="django_jobs.E213",
                 )
             )
     if specs and not settings.USE_TZ:

@@ -111,10 +111,12 @@ def new_row(job: NewJob, now: datetime) -> Job:
     )
 
 
-def duplicate(job: NewJob, existing_id: uuid.UUID, fingerprint: str | None) -> EnqueueResult:
+def duplicate(
+    job: NewJob, existing_id: uuid.UUID, fingerprint: str | None, alias: str
+) -> EnqueueResult:
     if fingerprint not in (None, job.fingerprint, *job.also_fingerprints):
         raise IdempotencyConflict(job.key or "", existing_id)
-    return EnqueueResult(existing_id, True, job.name, job.queue)
+    return EnqueueResult(existing_id, True, job.name, job.queue, database=alias)
 
 
 def block(job: NewJob) -> NewJob:

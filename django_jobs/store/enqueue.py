@@ -32,8 +32,10 @@ def insert(jobs: JobQuerySet, job: NewJob) -> EnqueueResult:
         found = _insert_keyed(jobs, job)
         if found is not None:
             if found.kind == "inserted":
-                return EnqueueResult(found.id, False, job.name, job.queue, found.enqueued_at)
-            return duplicate(job, found.id, found.fingerprint)
+                return EnqueueResult(
+                    found.id, False, job.name, job.queue, found.enqueued_at, jobs.db
+                )
+            return duplicate(job, found.id, found.fingerprint, jobs.db)
         # The live job finished between two statements: its marker answers next round.
     raise InvalidJob(f"key {job.key!r} keeps changing hands; try again")
 
@@ -54,10 +56,10 @@ def insert_many(jobs: JobQuerySet, new: list[NewJob]) -> list[EnqueueResult]:
                 continue
             first = keyed.setdefault(job.key, job)
             if first is not job:  # the same key twice in one call
-                results[job.id] = duplicate(job, first.id, first.fingerprint)
+                results[job.id] = duplicate(job, first.id, first.fingerprint, jobs.db)
         now = engine(alias).insert_many(jobs, plain, new)
         for job in plain:
-            results[job.id] = EnqueueResult(job.id, False, job.name, job.queue, now)
+            results[job.id] = EnqueueResult(job.id, False, job.name, job.queue, now, jobs.db)
         for job in keyed.values():
             results[job.id] = insert(jobs, job)
         engine(alias).notify(alias, {job.queue for job in plain if (job.run_at or now) <= now})

@@ -206,7 +206,7 @@ class Portable:
         self.refuse_oversized(alias, [job])
         now = timezone.now()
         new_row(job, now).save(using=alias, force_insert=True)
-        return EnqueueResult(job.id, False, job.name, job.queue, now)
+        return EnqueueResult(job.id, False, job.name, job.queue, now, jobs.db)
 
     def insert_keyed(self, jobs: JobQuerySet, job: NewJob) -> Holder | None:
         """Insert a job with a key once, or find the marker of its key; None: a live job

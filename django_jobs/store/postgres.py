@@ -73,7 +73,7 @@ class Postgres(Portable):
 
     def insert_plain(self, jobs: JobQuerySet, job: NewJob) -> EnqueueResult:
         [(_notified, enqueued_at)] = sql.run(jobs.db, sql.INSERT, _insert_params(job))
-        return EnqueueResult(job.id, False, job.name, job.queue, enqueued_at)
+        return EnqueueResult(job.id, False, job.name, job.queue, enqueued_at, jobs.db)
 
     def insert_keyed(self, jobs: JobQuerySet, job: NewJob) -> Holder | None:
         alias = jobs.db

@@ -84,9 +84,9 @@ def _insert_after(
             holder = _key_holder(alias, job.key) if job.key is not None else None
             if holder is not None:
                 transaction.set_rollback(True, using=alias)
-                return duplicate(job, *holder)
+                return duplicate(job, *holder, alias)
             _born_dead(job, dead, now).save(using=alias, force_insert=True)
-            result = EnqueueResult(job.id, False, job.name, job.queue, now)
+            result = EnqueueResult(job.id, False, job.name, job.queue, now, alias)
         else:
             if unfinished:
                 job = block(job)
@@ -171,12 +171,12 @@ def _plan_steps(
         if dead is not None and step.on_parent_dead == OnParentDead.DEAD:
             holder = _key_holder(alias, job.key) if job.key is not None else None
             if holder is not None:
-                results.append(duplicate(job, *holder))
+                results.append(duplicate(job, *holder, alias))
                 seen.append(_holder_seen(alias, job, named.get(index, 0), results[-1]))
                 held[index] = seen[-1]
                 continue
             rows.letters.append(_born_dead(job, dead, now))
-            results.append(EnqueueResult(job.id, False, job.name, job.queue, now))
+            results.append(EnqueueResult(job.id, False, job.name, job.queue, now, alias))
             seen.append(Found(DEAD, key, job.id))
         else:
             job = replace(job, waiting_for=unfinished, dependents=named.get(index, 0))
@@ -184,7 +184,7 @@ def _plan_steps(
                 job = block(job)
             if job.key is None:
                 rows.plain.append(job)
-                results.append(EnqueueResult(job.id, False, job.name, job.queue, now))
+                results.append(EnqueueResult(job.id, False, job.name, job.queue, now, alias))
             else:
                 result = _insert_step(jobs, job)
                 results.append(result)

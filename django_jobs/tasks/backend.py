@@ -213,7 +213,7 @@ class JobsBackend(BaseTaskBackend):
             worker_ids=[],
         )
         # Like job_enqueued: a task is enqueued when its transaction commits, not before.
-        transaction.on_commit(partial(runner.send_enqueued, task, result), using=conf.database())
+        transaction.on_commit(partial(runner.send_enqueued, task, result), using=job.database)
         return result
 
     # ---- results ------------------------------------------------------------

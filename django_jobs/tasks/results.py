@@ -23,7 +23,7 @@ from django.tasks.base import TaskError
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.utils.dateparse import parse_datetime
 
-from django_jobs import payloads, registry
+from django_jobs import conf, payloads, registry
 from django_jobs.attempts import worker_of
 
 if TYPE_CHECKING:
@@ -161,16 +161,17 @@ def lookup(result_id: object) -> TaskResult[..., Any]:
     from django_jobs.models import CompletionMarker, DeadLetter, Job
 
     job_id = _parse_id(result_id)
-    job = Job.objects.filter(id=job_id).with_running().first()
-    if job is not None:
-        # with_running() annotated `running`, which the model's type cannot show.
-        return _from_job(job, running=job.running)  # type: ignore[attr-defined]
-    marker = CompletionMarker.objects.filter(job_id=job_id).first()
-    if marker is not None:
-        return _from_marker(marker)
-    letter = DeadLetter.objects.filter(id=job_id).first()
-    if letter is not None:
-        return _from_dead_letter(letter)
+    for alias in conf.databases():  # a job is in one of them (docs/scaling.md)
+        job = Job.objects.using(alias).filter(id=job_id).with_running().first()
+        if job is not None:
+            # with_running() annotated `running`, which the model's type cannot show.
+            return _from_job(job, running=job.running)  # type: ignore[attr-defined]
+        marker = CompletionMarker.objects.using(alias).filter(job_id=job_id).first()
+        if marker is not None:
+            return _from_marker(marker)
+        letter = DeadLetter.objects.using(alias).filter(id=job_id).first()
+        if letter is not None:
+            return _from_dead_letter(letter)
     raise TaskResultDoesNotExist(result_id)
 
 

@@ -19,7 +19,7 @@ from django_jobs import conf, registry
 from django_jobs.api import enqueue
 from django_jobs.exceptions import JobsError
 from django_jobs.models import Schedule
-from django_jobs.schedules import ScheduleSpec, declared
+from django_jobs.schedules import ScheduleSpec, declared_in
 from django_jobs.store import JobStore
 
 # The name operators filter on since schedules began.
@@ -50,7 +50,7 @@ def sync(alias: str | None = None) -> dict[str, ScheduleSpec]:
     ``enabled`` and the tick state are left alone: they belong to the database.
     """
     alias = alias or conf.database()
-    specs = declared()
+    specs = declared_in(alias)
     rows = Schedule.objects.using(alias)
     with transaction.atomic(using=alias):
         rows.bulk_create(
@@ -94,7 +94,7 @@ class Ticker:
 
     def refresh(self, now: datetime) -> None:
         """Reload enabled flags and tick state; compute when the next tick is due."""
-        specs = declared()
+        specs = declared_in(self.alias)
         self.states = {}
         rows = Schedule.objects.using(self.alias).filter(name__in=list(specs), declared=True)
         for name, enabled, created_at, last_tick_at in rows.values_list(
@@ -149,6 +149,7 @@ class Ticker:
                         run_at=tick,
                         queue=spec.queue,
                         priority=spec.priority,
+                        using=self.alias,
                     )
                     Schedule.objects.using(self.alias).note_job(spec.name, result.id)
             except (JobsError, DatabaseError) as exc:

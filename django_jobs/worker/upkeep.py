@@ -137,7 +137,7 @@ class Upkeep:
 
         def register() -> None:
             QueueState.objects.using(self.alias).ensure(self.host.queues)
-            if schedules.declared():
+            if schedules.declared_in(self.alias):
                 ticker.sync(self.alias)
 
         self._step(register)
@@ -152,7 +152,7 @@ class Upkeep:
             self._step(self._unknown_names)
         if now >= self._next_schedules:
             self._next_schedules = now + self.interval  # not every loop, even with no schedules
-            if schedules.declared():
+            if schedules.declared_in(self.alias):
                 self._step(self._refresh_schedules)
         due = self.ticker.next_due
         if due is not None and self._clock is not None and self._db_now(now) >= due:
