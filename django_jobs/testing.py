@@ -142,6 +142,7 @@ def drain(
     run_scheduled: bool = False,
     raise_errors: bool = False,
     max_rounds: int = MAX_ROUNDS,
+    using: str | None = None,
 ) -> Drained:
     """Run due jobs here and now, through the worker's claim and settle; return what ran.
 
@@ -152,14 +153,49 @@ def drain(
     due when drain() starts. `run_scheduled`: make jobs with a run time ahead
     due first, at every round: delayed jobs, retries waiting for their
     backoff, snoozed jobs. `raise_errors`: when a handler raises, give its job
-    back without counting the attempt and raise the exception here.
+    back without counting the attempt and raise the exception here. `using`: the
+    job database to drain (default: every one, again while one's jobs enqueue
+    jobs in another; `max_rounds` counts the claims of all of them).
     """
     if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
         raise ValueError(f"max_rounds must be a positive integer, not {max_rounds!r}")
     fixed = _queues(queue)
-    jobs = Job.objects.using(conf.database())
+    aliases = conf.databases()
+    if using is not None and using not in aliases:
+        raise ValueError(f"using={using!r} is not a job database: {', '.join(map(repr, aliases))}")
     drained = Drained()
-    worker = InlineWorker(queues=fixed or [conf.get("DEFAULT_QUEUE")], concurrency=1)
+    if using is not None or len(aliases) == 1:
+        return _drain(
+            using or aliases[0],
+            fixed,
+            drained,
+            until_empty,
+            run_scheduled,
+            raise_errors,
+            max_rounds,
+        )
+    while True:
+        before = len(drained.attempts)
+        for alias in aliases:
+            _drain(alias, fixed, drained, until_empty, run_scheduled, raise_errors, max_rounds)
+        if not until_empty or len(drained.attempts) == before:
+            return drained
+
+
+def _drain(
+    alias: str,
+    fixed: list[str] | None,
+    drained: Drained,
+    until_empty: bool,
+    run_scheduled: bool,
+    raise_errors: bool,
+    max_rounds: int,
+) -> Drained:
+    """drain() on one job database, adding to `drained`."""
+    jobs = Job.objects.using(alias)
+    worker = InlineWorker(
+        queues=fixed or [conf.get("DEFAULT_QUEUE")], concurrency=1, database=alias
+    )
     claimable = Q(locked_by__isnull=True, run_at__lte=Now()) | Q(lease_expires_at__lt=Now())
     waits = 0  # claims that found due jobs held back (a flow limit) and waited
     while True:
@@ -329,14 +365,16 @@ def enqueued_jobs(
     `payload` None matches any payload; otherwise it must equal the job's
     payload as JSON (dict key order aside; 1 and 1.0 and True differ).
     """
-    jobs = Job.objects.using(conf.database()).order_by("enqueued_at", "id")
-    if handler_or_name is not None:
-        jobs = jobs.filter(name=_handler(handler_or_name).name)
-    if queue is not None:
-        jobs = jobs.filter(queue=queue)
-    if key is not None:
-        jobs = jobs.filter(key=key)
-    found = list(jobs)
+    found = []
+    for alias in conf.databases():  # every job database, oldest first in each
+        jobs = Job.objects.using(alias).order_by("enqueued_at", "id")
+        if handler_or_name is not None:
+            jobs = jobs.filter(name=_handler(handler_or_name).name)
+        if queue is not None:
+            jobs = jobs.filter(queue=queue)
+        if key is not None:
+            jobs = jobs.filter(key=key)
+        found += jobs
     if payload is None:
         return found
     wanted = _canonical(payloads.encode(payload))
@@ -442,16 +480,22 @@ def _described(handler_or_name: Any, payload: Any, queue: str | None, key: str |
 
 def _listing() -> str:
     """List the live jobs, so that a failed assertion shows what was enqueued instead."""
-    jobs = Job.objects.using(conf.database()).with_state().order_by("enqueued_at", "id")
-    total = jobs.count()
+    several = len(conf.databases()) > 1
+    found: list[tuple[str, Job]] = []
+    total = 0
+    for alias in conf.databases():
+        jobs = Job.objects.using(alias).with_state().order_by("enqueued_at", "id")
+        total += jobs.count()
+        found += [(alias, job) for job in jobs[: _LISTED - len(found)]]
     if not total:
         return "No jobs are enqueued."
     lines = [f"Enqueued jobs ({total}):"]
-    for job in jobs[:_LISTED]:
+    for alias, job in found:
         text = job.payload if len(job.payload) <= 200 else job.payload[:200] + "…"
         extra = f" key={job.key!r}" if job.key is not None else ""
         lines.append(
             f"  {job.name} {text} queue={job.queue!r} priority={job.priority}{extra} ({job.state})"  # type: ignore[attr-defined]  # with_state's
+            + (f" on {alias!r}" if several else "")
         )
     if total > _LISTED:
         lines.append(f"  … and {total - _LISTED} more")

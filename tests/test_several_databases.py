@@ -16,7 +16,7 @@ from django.core.management.base import CommandError
 from django.db import transaction
 from django.test import Client, override_settings
 
-from django_jobs import conf, enqueue, enqueue_many, enqueue_on_commit, workflow
+from django_jobs import conf, enqueue, enqueue_many, enqueue_on_commit, testing, workflow
 from django_jobs.exceptions import InvalidJob
 from django_jobs.models import CompletionMarker, Job, Schedule
 from django_jobs.routers import JobsRouter
@@ -325,3 +325,44 @@ def test_the_result_names_the_database(two_job_databases):
     with workflow(name="w", using="jobs2") as w:
         w.enqueue(record, {"label": "d"})
     assert [r.database for r in w.results] == ["jobs2"]
+
+
+class TestHelpers:
+    def test_drain_runs_the_jobs_of_every_job_database(self, two_job_databases):
+        enqueue(record_where, {"label": "a"}, using="jobs2")
+        enqueue(record_where, {"label": "b"})
+        drained = testing.drain()
+        assert len(drained.succeeded) == 2
+        assert list(Audit.objects.using("jobs2").values_list("label", flat=True)) == ["a"]
+        assert list(Audit.objects.using("default").values_list("label", flat=True)) == ["b"]
+
+    def test_drain_follows_jobs_that_enqueue_in_the_other_database(self, two_job_databases):
+        from django_jobs import job, registry
+
+        @job(name="tests.hop")
+        def hop(payload, ctx):
+            if payload["left"]:
+                there = "jobs2" if ctx.database == "default" else "default"
+                enqueue(hop, {"left": payload["left"] - 1}, using=there)
+
+        try:
+            enqueue(hop, {"left": 5}, using="jobs2")
+            drained = testing.drain()
+        finally:
+            registry.unregister("tests.hop")
+        assert len(drained.succeeded) == 6
+        assert not jobs_on("default").exists() and not jobs_on("jobs2").exists()
+
+    def test_drain_using_one_database(self, two_job_databases):
+        enqueue(record_where, {"label": "a"}, using="jobs2")
+        enqueue(record_where, {"label": "b"})
+        assert len(testing.drain(using="default").succeeded) == 1
+        assert jobs_on("jobs2").count() == 1
+        with pytest.raises(ValueError, match=r"using='other' is not a job database"):
+            testing.drain(using="other")
+
+    def test_assertions_see_every_job_database(self, two_job_databases):
+        enqueue(record, {"label": "eu"}, using="jobs2")
+        testing.assert_enqueued(record, {"label": "eu"})
+        with pytest.raises(AssertionError, match=r"tests.record .* on 'jobs2'"):
+            testing.assert_not_enqueued(record)
