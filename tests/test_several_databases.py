@@ -366,3 +366,29 @@ class TestHelpers:
         testing.assert_enqueued(record, {"label": "eu"})
         with pytest.raises(AssertionError, match=r"tests.record .* on 'jobs2'"):
             testing.assert_not_enqueued(record)
+
+
+@pytest.mark.parametrize(
+    ("jobs_settings", "check_id"),
+    [
+        ({"DATABASES": ["default", "nowhere"]}, "django_jobs.E018"),
+        ({"DATABASES": ["jobs2"], "DATABASE": "default"}, "django_jobs.E018"),
+        ({"DATABASES": []}, "django_jobs.E018"),
+        ({"DATABASES": "jobs2"}, "django_jobs.E018"),
+        ({"ROUTE": "tests.nowhere.route"}, "django_jobs.E019"),
+        ({"ROUTE": 42}, "django_jobs.E019"),
+    ],
+)
+def test_checks_report_bad_database_settings(settings, jobs_settings, check_id):
+    settings.DJANGO_JOBS = {**settings.DJANGO_JOBS, **jobs_settings}
+    assert check_id in [m.id for m in run_checks()]
+
+
+def test_good_database_settings_pass_the_checks(settings):
+    settings.DJANGO_JOBS = {
+        **settings.DJANGO_JOBS,
+        "DATABASES": ["default", "jobs2"],
+        "ROUTE": "tests.test_several_databases.route_everything_to_jobs2",
+    }
+    found = [m.id for m in run_checks() if m.id.startswith("django_jobs.E")]
+    assert not found

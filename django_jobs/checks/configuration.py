@@ -1,4 +1,4 @@
-"""System checks of the DJANGO_JOBS settings: E001..E017, W001, W003, E211."""
+"""System checks of the DJANGO_JOBS settings: E001..E019, W001, W003, E211."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
             )
         )
         return errors
+    errors += _check_databases(s["DATABASES"], s["ROUTE"], alias)
     # Every number is checked against its limit here, so that a worker never meets
     # one the database cannot add to now() or store (LEASE = 1e13, say).
     for name, high in (
@@ -195,6 +196,43 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
                 id="django_jobs.W003",
             )
         )
+    return errors
+
+
+def _check_databases(listed: Any, route: Any, alias: str) -> list[Any]:
+    """Check DATABASES (aliases of DATABASES, holding DATABASE) and ROUTE (E018, E019)."""
+    errors = []
+    if listed is not None and (
+        not isinstance(listed, list | tuple)
+        or not listed
+        or any(not isinstance(a, str) or a not in settings.DATABASES for a in listed)
+        or alias not in listed
+    ):
+        errors.append(
+            Error(
+                f"DJANGO_JOBS['DATABASES'] is {limits.shown(listed)}: it must be a list of "
+                f"aliases of DATABASES that includes DJANGO_JOBS['DATABASE'] ({alias!r}).",
+                hint="List every alias that holds the job tables (each migrated with "
+                "`migrate --database ALIAS`), or leave DATABASES out for one database.",
+                id="django_jobs.E018",
+            )
+        )
+    if route is not None:
+        try:
+            found = conf.route()
+        except ImportError as exc:
+            found, problem = None, f"cannot be imported ({exc})"
+        else:
+            problem = "is not callable"
+        if not callable(found):
+            errors.append(
+                Error(
+                    f"DJANGO_JOBS['ROUTE'] {problem}: {limits.shown(route)}.",
+                    hint="A function of (name, queue, payload) returning an alias of "
+                    "DJANGO_JOBS['DATABASES'] or None, or its dotted path.",
+                    id="django_jobs.E019",
+                )
+            )
     return errors
 
 
