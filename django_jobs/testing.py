@@ -365,7 +365,7 @@ def enqueued_jobs(
     `payload` None matches any payload; otherwise it must equal the job's
     payload as JSON (dict key order aside; 1 and 1.0 and True differ).
     """
-    found = []
+    found: list[Job] = []
     for alias in conf.databases():  # every job database, oldest first in each
         jobs = Job.objects.using(alias).order_by("enqueued_at", "id")
         if handler_or_name is not None:
