@@ -7,7 +7,9 @@ second file on SQLite and a second database on MariaDB.
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.core.checks import run_checks
@@ -392,3 +394,25 @@ def test_good_database_settings_pass_the_checks(settings):
     }
     found = [m.id for m in run_checks() if m.id.startswith("django_jobs.E")]
     assert not found
+
+
+def test_the_docs_route_by_customer_spreads_and_keeps_a_customer_together(settings):
+    """docs/scaling.md's by_customer, as written there (with "eu" read as "jobs2")."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "scaling.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "by_customer" in b)
+    namespace: dict = {}
+    exec(block.replace('"eu"', '"jobs2"'), namespace)  # noqa: S102 - the page's own code
+    settings.DJANGO_JOBS = {
+        **settings.DJANGO_JOBS,
+        "DATABASES": ["default", "jobs2"],
+        "ROUTE": namespace["by_customer"],
+    }
+    results = enqueue_many(record, [{"label": "x", "customer": n % 10} for n in range(100)])
+    where = {r.id: r.database for r in results}
+    assert set(where.values()) == {"default", "jobs2"}
+    by_customer = {}
+    for n, result in enumerate(results):
+        by_customer.setdefault(n % 10, set()).add(result.database)
+    assert all(len(places) == 1 for places in by_customer.values())
+    assert jobs_on("default").count() + jobs_on("jobs2").count() == 100
+    assert enqueue(record, "not a dict").database in ("default", "jobs2")
