@@ -11,7 +11,7 @@ from django.test import override_settings
 from tests.admin_fixtures import url
 from tests.factories import DeadLetterFactory, JobFactory
 
-pytestmark = pytest.mark.django_db(databases=["default", "other"])
+pytestmark = pytest.mark.django_db(databases=["default", "other", "jobs2"])
 
 PAYLOAD = json.dumps(
     {"card": "4242 4242", "Password": "hunter2", "items": [{"token": "t-1", "sku": "A-7"}]}

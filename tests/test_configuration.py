@@ -14,8 +14,8 @@ from django_jobs.routers import JobsRouter
 from tests.conftest import POSTGRES
 from tests.factories import JobFactory
 
-# Model checks ask SQLite whether it has JSON1, which needs the database.
-pytestmark = pytest.mark.django_db(databases=["default", "other"])
+# Model checks ask SQLite whether it has JSON1, which needs the database (each of them).
+pytestmark = pytest.mark.django_db(databases=["default", "other", "jobs2"])
 
 
 def _ids(**jobs_settings):

@@ -41,7 +41,7 @@ from django_jobs.worker import Worker
 from tests.factories import DeadLetterFactory
 from tests.testapp import jobs
 
-pytestmark = pytest.mark.django_db(databases=["default", "other"])
+pytestmark = pytest.mark.django_db(databases=["default", "other", "jobs2"])
 
 HUGE_INT = 2**40
 BAD_SECONDS = [1e13, 10**400, float("inf"), float("nan"), -1, -1e-9, True, "5", None]

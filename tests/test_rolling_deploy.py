@@ -322,7 +322,7 @@ def test_without_unknown_names_the_admin_and_status_say_nothing_of_them(admin_cl
     assert "no live worker knows" not in _status_text()
 
 
-@pytest.mark.django_db(databases=["default", "other"])
+@pytest.mark.django_db(databases=["default", "other", "jobs2"])
 @pytest.mark.parametrize(
     ("value", "valid"),
     [

@@ -15,7 +15,7 @@ import pytest
 from django.core.checks import run_checks
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import transaction
+from django.db import connections, transaction
 from django.test import Client, override_settings
 
 from django_jobs import conf, enqueue, enqueue_many, enqueue_on_commit, testing, workflow
@@ -416,3 +416,21 @@ def test_the_docs_route_by_customer_spreads_and_keeps_a_customer_together(settin
     assert all(len(places) == 1 for places in by_customer.values())
     assert jobs_on("default").count() + jobs_on("jobs2").count() == 100
     assert enqueue(record, "not a dict").database in ("default", "jobs2")
+
+
+def test_atomic_requests_on_another_job_database_is_not_warned_about(settings, monkeypatch):
+    monkeypatch.setitem(settings.DATABASES["other"], "ATOMIC_REQUESTS", True)
+    assert "django_jobs.W022" in [m.id for m in run_checks()]
+    settings.DJANGO_JOBS = {**settings.DJANGO_JOBS, "DATABASES": ["default", "other"]}
+    assert "django_jobs.W022" not in [m.id for m in run_checks()]
+
+
+def test_the_checks_look_at_every_job_database(settings, two_job_databases):
+    """An unmigrated second job database is warned about by `check --database` (W020)."""
+    with connections["jobs2"].cursor() as cursor:
+        cursor.execute("DELETE FROM django_migrations WHERE app = 'django_jobs'")
+    try:
+        found = [m for m in run_checks(databases=["default", "jobs2"]) if m.id.endswith("W020")]
+    finally:
+        call_command("migrate", "django_jobs", database="jobs2", fake=True, verbosity=0)
+    assert len(found) == 1 and "'jobs2'" in found[0].msg

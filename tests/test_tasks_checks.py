@@ -13,7 +13,7 @@ from django.db import connections
 from django.tasks import task_backends
 from django.test import override_settings
 
-pytestmark = pytest.mark.django_db(databases=["default", "other"])
+pytestmark = pytest.mark.django_db(databases=["default", "other", "jobs2"])
 
 BACKEND = "django_jobs.backend.JobsBackend"
 

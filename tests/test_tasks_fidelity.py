@@ -82,7 +82,7 @@ def test_a_successful_task_finished_line_has_no_exception(run_worker, caplog):
         ),
     ],
 )
-@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+@pytest.mark.django_db(transaction=True, databases=["default", "other", "jobs2"])
 def test_task_policies_out_of_range_are_reported_and_refused(options, check_id):
     setting = {"default": {"BACKEND": "django_jobs.backend.JobsBackend", "OPTIONS": options}}
     with override_settings(TASKS=setting):

@@ -16,29 +16,36 @@ from django_jobs.schema import migrate_command, unapplied_migrations
 
 @register(Tags.database)
 def check_migrations(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[Any]:
-    """Warn when the jobs database lacks django_jobs' migrations (`check --database ALIAS`)."""
+    """Warn when a job database lacks django_jobs' migrations (`check --database ALIAS`)."""
+    if not databases or _inside_migrate():
+        return []  # `migrate` runs the database checks just before it applies them
+    found = []
+    for alias in _job_databases():
+        if alias not in databases:
+            continue
+        try:
+            missing = unapplied_migrations(alias)
+        except DatabaseError:
+            continue  # an unreachable database: Django's own database checks say so
+        if missing:
+            found.append(
+                Warning(
+                    f"{len(missing)} django_jobs migration(s) are not applied on the jobs "
+                    f"database {alias!r}: {', '.join(missing)}.",
+                    hint=f"Run `{migrate_command(alias)}`. Until then enqueue fails and "
+                    "runjobs refuses to start.",
+                    id="django_jobs.W020",
+                )
+            )
+    return found
+
+
+def _job_databases() -> list[str]:
+    """The job databases that DATABASES defines (E003 and E018 report the others)."""
     alias = conf.get("DATABASE")
     if not isinstance(alias, str) or alias not in settings.DATABASES:
         return []  # E003
-    if not databases or alias not in databases:
-        return []
-    if _inside_migrate():
-        return []  # `migrate` runs the database checks just before it applies them
-    try:
-        missing = unapplied_migrations(alias)
-    except DatabaseError:
-        return []  # an unreachable database: Django's own database checks say so
-    if not missing:
-        return []
-    return [
-        Warning(
-            f"{len(missing)} django_jobs migration(s) are not applied on the jobs database "
-            f"{alias!r}: {', '.join(missing)}.",
-            hint=f"Run `{migrate_command(alias)}`. Until then enqueue fails and runjobs "
-            "refuses to start.",
-            id="django_jobs.W020",
-        )
-    ]
+    return [a for a in conf.databases() if isinstance(a, str) and a in settings.DATABASES]
 
 
 def _inside_migrate() -> bool:
@@ -54,35 +61,35 @@ def _inside_migrate() -> bool:
 
 @register(Tags.compatibility)
 def check_sqlite(app_configs: Any = None, **kwargs: Any) -> list[Any]:
-    """Warn when a SQLite jobs database's OPTIONS undo what concurrent workers need."""
-    alias = conf.get("DATABASE")
-    if not isinstance(alias, str) or alias not in settings.DATABASES:
-        return []  # E003
-    if connections[alias].vendor != "sqlite":
-        return []
-    notes = sqlite.missing_options(settings.DATABASES[alias])
-    if not notes:
-        return []
-    return [
-        Warning(
-            f"The SQLite jobs database {alias!r} is set up for one process at a time: "
-            f"{'; '.join(notes)}. Workers and web processes will fail with "
-            '"database is locked".',
-            hint='Remove those OPTIONS, or set "transaction_mode": "IMMEDIATE" and '
-            '"init_command": "PRAGMA journal_mode=WAL;" (django-jobs sets both when '
-            "OPTIONS leave them out).",
-            id="django_jobs.W021",
-        )
-    ]
+    """Warn when a SQLite job database's OPTIONS undo what concurrent workers need."""
+    found = []
+    for alias in _job_databases():
+        if connections[alias].vendor != "sqlite":
+            continue
+        notes = sqlite.missing_options(settings.DATABASES[alias])
+        if notes:
+            found.append(
+                Warning(
+                    f"The SQLite jobs database {alias!r} is set up for one process at a "
+                    f"time: {'; '.join(notes)}. Workers and web processes will fail with "
+                    '"database is locked".',
+                    hint='Remove those OPTIONS, or set "transaction_mode": "IMMEDIATE" and '
+                    '"init_command": "PRAGMA journal_mode=WAL;" (django-jobs sets both when '
+                    "OPTIONS leave them out).",
+                    id="django_jobs.W021",
+                )
+            )
+    return found
 
 
 @register(Tags.compatibility)
 def check_atomic_requests(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     """Warn when views run in a transaction on an alias that does not hold the jobs."""
     alias = conf.get("DATABASE")
-    if not isinstance(alias, str) or alias not in settings.DATABASES:
+    jobs = _job_databases()
+    if not jobs:
         return []  # E003
-    if settings.DATABASES[alias].get("ATOMIC_REQUESTS"):
+    if any(settings.DATABASES[a].get("ATOMIC_REQUESTS") for a in jobs):
         return []  # the jobs commit with the request's transaction
     return [
         Warning(
@@ -91,20 +98,26 @@ def check_atomic_requests(app_configs: Any = None, **kwargs: Any) -> list[Any]:
             f"InvalidJob, since a job written at once on {alias!r} would outlive a "
             "rollback of the request.",
             hint=f"Pass commit_of={other!r} to enqueue_on_commit in views, or keep the "
-            f"jobs on {other!r} (DJANGO_JOBS['DATABASE']).",
+            f"jobs on {other!r} (DJANGO_JOBS['DATABASE'], or one of DATABASES).",
             id="django_jobs.W022",
         )
         for other, options in settings.DATABASES.items()
-        if other != alias and options.get("ATOMIC_REQUESTS")
+        if other not in jobs and options.get("ATOMIC_REQUESTS")
     ]
 
 
 @register(Tags.database)
 def check_autovacuum(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[Any]:
-    """Warn when the jobs database does not autovacuum: the jobs table would grow without end."""
-    alias = conf.database()
-    if not databases or alias not in databases or connections[alias].vendor != "postgresql":
-        return []
+    """Warn when a job database does not autovacuum: the jobs table would grow without end."""
+    return [
+        found
+        for alias in _job_databases()
+        if databases and alias in databases and connections[alias].vendor == "postgresql"
+        for found in _autovacuum(alias)
+    ]
+
+
+def _autovacuum(alias: str) -> list[Any]:
     try:
         with connections[alias].cursor() as cursor:
             cursor.execute("SHOW autovacuum")
@@ -139,16 +152,15 @@ def check_pooler(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         ]
     if not pooler:
         return []
-    alias = conf.database()
     fixes = [
         f"DJANGO_JOBS['{key}'] = False"
         for key in ("LISTEN", "PREPARED_STATEMENTS")
         if conf.get(key)
     ]
     # Django prepares its own queries too once this psycopg option asks for it.
-    options = connections[alias].settings_dict["OPTIONS"] if alias in settings.DATABASES else {}
-    if options.get("prepare_threshold") is not None:
-        fixes.append(f"DATABASES[{alias!r}]['OPTIONS']['prepare_threshold'] = None")
+    for alias in _job_databases():
+        if connections[alias].settings_dict["OPTIONS"].get("prepare_threshold") is not None:
+            fixes.append(f"DATABASES[{alias!r}]['OPTIONS']['prepare_threshold'] = None")
     if not fixes:
         return []
     return [
