@@ -112,7 +112,7 @@ def test_periodic_declares_a_schedule_named_after_the_job():
         schedules.undeclare("tests.record_key")
 
 
-@pytest.mark.django_db(databases=["default", "other", "jobs2"])  # model checks ask SQLite about JSON1
+@pytest.mark.django_db(databases=["default", "other", "jobs2"])  # model checks: SQLite JSON1
 @pytest.mark.parametrize(
     ("schedules_setting", "check_id"),
     [
@@ -127,7 +127,7 @@ def test_checks_report_bad_schedules(schedules_setting, check_id):
         assert check_id in {m.id for m in run_checks()}
 
 
-@pytest.mark.django_db(databases=["default", "other", "jobs2"])  # model checks ask SQLite about JSON1
+@pytest.mark.django_db(databases=["default", "other", "jobs2"])  # model checks: SQLite JSON1
 def test_a_misspelt_schedule_job_gets_a_did_you_mean():
     with jobs_settings(SCHEDULES={"x": {"cron": "* * * * *", "job": "tests.recrod"}}):
         found = [m for m in run_checks() if m.id == "django_jobs.E202"]
