@@ -6,17 +6,20 @@ second file on SQLite and a second database on MariaDB.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from datetime import timedelta
 from pathlib import Path
 
+import hypothesis
 import pytest
 from django.core.checks import run_checks
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connections, transaction
 from django.test import Client, override_settings
+from hypothesis import strategies as st
 
 from django_jobs import conf, enqueue, enqueue_many, enqueue_on_commit, testing, workflow
 from django_jobs.exceptions import InvalidJob
@@ -434,3 +437,41 @@ def test_the_checks_look_at_every_job_database(settings, two_job_databases):
     finally:
         call_command("migrate", "django_jobs", database="jobs2", fake=True, verbosity=0)
     assert len(found) == 1 and "'jobs2'" in found[0].msg
+
+
+class _RolledBack(Exception):
+    pass
+
+
+@hypothesis.settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture],
+)
+@hypothesis.given(
+    nesting=st.lists(st.sampled_from(["default", "jobs2", "other"]), min_size=1, max_size=5),
+    commit=st.booleans(),
+)
+def test_a_job_enqueued_in_open_job_transactions_never_outlives_their_rollback(
+    two_job_databases, nesting, commit
+):
+    """Whatever blocks are open, the job is written inside one of them, or refused."""
+    result = None
+    try:
+        with contextlib.ExitStack() as blocks:
+            for alias in nesting:
+                blocks.enter_context(transaction.atomic(using=alias))
+            try:
+                result = enqueue_on_commit(record, {"label": "x"})
+            except InvalidJob:
+                assert set(nesting) == {"other"}  # only a block without job tables: refused
+                return
+            assert result.database in nesting
+            assert connections[result.database].in_atomic_block
+            assert jobs_on(result.database, id=result.id).exists()
+            if not commit:
+                raise _RolledBack
+    except _RolledBack:
+        pass
+    assert jobs_on(result.database, id=result.id).exists() == commit
+    Job.objects.using(result.database).filter(id=result.id).delete()
