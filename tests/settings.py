@@ -9,25 +9,26 @@ DEBUG = os.environ.get("JOBS_DEBUG") == "1"
 USE_TZ = True
 TIME_ZONE = "UTC"
 
+
+def _sqlite(name: str, test_name: str, env: str) -> dict:
+    """A SQLite file database set up for concurrent workers (TEST_DB=sqlite)."""
+    here = os.path.dirname(__file__)
+    return {
+        "ENGINE": "django.db.backends.sqlite3",
+        # A file, not :memory:, so that worker subprocesses and threads share it.
+        "NAME": os.environ.get(env, os.path.join(here, name)),
+        "OPTIONS": {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        },
+        "TEST": {"NAME": os.environ.get(env, os.path.join(here, test_name))},
+    }
+
+
 if os.environ.get("TEST_DB", "postgres") == "sqlite":
     DATABASES = {
-        "default": {
-            "ENGINE": "django.db.backends.sqlite3",
-            # A file, not :memory:, so that worker subprocesses and threads share it.
-            "NAME": os.environ.get(
-                "TEST_DB_NAME", os.path.join(os.path.dirname(__file__), "db.sqlite3")
-            ),
-            "OPTIONS": {
-                "transaction_mode": "IMMEDIATE",
-                "timeout": 20,
-                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-            },
-            "TEST": {
-                "NAME": os.environ.get(
-                    "TEST_DB_NAME", os.path.join(os.path.dirname(__file__), "test_db.sqlite3")
-                )
-            },
-        },
+        "default": _sqlite("db.sqlite3", "test_db.sqlite3", "TEST_DB_NAME"),
         # A second database, for jobs tied to the commit of another alias.
         "other": {
             "ENGINE": "django.db.backends.sqlite3",
@@ -36,23 +37,7 @@ if os.environ.get("TEST_DB", "postgres") == "sqlite":
         },
         # A second job database (docs/scaling.md): tests that ask for it list it in
         # DJANGO_JOBS["DATABASES"] (tests/conftest.py's two_job_databases).
-        "jobs2": {
-            "ENGINE": "django.db.backends.sqlite3",
-            "NAME": os.environ.get(
-                "TEST_JOBS2_DB_NAME", os.path.join(os.path.dirname(__file__), "jobs2.sqlite3")
-            ),
-            "OPTIONS": {
-                "transaction_mode": "IMMEDIATE",
-                "timeout": 20,
-                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-            },
-            "TEST": {
-                "NAME": os.environ.get(
-                    "TEST_JOBS2_DB_NAME",
-                    os.path.join(os.path.dirname(__file__), "test_jobs2.sqlite3"),
-                )
-            },
-        },
+        "jobs2": _sqlite("jobs2.sqlite3", "test_jobs2.sqlite3", "TEST_JOBS2_DB_NAME"),
     }
 elif os.environ.get("TEST_DB") == "mariadb":
     # MariaDB 10.6+ through mysqlclient (python3 dev.py test-mariadb).
