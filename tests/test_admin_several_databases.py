@@ -273,6 +273,19 @@ class TestActions:
         assert not DeadLetter.objects.using("jobs2").exists()
         assert list(DeadLetter.objects.using("default").values_list("pk", flat=True)) == [kept.pk]
 
+    def test_the_delete_action_on_jobs2_letters(self, two_job_databases, admin_client_):
+        letter = on("jobs2", DeadLetterFactory)
+        kept = DeadLetterFactory(id=letter.pk)
+        data = {"action": "delete_selected", "_selected_action": [str(letter.pk)]}
+        changelist = jobs2(url("deadletter_changelist"))
+
+        asked = admin_client_.post(changelist, data)
+        assert asked.status_code == 200 and not asked.context["protected"]
+        admin_client_.post(changelist, {**data, "post": "yes"})
+
+        assert not DeadLetter.objects.using("jobs2").exists()
+        assert list(DeadLetter.objects.using("default").values_list("pk", flat=True)) == [kept.pk]
+
 
 class TestWorkflows:
     def make(self, alias):
