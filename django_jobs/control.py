@@ -45,33 +45,41 @@ class CancelResult:
         return self.cancelled - self.blocked - self.scheduled
 
 
-def pause(queues: Iterable[str], *, by: str = "", reason: str = "") -> int:
-    """Pause queues (creating their rows); return how many were running before."""
+def pause(
+    queues: Iterable[str], *, by: str = "", reason: str = "", using: str | None = None
+) -> int:
+    """Pause queues (creating their rows); return how many were running before.
+
+    `using`: the job database whose workers stop claiming them (default DATABASE).
+    """
     names = [registry.check_queue(q, allowlist=False) for q in queues]
-    rows = QueueState.objects.all()
+    rows = QueueState.objects.using(using or conf.database())
     rows.ensure(names)
     return rows.filter(name__in=names).pause(by=by, reason=reason[:200])
 
 
-def resume(queues: Iterable[str]) -> int:
-    """Resume paused queues; return how many were paused.
+def resume(queues: Iterable[str], *, using: str | None = None) -> int:
+    """Resume paused queues (of job database `using`, default DATABASE); return how many
+    were paused.
 
     The row of a resumed queue that no handler declares and that holds no jobs
     goes too: it only existed for the pause.
     """
+    alias = using or conf.database()
     names = [registry.check_queue(q, allowlist=False) for q in queues]
-    rows = QueueState.objects.filter(name__in=names)
+    rows = QueueState.objects.using(alias).filter(name__in=names)
     changed = rows.resume()
-    rows.filter(name__in=unknown_queues(names), paused=False).delete()
+    rows.filter(name__in=unknown_queues(names, using=alias), paused=False).delete()
     return changed
 
 
-def unknown_queues(queues: Iterable[str]) -> list[str]:
-    """Return the queues among these that no handler declares and that hold no jobs."""
+def unknown_queues(queues: Iterable[str], *, using: str | None = None) -> list[str]:
+    """Return the queues among these that no handler declares and that hold no jobs
+    (on job database `using`, default DATABASE)."""
     unused = set(queues) - registry.declared_queues()
     if not unused:
         return []
-    alias = conf.database()
+    alias = using or conf.database()
     busy = set(Job.objects.using(alias).filter(queue__in=unused).values_list("queue", flat=True))
     return sorted(unused - busy)
 

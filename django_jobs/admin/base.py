@@ -29,6 +29,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
 from django_jobs import limits
+from django_jobs.admin.databases import DatabaseChoice
 from django_jobs.admin.display import Unreadable, cell
 from django_jobs.models import CompletionMarker, Job
 from django_jobs.store import JobStore
@@ -147,12 +148,13 @@ def field_filters(list_filter: Any) -> list[str]:
     return paths
 
 
-class GuardedAdmin(AnyModelAdmin):
+class GuardedAdmin(DatabaseChoice):
     """Answer hostile query strings and object ids with a 400 or Django's "?e=1", never a 500.
 
     The lists filter only by their declared filters (see DeclaredFiltersChangeList), show
     no facet counts (one COUNT per filter choice, each over the whole table), and a POST
-    of an action the user is not offered answers 403.
+    of an action the user is not offered answers 403. With several job databases, each
+    list and page acts on the one chosen (admin/databases.py).
     """
 
     show_facets = ShowFacets.NEVER

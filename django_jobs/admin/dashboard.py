@@ -1,5 +1,8 @@
 """The jobs dashboard page: queues, the last hour's completions and dead letters, at a glance.
 
+With several job databases, a section per database (each its own figures and workers),
+its links to the lists saying which database.
+
 The figures and the chart come from django_jobs.dashboard; this is its admin view, mounted
 under the jobs list (``admin:django_jobs_dashboard``) and linked from the site's index.
 """
@@ -13,10 +16,13 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils.http import urlencode
+from django.utils.text import slugify
 from django.utils.translation import gettext_lazy as _
 
-from django_jobs import dashboard
+from django_jobs import conf, dashboard
 from django_jobs.admin.base import AnyModelAdmin
+from django_jobs.admin.databases import PARAMETER, keep, several
 
 
 class DashboardView(AnyModelAdmin):
@@ -30,12 +36,32 @@ class DashboardView(AnyModelAdmin):
         """The queue dashboard, for staff with any django_jobs permission (as the metrics)."""
         if not dashboard.may_see(request.user):
             raise PermissionDenied
-        snap = dashboard.snapshot()
+        site = self.admin_site.name
         context = {
             **self.admin_site.each_context(request),
             "title": _("Jobs dashboard"),
             "opts": self.opts,
             "app_label": self.opts.app_label,
+            # One section per job database, DJANGO_JOBS["DATABASE"] first: with one, the
+            # page is that section without a heading.
+            "sections": [self._section(alias) for alias in conf.databases()],
+            "deadletter_url": reverse(f"{site}:django_jobs_deadletter_changelist"),
+            "job_url": reverse(f"{site}:django_jobs_job_changelist"),
+        }
+        return TemplateResponse(request, "admin/django_jobs/dashboard.html", context)
+
+    def _section(self, alias: str) -> dict[str, Any]:
+        """The figures and charts of job database alias, and what its links add to a URL."""
+        snap = dashboard.snapshot(alias)
+        default = alias == conf.database()
+        workers = reverse(f"{self.admin_site.name}:django_jobs_workerbeat_changelist")
+        return {
+            "alias": alias,
+            "heading": several(),
+            # The default's element ids are the page's of one database: others' say theirs.
+            "suffix": "" if default else f"-{slugify(alias)}",
+            "query": "" if default else f"{urlencode({PARAMETER: alias})}&",  # then more
+            "change_query": keep("", alias),  # alone, after a row's URL
             "snap": snap,
             "queues": [(row, dashboard.duration(row.oldest_age)) for row in snap.queues],
             "completed_chart": dashboard.bar_chart(
@@ -52,11 +78,8 @@ class DashboardView(AnyModelAdmin):
                 unit=str(_("dead-lettered")),
                 color="#ba2121",
             ),
-            "deadletter_url": reverse(f"{self.admin_site.name}:django_jobs_deadletter_changelist"),
-            "job_url": reverse(f"{self.admin_site.name}:django_jobs_job_changelist"),
-            "worker_url": reverse(f"{self.admin_site.name}:django_jobs_workerbeat_changelist"),
+            "worker_url": keep(workers, alias),
         }
-        return TemplateResponse(request, "admin/django_jobs/dashboard.html", context)
 
 
 # The site's index links the jobs dashboard (unless the project has an index template of its own).

@@ -27,6 +27,7 @@ from rangefilter.filters import DateRangeFilter
 
 from django_jobs import control, limits, registry
 from django_jobs.admin.base import IdOrTermSearch, ReadOnlyAdmin, log_changes
+from django_jobs.admin.databases import chosen, keep
 from django_jobs.admin.display import (
     EMPTY,
     TITLE_LIMIT,
@@ -161,17 +162,22 @@ class DeadLetterAdmin(IdOrTermSearch, WorkflowFields, ReadOnlyAdmin):
         return attempt_history(obj.errors)
 
     def _replay_target(self, obj: DeadLetter) -> SafeString:
-        """Link the job the replay made: live, finished (its marker) or dead again."""
+        """Link the job the replay made: live, finished (its marker) or dead again.
+
+        A replay writes its job on the letter's database: that is where it is looked for.
+        """
         job_id: Any = obj.replay_job_id  # None (a replay that made no job) matches no row
         site = self.admin_site.name
-        if Job.objects.filter(id=job_id).exists():
-            url = reverse(f"{site}:django_jobs_job_change", args=[job_id])
+        alias = obj._state.db or DeadLetter.objects.db
+        if Job.objects.using(alias).filter(id=job_id).exists():
+            url = keep(reverse(f"{site}:django_jobs_job_change", args=[job_id]), alias)
             return format_html(
                 '{} <a href="{}">{}</a> {}', _("New job"), url, job_id, _("is live.")
             )
-        marker = CompletionMarker.objects.filter(job_id=job_id).first()
+        marker = CompletionMarker.objects.using(alias).filter(job_id=job_id).first()
         if marker is not None:
             url = reverse(f"{site}:django_jobs_completionmarker_change", args=[marker.pk])
+            url = keep(url, alias)
             return format_html(
                 '{} {} {} <a href="{}">{}</a>.',
                 _("New job"),
@@ -180,8 +186,8 @@ class DeadLetterAdmin(IdOrTermSearch, WorkflowFields, ReadOnlyAdmin):
                 url,
                 _("its completion marker"),
             )
-        if DeadLetter.objects.filter(id=job_id).exists():
-            url = reverse(f"{site}:django_jobs_deadletter_change", args=[job_id])
+        if DeadLetter.objects.using(alias).filter(id=job_id).exists():
+            url = keep(reverse(f"{site}:django_jobs_deadletter_change", args=[job_id]), alias)
             return format_html(
                 '{} {} {} <a href="{}">{}</a>.',
                 _("New job"),
@@ -200,9 +206,10 @@ class DeadLetterAdmin(IdOrTermSearch, WorkflowFields, ReadOnlyAdmin):
                 "replay would make no job. Deploy code that registers it, then replay."
             )
         if obj.key is not None:
-            if CompletionMarker.objects.filter(key=obj.key).exists():
+            alias = obj._state.db or DeadLetter.objects.db  # where its replay would be written
+            if CompletionMarker.objects.using(alias).filter(key=obj.key).exists():
                 return _("The work of its key has completed since: a replay would make no job.")
-            if Job.objects.filter(key=obj.key).exists():
+            if Job.objects.using(alias).filter(key=obj.key).exists():
                 return _("A live job holds its key: replay it once that job has finished.")
         return None
 
@@ -238,7 +245,9 @@ class DeadLetterAdmin(IdOrTermSearch, WorkflowFields, ReadOnlyAdmin):
             format_html(
                 '{}: <a href="{}">{} {}</a>: {}',
                 _("Dead letter"),
-                reverse(f"{site}:django_jobs_deadletter_change", args=[letter_id]),
+                keep(
+                    reverse(f"{site}:django_jobs_deadletter_change", args=[letter_id]), letters.db
+                ),
                 cell(name, 120),
                 letter_id,
                 " ".join(_what_waits(jobs, dead)),
@@ -282,7 +291,7 @@ class DeadLetterAdmin(IdOrTermSearch, WorkflowFields, ReadOnlyAdmin):
         if request.POST.get("post") != "yes":
             return self._replay_confirmation(request, queryset)
         report = control.replay(queryset, by=request.user.get_username())
-        self._after_replay(request, report)
+        self._after_replay(request, report, queryset.db)
         return None
 
     def _replay_confirmation(
@@ -336,12 +345,14 @@ class DeadLetterAdmin(IdOrTermSearch, WorkflowFields, ReadOnlyAdmin):
             request, "admin/django_jobs/deadletter/replay_confirmation.html", context
         )
 
-    def _after_replay(self, request: HttpRequest, report: ReplayReport) -> None:
-        # A LogEntry per replayed letter, LOG_BATCH letters per read and per INSERT.
+    def _after_replay(self, request: HttpRequest, report: ReplayReport, alias: str) -> None:
+        # A LogEntry per replayed letter (of database alias), LOG_BATCH letters per read
+        # and per INSERT.
         replayed = list(report.replayed)
+        letters_of = DeadLetter.objects.using(alias)
         for start in range(0, len(replayed), LOG_BATCH):
             part = replayed[start : start + LOG_BATCH]
-            letters = DeadLetter.objects.filter(id__in=part).only("id", "name", "reason")
+            letters = letters_of.filter(id__in=part).only("id", "name", "reason")
             entries = [(x.pk, str(x), f"Replayed as job {report.replayed[x.pk]}.") for x in letters]
             log_changes(request, DeadLetter, entries, CHANGE)
         complete = len(report.replayed) == report.total and report.total > 0
@@ -369,10 +380,15 @@ class DeadLetterAdmin(IdOrTermSearch, WorkflowFields, ReadOnlyAdmin):
                 messages.WARNING,
             )
             return HttpResponseRedirect(
-                reverse(f"{self.admin_site.name}:django_jobs_deadletter_changelist")
+                keep(
+                    reverse(f"{self.admin_site.name}:django_jobs_deadletter_changelist"),
+                    chosen(request),
+                )
             )
-        change_url = reverse(
-            f"{self.admin_site.name}:django_jobs_deadletter_change", args=[letter.pk]
+        alias = letter._state.db or DeadLetter.objects.db
+        change_url = keep(
+            reverse(f"{self.admin_site.name}:django_jobs_deadletter_change", args=[letter.pk]),
+            alias,
         )
         run_at = None
         if request.POST.get("run_at"):
@@ -393,9 +409,11 @@ class DeadLetterAdmin(IdOrTermSearch, WorkflowFields, ReadOnlyAdmin):
                 )
                 return HttpResponseRedirect(change_url)
         report = control.replay(
-            DeadLetter.objects.filter(pk=letter.pk), by=request.user.get_username(), run_at=run_at
+            DeadLetter.objects.using(alias).filter(pk=letter.pk),
+            by=request.user.get_username(),
+            run_at=run_at,
         )
-        self._after_replay(request, report)
+        self._after_replay(request, report, alias)
         return HttpResponseRedirect(change_url)
 
     def change_view(
@@ -430,8 +448,12 @@ class DeadLetterAdmin(IdOrTermSearch, WorkflowFields, ReadOnlyAdmin):
                 if blocked:
                     extra["replay_blocked"] = blocked
                 else:
-                    extra["replay_url"] = reverse(
-                        f"{self.admin_site.name}:django_jobs_deadletter_replay", args=[letter.pk]
+                    extra["replay_url"] = keep(
+                        reverse(
+                            f"{self.admin_site.name}:django_jobs_deadletter_replay",
+                            args=[letter.pk],
+                        ),
+                        letter._state.db,
                     )
         return super().change_view(request, object_id, form_url, extra_context=extra)
 

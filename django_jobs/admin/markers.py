@@ -15,6 +15,7 @@ from django.utils.translation import gettext_lazy as _
 from rangefilter.filters import DateRangeFilter
 
 from django_jobs.admin.base import IdOrTermSearch, NameQueueColumns, ReadOnlyAdmin
+from django_jobs.admin.databases import keep
 from django_jobs.admin.display import EMPTY, cell, pretty_json, when_column, when_field
 from django_jobs.models import CompletionMarker, DeadLetter
 
@@ -82,8 +83,11 @@ class CompletionMarkerAdmin(IdOrTermSearch, NameQueueColumns, ReadOnlyAdmin):
 
     @admin.display(description=_("replayed from"))
     def replayed_from(self, obj: CompletionMarker) -> SafeString | str:
-        letter = DeadLetter.objects.filter(replay_job_id=obj.job_id).only("id").first()
+        alias = obj._state.db or DeadLetter.objects.db  # a replay's job is its letter's db's
+        letters = DeadLetter.objects.using(alias)
+        letter = letters.filter(replay_job_id=obj.job_id).only("id").first()
         if letter is None:
             return EMPTY
         url = reverse(f"{self.admin_site.name}:django_jobs_deadletter_change", args=[letter.pk])
+        url = keep(url, alias)
         return format_html('<a href="{}">{} {}</a>', url, _("dead letter"), letter.pk)

@@ -105,7 +105,9 @@ class QueueStateAdmin(OperationsAdmin):
     )
     def pause_queues(self, request: HttpRequest, queryset: Any) -> None:
         count = control.pause(
-            queryset.values_list("name", flat=True), by=request.user.get_username()
+            queryset.values_list("name", flat=True),
+            by=request.user.get_username(),
+            using=queryset.db,
         )
         self.message_user(
             request,
@@ -115,5 +117,5 @@ class QueueStateAdmin(OperationsAdmin):
 
     @admin.action(description=_("Resume selected queues"), permissions=["change"])
     def resume_queues(self, request: HttpRequest, queryset: Any) -> None:
-        count = control.resume(queryset.values_list("name", flat=True))
+        count = control.resume(queryset.values_list("name", flat=True), using=queryset.db)
         self.message_user(request, f"Resumed {count} queue(s).", messages.SUCCESS)

@@ -90,11 +90,12 @@ class ScheduleAdmin(OperationsAdmin):
     def last_job(self, obj: Schedule) -> str:
         if obj.last_job_id is None:
             return "-"
-        if Job.objects.filter(id=obj.last_job_id).exists():
+        alias = obj._state.db or Job.objects.db  # a schedule enqueues on its own database
+        if Job.objects.using(alias).filter(id=obj.last_job_id).exists():
             state = _("live")
-        elif CompletionMarker.objects.filter(job_id=obj.last_job_id).exists():
+        elif CompletionMarker.objects.using(alias).filter(job_id=obj.last_job_id).exists():
             state = _("done")
-        elif DeadLetter.objects.filter(id=obj.last_job_id).exists():
+        elif DeadLetter.objects.using(alias).filter(id=obj.last_job_id).exists():
             state = _("dead")
         else:
             state = _("pruned")

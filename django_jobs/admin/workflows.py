@@ -36,8 +36,10 @@ from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
+from django_jobs import conf
 from django_jobs.admin import graph, steps
 from django_jobs.admin.base import AnyModelAdmin, log_changes
+from django_jobs.admin.databases import PARAMETER, chosen, keep, several
 from django_jobs.admin.display import EMPTY, cell, showable, when
 from django_jobs.models import DeadLetter, Dependency, Job, WorkflowStep
 from django_jobs.store import JobStore
@@ -54,16 +56,21 @@ LAYER_ROWS = 100  # rows of the layer table of a workflow too big to draw
 JOB_PAGE_PARENTS = 100  # parents listed on a job's or a letter's page
 
 
-def admin_url(site: str, where: steps.Where) -> str | None:
-    """The admin page of the row that shows where the work is (None: no row)."""
+def admin_url(site: str, where: steps.Where, alias: str | None = None) -> str | None:
+    """The admin page of the row that shows where the work is (None: no row).
+
+    `alias`: the job database the row is in (None, or the default: no parameter).
+    """
     model = where.admin_model
     if model is None:
         return None
-    return reverse(f"{site}:django_jobs_{model}_change", args=[where.current])
+    return keep(reverse(f"{site}:django_jobs_{model}_change", args=[where.current]), alias)
 
 
-def workflow_url(site: str, name: str) -> str:
-    return reverse(f"{site}:django_jobs_workflow") + "?" + urlencode({"name": name})
+def workflow_url(site: str, name: str, alias: str | None = None) -> str:
+    """The page of workflow `name` (of job database `alias`, None or the default: none said)."""
+    url = reverse(f"{site}:django_jobs_workflow") + "?" + urlencode({"name": name})
+    return keep(url, alias)
 
 
 def state_counts(step_rows: QuerySet[Any], alias: str) -> dict[str, Counter[str]]:
@@ -174,7 +181,7 @@ def parents_list(
     items = []
     for edge in shown:
         at = where[edge.parent_id]
-        url = admin_url(site, at)
+        url = admin_url(site, at, alias)
         state = format_html('<a href="{}">{}</a>', url, at.label) if url else at.label
         if edge.satisfied_at is not None:
             done = format_html(
@@ -262,13 +269,16 @@ class WorkflowStepAdmin(AnyModelAdmin):
             *super().get_urls(),
         ]
 
-    def _context(self, request: HttpRequest, title: Any) -> dict[str, Any]:
+    def _context(self, request: HttpRequest, title: Any, alias: str) -> dict[str, Any]:
+        list_url = reverse(f"{self.admin_site.name}:django_jobs_workflowstep_changelist")
         return {
             **self.admin_site.each_context(request),
             "title": title,
             "opts": self.opts,
             "app_label": self.opts.app_label,
-            "list_url": reverse(f"{self.admin_site.name}:django_jobs_workflowstep_changelist"),
+            "list_url": keep(list_url, alias),
+            # With several job databases, the one shown (the pages' heading says it).
+            "database": alias if several() else None,
         }
 
     def _refuse_nul(self, request: HttpRequest) -> HttpResponse | None:
@@ -288,8 +298,8 @@ class WorkflowStepAdmin(AnyModelAdmin):
         if refused is not None:
             return refused
         term = request.GET.get("q", "").strip()
-        all_steps = WorkflowStep.objects.all()
-        alias = all_steps.db
+        alias = chosen(request)
+        all_steps = WorkflowStep.objects.using(alias)
         found = all_steps.filter(workflow__icontains=term) if term else all_steps
         groups = (
             found.order_by()
@@ -300,7 +310,7 @@ class WorkflowStepAdmin(AnyModelAdmin):
         page = Paginator(groups, WORKFLOWS_PER_PAGE).get_page(request.GET.get("p"))
         rows = list(page.object_list)
         names = [row["workflow"] for row in rows]
-        counts = state_counts(WorkflowStep.objects.filter(workflow__in=names), alias)
+        counts = state_counts(all_steps.filter(workflow__in=names), alias)
         site = self.admin_site.name
         table = []
         for row in rows:
@@ -308,7 +318,7 @@ class WorkflowStepAdmin(AnyModelAdmin):
             table.append(
                 {
                     "name": cell(row["workflow"], 80, name=True),
-                    "url": workflow_url(site, row["workflow"]),
+                    "url": workflow_url(site, row["workflow"], alias),
                     "steps": row["steps"],
                     "done": n[steps.DONE],
                     "running": n["running"],
@@ -319,12 +329,14 @@ class WorkflowStepAdmin(AnyModelAdmin):
                     "first": when(row["first"]),
                 }
             )
+        kept = {PARAMETER: alias} if alias != conf.database() else {}
         context = {
-            **self._context(request, _("Workflows")),
+            **self._context(request, _("Workflows"), alias),
             "rows": table,
             "page": page,
             "term": term,
-            "page_links": _page_links(page, {"q": term} if term else {}),
+            "page_links": _page_links(page, {**kept, **({"q": term} if term else {})}),
+            "databases": self._database_links(request, alias, term),
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/django_jobs/workflows.html", context)
@@ -340,10 +352,12 @@ class WorkflowStepAdmin(AnyModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         step_id = _uuid(object_id)
-        step = None if step_id is None else WorkflowStep.objects.filter(job_id=step_id).first()
+        alias = chosen(request)
+        rows = WorkflowStep.objects.using(alias)
+        step = None if step_id is None else rows.filter(job_id=step_id).first()
         if step is None:
             raise Http404(_("No such workflow step."))
-        return HttpResponseRedirect(workflow_url(self.admin_site.name, step.workflow))
+        return HttpResponseRedirect(workflow_url(self.admin_site.name, step.workflow, alias))
 
     # -- one workflow
 
@@ -354,19 +368,19 @@ class WorkflowStepAdmin(AnyModelAdmin):
         if refused is not None:
             return refused
         name = request.GET.get("name")
+        alias = chosen(request)
         if name is None:
             return HttpResponseRedirect(
-                reverse(f"{self.admin_site.name}:django_jobs_workflowstep_changelist")
+                keep(reverse(f"{self.admin_site.name}:django_jobs_workflowstep_changelist"), alias)
             )
-        step_rows = WorkflowStep.objects.filter(workflow=name)
-        alias = step_rows.db
+        step_rows = WorkflowStep.objects.using(alias).filter(workflow=name)
         total = step_rows.count()
         if not total:
             raise Http404(_("No workflow has this name."))
         site = self.admin_site.name
         counts = state_counts(step_rows, alias)[name]
         context = {
-            **self._context(request, _("Workflow")),
+            **self._context(request, _("Workflow"), alias),
             "crumb": cell(name, 120),
             "name": showable(name),
             "total": total,
@@ -376,7 +390,7 @@ class WorkflowStepAdmin(AnyModelAdmin):
             ],
             "first": when(step_rows.aggregate(first=Min("created_at"))["first"]),
             "live": sum(counts[state] for state in steps.LIVE),
-            "cancel_url": reverse(f"{site}:django_jobs_workflow_cancel"),
+            "cancel_url": keep(reverse(f"{site}:django_jobs_workflow_cancel"), alias),
             "can_cancel": self.has_cancel_permission(request),
             "graph_limit": GRAPH_LIMIT,
         }
@@ -405,7 +419,7 @@ class WorkflowStepAdmin(AnyModelAdmin):
                     name=showable(row.name),
                     state=where[row.job_id].state,
                     state_label=where[row.job_id].label,
-                    url=admin_url(site, where[row.job_id]),
+                    url=admin_url(site, where[row.job_id], alias),
                     title=f"{showable(row.name)}: {where[row.job_id].label} ({row.job_id})",
                 )
                 for row in rows
@@ -441,7 +455,8 @@ class WorkflowStepAdmin(AnyModelAdmin):
             parents = parents_of(page_ids, alias)
             context["steps"] = self._step_rows(rows, where, parents, layer, names, later, alias)
             context["page"] = page
-            context["page_links"] = _page_links(page, {"name": name})
+            kept = {PARAMETER: alias} if alias != conf.database() else {}
+            context["page_links"] = _page_links(page, {**kept, "name": name})
         return TemplateResponse(request, "admin/django_jobs/workflow.html", context)
 
     def _step_rows(
@@ -484,7 +499,7 @@ class WorkflowStepAdmin(AnyModelAdmin):
                     "state": at.state,
                     "label": at.label,
                     "reason": at.reason,
-                    "url": admin_url(site, at),
+                    "url": admin_url(site, at, alias),
                     "job_id": row.job_id,
                     "current": at.current if at.current != row.job_id else None,
                     "created": when(row.created_at),
@@ -511,7 +526,7 @@ class WorkflowStepAdmin(AnyModelAdmin):
             return refused
         name = request.POST.get("name", "")
         by = request.user.get_username()
-        alias = WorkflowStep.objects.db
+        alias = chosen(request)  # the form posts to the cancel URL of its page's database
         live = Job.objects.using(alias).filter(
             id__in=WorkflowStep.objects.using(alias).filter(workflow=name).values("job_id")
         )
@@ -544,7 +559,20 @@ class WorkflowStepAdmin(AnyModelAdmin):
                 "name": showable(name)[:100]
             }
         self.message_user(request, f"{message}.", messages.SUCCESS if names else messages.WARNING)
-        return HttpResponseRedirect(workflow_url(self.admin_site.name, name))
+        return HttpResponseRedirect(workflow_url(self.admin_site.name, name, alias))
+
+    def _database_links(
+        self, request: HttpRequest, alias: str, term: str
+    ) -> list[tuple[str, str, bool]]:
+        """(alias, the list's URL on it, whether shown) for each job database; none for one."""
+        if not several():
+            return []
+        base = reverse(f"{self.admin_site.name}:django_jobs_workflowstep_changelist")
+        links = []
+        for other in conf.databases():
+            query = {PARAMETER: other, **({"q": term} if term else {})}
+            links.append((other, f"{base}?{urlencode(query)}", other == alias))
+        return links
 
 
 def layer_ranges(
@@ -615,7 +643,7 @@ class WorkflowFields:
         if found is None:
             return EMPTY
         workflow, step_id = found
-        url = workflow_url(self.admin_site.name, workflow)
+        url = workflow_url(self.admin_site.name, workflow, alias)
         link = format_html(
             '<a href="{}" id="django-jobs-workflow-link">{}</a>', url, cell(workflow, 120)
         )
@@ -652,7 +680,7 @@ class WorkflowFields:
         items = []
         for job_id in shown:
             at = where[job_id]
-            url = admin_url(site, at)
+            url = admin_url(site, at, alias)
             label = format_html('<a href="{}">{}</a>', url, at.label) if url else at.label
             items.append((job_id, label))
         summary = _("%(waiting)s still waiting for it, %(released)s released") % {
