@@ -28,7 +28,7 @@ from django_jobs.management import arguments
 from django_jobs.management.commands import replayjobs
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.django_db(databases=["default", "other"])
+pytestmark = pytest.mark.django_db(databases=["default", "other", "jobs2"])
 
 TEN_YEARS = str(limits.MAX_SECONDS)
 PAST_TEN_YEARS = str(limits.MAX_SECONDS + 1)
