@@ -8,6 +8,7 @@ a second PostgreSQL server on PostgreSQL runs, a second file on SQLite.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from datetime import timedelta
@@ -15,6 +16,7 @@ from datetime import timedelta
 import pytest
 from django.core.management import ManagementUtility, call_command
 from django.core.management.base import CommandError
+from django.db import connections
 from django.utils import timezone
 
 from django_jobs import control, enqueue, workflow
@@ -501,3 +503,38 @@ def test_worker_on_jobs2_does_not_claim_a_queue_paused_there(two_job_databases):
     control.resume(["default"])
     Worker(database="jobs2", burst=True).run()
     assert not jobs_on("jobs2").exists()
+
+
+@contextlib.contextmanager
+def unreachable(alias):
+    """Point alias's connection at a server that is not there (a missing file on SQLite)."""
+    conn = connections[alias]
+    conn.close()
+    kept = dict(conn.settings_dict)
+    if conn.vendor == "sqlite":
+        conn.settings_dict["NAME"] = "/nonexistent/dir/jobs.sqlite3"
+    else:
+        conn.settings_dict.update(HOST="127.0.0.1", PORT="1")  # nothing listens there
+    try:
+        yield
+    finally:
+        conn.close()
+        conn.settings_dict.clear()
+        conn.settings_dict.update(kept)
+
+
+def test_status_shows_the_other_databases_when_one_is_away(two_job_databases, capsys):
+    enqueue(record, {"label": "d"}, using="default")
+    with unreachable("jobs2"):
+        with pytest.raises(CommandError, match=r"could not read job database\(s\) 'jobs2'"):
+            call_command("jobs", "status")
+        out = capsys.readouterr().out
+        assert queue_row(section(out, "default"), "default")[0] == "1"
+        assert section(out, "jobs2").startswith("\ncould not read it: ")
+        with pytest.raises(CommandError, match=r"'jobs2'"):
+            call_command("jobs", "status", "--json")
+        data = json.loads(capsys.readouterr().out)
+        by = {d["database"]: d for d in data["databases"]}
+        assert by["default"]["queues"] and by["jobs2"]["error"]
+    out = run(capsys, "jobs", "status").out  # back: no error
+    assert "could not read" not in out

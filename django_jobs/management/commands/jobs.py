@@ -17,7 +17,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.utils import timezone
 
 from django_jobs import control, limits, registry, status, tagging
@@ -187,18 +187,41 @@ class Command(BaseCommand):
             return
         # runjobs serves these by default; the others only with --queue NAME.
         declared = registry.declared_queues()
-        reports = {alias: status.status(alias) for alias in databases}
+        reports: dict[str, status.Status | str] = {}
+        for alias in databases:
+            try:
+                reports[alias] = status.status(alias)
+            except DatabaseError as exc:
+                # One job database away must not hide the others: it is the moment an
+                # operator runs this. With a single one, the error is the whole answer.
+                if not several():
+                    raise
+                text = str(exc).strip()
+                reports[alias] = text.splitlines()[0] if text else type(exc).__name__
         if json:
-            found = {}
+            found: dict[str, dict[str, Any]] = {}
             for alias, report in reports.items():
+                if isinstance(report, str):
+                    found[alias] = {"error": report}
+                    continue
                 data = report.as_dict()
                 for queue in data["queues"]:
                     queue["declared"] = queue["name"] in declared
                 found[alias] = data
             self.stdout.write(_dumps(_by_database(found)))
-            return
-        for alias in self._sections(databases):
-            self._write_status(reports[alias], declared, alias)
+        else:
+            for alias in self._sections(databases):
+                report = reports[alias]
+                if isinstance(report, str):
+                    self.stdout.write(f"could not read it: {_printable(report)}")
+                else:
+                    self._write_status(report, declared, alias)
+        away = [alias for alias, report in reports.items() if isinstance(report, str)]
+        if away:
+            raise CommandError(
+                f"could not read job database(s) {', '.join(map(repr, away))}; "
+                "the figures above are the others'"
+            )
 
     def _write_status(self, report: status.Status, declared: set[str], alias: str) -> None:
         """Write the tables of one job database's status."""
