@@ -9,6 +9,9 @@ querysets (QueueState, Job), one layer above it, like django_jobs.api.
 - ``replay`` gives selected dead letters new jobs (docs/admin.md): the letters of a
   name no handler is registered under are left alone (``ReplayReport.unknown``).
 - ``cancel_workflow`` does the same to the steps of a workflow not finished yet.
+- With several job databases (DJANGO_JOBS["DATABASES"]), ``using=None`` pauses and
+  resumes a queue in every one of them, and cancels a job in whichever holds it;
+  ``using=ALIAS`` acts on that database alone.
 - Cancelling a job no worker holds moves it to the dead letters at once
   (``reason="cancelled"``). Cancelling a running job flags it; its worker sees the
   flag at its next heartbeat and sets the handler's ``ctx.cancelled``. If the
@@ -45,42 +48,66 @@ class CancelResult:
         return self.cancelled - self.blocked - self.scheduled
 
 
+def job_databases(using: str | None) -> tuple[str, ...]:
+    """Return the job databases an operation acts on: `using` alone, or every one for None.
+
+    Raise InvalidJob when `using` is not one of conf.databases().
+    """
+    aliases = conf.databases()
+    if using is None:
+        return aliases
+    if using not in aliases:
+        raise InvalidJob(
+            f"using={using!r} is not a job database: DJANGO_JOBS['DATABASES'] holds "
+            f"{', '.join(map(repr, aliases))}"
+        )
+    return (using,)
+
+
 def pause(
     queues: Iterable[str], *, by: str = "", reason: str = "", using: str | None = None
 ) -> int:
     """Pause queues (creating their rows); return how many were running before.
 
-    `using`: the job database whose workers stop claiming them (default DATABASE).
+    On database `using`, or on every job database when None: a queue's pause is per
+    database (each database's workers read its own), and the count adds them up.
     """
     names = [registry.check_queue(q, allowlist=False) for q in queues]
-    rows = QueueState.objects.using(using or conf.database())
-    rows.ensure(names)
-    return rows.filter(name__in=names).pause(by=by, reason=reason[:200])
+    changed = 0
+    for alias in job_databases(using):
+        rows = QueueState.objects.using(alias)
+        rows.ensure(names)
+        changed += rows.filter(name__in=names).pause(by=by, reason=reason[:200])
+    return changed
 
 
 def resume(queues: Iterable[str], *, using: str | None = None) -> int:
-    """Resume paused queues (of job database `using`, default DATABASE); return how many
-    were paused.
+    """Resume paused queues; return how many were paused (on `using`, or on every job database).
 
     The row of a resumed queue that no handler declares and that holds no jobs
-    goes too: it only existed for the pause.
+    (in that database) goes too: it only existed for the pause.
     """
-    alias = using or conf.database()
     names = [registry.check_queue(q, allowlist=False) for q in queues]
-    rows = QueueState.objects.using(alias).filter(name__in=names)
-    changed = rows.resume()
-    rows.filter(name__in=unknown_queues(names, using=alias), paused=False).delete()
+    changed = 0
+    for alias in job_databases(using):
+        rows = QueueState.objects.using(alias).filter(name__in=names)
+        changed += rows.resume()
+        rows.filter(name__in=unknown_queues(names, using=alias), paused=False).delete()
     return changed
 
 
 def unknown_queues(queues: Iterable[str], *, using: str | None = None) -> list[str]:
-    """Return the queues among these that no handler declares and that hold no jobs
-    (on job database `using`, default DATABASE)."""
+    """Return the queues among these that no handler declares and that hold no jobs.
+
+    No jobs in database `using`, or in any job database when None.
+    """
     unused = set(queues) - registry.declared_queues()
     if not unused:
         return []
-    alias = using or conf.database()
-    busy = set(Job.objects.using(alias).filter(queue__in=unused).values_list("queue", flat=True))
+    busy: set[str] = set()
+    for alias in job_databases(using):
+        jobs = Job.objects.using(alias).filter(queue__in=unused)
+        busy |= set(jobs.values_list("queue", flat=True))
     return sorted(unused - busy)
 
 
@@ -90,27 +117,40 @@ def paused_queues(alias: str | None = None) -> set[str]:
     return set(rows.values_list("name", flat=True))
 
 
-def cancel(job_ids: Sequence[uuid.UUID | str], *, by: str = "") -> CancelResult:
-    """Cancel jobs: dead-letter the waiting ones now, flag the running ones for their workers."""
+def cancel(
+    job_ids: Sequence[uuid.UUID | str], *, by: str = "", using: str | None = None
+) -> CancelResult:
+    """Cancel jobs: dead-letter the waiting ones now, flag the running ones for their workers.
+
+    Each job in the database that holds it (any job database when `using` is None), or
+    only those of database `using`.
+    """
     ids = [uuid.UUID(str(i)) for i in job_ids]
-    store = JobStore(conf.database())
-    report = store.cancel(Job.objects.filter(id__in=ids), by=by)
-    requested = store.request_cancel(Job.objects.filter(id__in=report.running))
-    return _result(report, requested)
+    result = CancelResult(0, 0)
+    for alias in job_databases(using):
+        store = JobStore(alias)
+        report = store.cancel(Job.objects.filter(id__in=ids), by=by)
+        requested = store.request_cancel(Job.objects.filter(id__in=report.running))
+        result = _added(result, _result(report, requested))
+    return result
 
 
-def cancel_workflow(name: str, by: str = "") -> CancelResult:
+def cancel_workflow(name: str, by: str = "", *, using: str | None = None) -> CancelResult:
     """Cancel a workflow's steps that have not finished (docs/workflows.md).
 
     Waiting and blocked steps are dead-lettered as cancelled now (with their
     on_parent_dead="dead" dependents, as parent_dead); running ones are flagged
-    for their workers, as ``cancel`` does.
+    for their workers, as ``cancel`` does. In every job database that holds steps
+    of that name when `using` is None, or in database `using` alone.
     """
     name = limits.workflow_name(name, error=InvalidJob)
-    store = JobStore(conf.database())
-    report = store.cancel_workflow(name, by=by)
-    requested = store.request_cancel(Job.objects.filter(id__in=report.running))
-    return _result(report, requested)
+    result = CancelResult(0, 0)
+    for alias in job_databases(using):
+        store = JobStore(alias)
+        report = store.cancel_workflow(name, by=by)
+        requested = store.request_cancel(Job.objects.filter(id__in=report.running))
+        result = _added(result, _result(report, requested))
+    return result
 
 
 def replay(
@@ -136,6 +176,16 @@ def replay(
         by=by, run_at=run_at, delay=delay, partition_by=handlers, progress=progress
     )
     return JobStore(letters.db).replay(letters, request)
+
+
+def _added(a: CancelResult, b: CancelResult) -> CancelResult:
+    """Return the sum of two databases' results."""
+    return CancelResult(
+        cancelled=a.cancelled + b.cancelled,
+        requested=a.requested + b.requested,
+        blocked=a.blocked + b.blocked,
+        scheduled=a.scheduled + b.scheduled,
+    )
 
 
 def _result(report: CancelReport, requested: int) -> CancelResult:

@@ -9,7 +9,9 @@ tables and each live worker's counters from its heartbeat row (written every
 MAINTENANCE_INTERVAL), so nothing needs a port on the workers. Counters carry a
 ``worker`` label and restart at zero with their worker, which Prometheus' rate()
 and increase() handle. ``django_jobs_enqueued_total`` counts the enqueues of the
-process serving the scrape (with DJANGO_JOBS["METRICS"] = True).
+process serving the scrape (with DJANGO_JOBS["METRICS"] = True). With several job
+databases (DJANGO_JOBS["DATABASES"]) one scrape covers them all, each sample labelled
+with its ``database``.
 
 Access: a request with ``Authorization: Bearer <METRICS_TOKEN>``, or from a user who may
 see the admin's jobs dashboard (dashboard.may_see: active staff with any django_jobs
@@ -52,45 +54,47 @@ def _require() -> None:
 
 
 class JobsCollector:
-    """Collect queue gauges and worker counters from the jobs database at scrape time."""
+    """Collect queue gauges and worker counters from the job databases at scrape time.
+
+    Every job database (conf.databases()), or database `alias` alone. With several job
+    databases each sample carries a ``database`` label (the alias), so that one queue's
+    figures in two databases stay two series; with a single one, the labels are as
+    they always were.
+    """
 
     def __init__(self, alias: str | None = None) -> None:
-        self.alias = alias or conf.database()
+        self.aliases = [alias] if alias else list(conf.databases())
+        self.labeled = len(conf.databases()) > 1
 
     def collect(self) -> Iterator[Any]:
-        report = status.status(self.alias)
+        db = ["database"] if self.labeled else []
         jobs = GaugeMetricFamily(
-            "django_jobs_queue_jobs", "Live jobs by queue and state.", labels=["queue", "state"]
+            "django_jobs_queue_jobs",
+            "Live jobs by queue and state.",
+            labels=[*db, "queue", "state"],
         )
         oldest = GaugeMetricFamily(
             "django_jobs_queue_oldest_wait_seconds",
             "How long the oldest due job has waited.",
-            labels=["queue"],
+            labels=[*db, "queue"],
         )
         paused = GaugeMetricFamily(
-            "django_jobs_queue_paused", "1 if the queue is paused.", labels=["queue"]
+            "django_jobs_queue_paused", "1 if the queue is paused.", labels=[*db, "queue"]
         )
         done = GaugeMetricFamily(
-            "django_jobs_queue_done_last_hour", "Jobs completed in the last hour.", labels=["queue"]
+            "django_jobs_queue_done_last_hour",
+            "Jobs completed in the last hour.",
+            labels=[*db, "queue"],
         )
         dead = GaugeMetricFamily(
             "django_jobs_queue_dead_last_hour",
             "Jobs dead-lettered in the last hour.",
-            labels=["queue"],
+            labels=[*db, "queue"],
         )
-        for q in report.queues:
-            for state in ("waiting", "scheduled", "running", "blocked"):
-                jobs.add_metric([q.name, state], getattr(q, state))
-            oldest.add_metric([q.name], q.oldest_wait or 0.0)
-            paused.add_metric([q.name], 1.0 if q.paused else 0.0)
-            done.add_metric([q.name], q.done_last_hour)
-            dead.add_metric([q.name], q.dead_last_hour)
-        yield from (jobs, oldest, paused, done, dead)
-
-        yield GaugeMetricFamily(
-            "django_jobs_workers", "Live workers (recent heartbeat row).", value=len(report.workers)
+        workers = GaugeMetricFamily(
+            "django_jobs_workers", "Live workers (recent heartbeat row).", labels=db
         )
-        labels = ["worker", "host"]
+        labels = [*db, "worker", "host"]
         claimed = CounterMetricFamily(
             "django_jobs_jobs_claimed", "Jobs claimed (attempts started).", labels=labels
         )
@@ -112,33 +116,47 @@ class JobsCollector:
         duration = HistogramMetricFamily(
             "django_jobs_job_duration_seconds", "Handler run time.", labels=labels, unit=""
         )
-        for w in report.workers:
-            stats, key = _WorkerStats(w.stats), [w.id, w.host]
-            stats.add(claimed, key, "claimed")
-            stats.add(started, key, "started")
-            outcomes = stats.get("outcomes", {})
-            if not isinstance(outcomes, dict):
-                stats.bad.append("outcomes")
-                outcomes = {}
-            outcomes = {"succeeded": 0, "retried": 0, "dead": 0, "snoozed": 0, **outcomes}
-            for outcome, n in sorted(outcomes.items(), key=lambda item: str(item[0])):
-                stats.add(finished, [*key, str(outcome)], f"outcomes.{outcome}", n)
-            stats.add(reruns, [*key, "lease_lost"], "lost")
-            stats.add(reruns, [*key, "already_done"], "skipped")
-            stats.add(reruns, [*key, "rescued"], "rescued")
-            stats.add(ticks, key, "scheduled")
-            counts = stats.get("duration_buckets") or [0] * (len(DURATION_BUCKETS) + 1)
-            total = _counter(stats.get("duration_sum", 0.0))
-            if not isinstance(counts, list) or None in map(_counter, counts) or total is None:
-                stats.bad.append("duration_buckets")
-            else:
-                cumulative, buckets = 0, []
-                for bound, n in zip([*map(str, DURATION_BUCKETS), "+Inf"], counts, strict=False):
-                    cumulative += n
-                    buckets.append((bound, cumulative))
-                duration.add_metric(key, buckets, total)
-            if stats.bad:
-                _warn_once(w.id, stats.bad)
+        for alias in self.aliases:
+            report = status.status(alias)
+            where = [alias] if self.labeled else []
+            for q in report.queues:
+                for state in ("waiting", "scheduled", "running", "blocked"):
+                    jobs.add_metric([*where, q.name, state], getattr(q, state))
+                oldest.add_metric([*where, q.name], q.oldest_wait or 0.0)
+                paused.add_metric([*where, q.name], 1.0 if q.paused else 0.0)
+                done.add_metric([*where, q.name], q.done_last_hour)
+                dead.add_metric([*where, q.name], q.dead_last_hour)
+            workers.add_metric(where, len(report.workers))
+            for w in report.workers:
+                stats, key = _WorkerStats(w.stats), [*where, w.id, w.host]
+                stats.add(claimed, key, "claimed")
+                stats.add(started, key, "started")
+                outcomes = stats.get("outcomes", {})
+                if not isinstance(outcomes, dict):
+                    stats.bad.append("outcomes")
+                    outcomes = {}
+                outcomes = {"succeeded": 0, "retried": 0, "dead": 0, "snoozed": 0, **outcomes}
+                for outcome, n in sorted(outcomes.items(), key=lambda item: str(item[0])):
+                    stats.add(finished, [*key, str(outcome)], f"outcomes.{outcome}", n)
+                stats.add(reruns, [*key, "lease_lost"], "lost")
+                stats.add(reruns, [*key, "already_done"], "skipped")
+                stats.add(reruns, [*key, "rescued"], "rescued")
+                stats.add(ticks, key, "scheduled")
+                counts = stats.get("duration_buckets") or [0] * (len(DURATION_BUCKETS) + 1)
+                total = _counter(stats.get("duration_sum", 0.0))
+                if not isinstance(counts, list) or None in map(_counter, counts) or total is None:
+                    stats.bad.append("duration_buckets")
+                else:
+                    cumulative, buckets = 0, []
+                    for bound, n in zip(
+                        [*map(str, DURATION_BUCKETS), "+Inf"], counts, strict=False
+                    ):
+                        cumulative += n
+                        buckets.append((bound, cumulative))
+                    duration.add_metric(key, buckets, total)
+                if stats.bad:
+                    _warn_once(w.id, stats.bad)
+        yield from (jobs, oldest, paused, done, dead, workers)
         yield from (claimed, started, finished, reruns, ticks, duration)
         if _process_registry is not None:
             yield from _process_registry.collect()

@@ -1,6 +1,8 @@
 """python manage.py jobs status|pause|resume|schedules|enable|disable|cancel: operate the queues.
 
 `jobs cancel JOB_ID ...` cancels jobs, `jobs cancel --workflow NAME` the steps of a workflow.
+With several job databases (DJANGO_JOBS["DATABASES"]) each action acts on every one of
+them, or on those named by --database ALIAS, and says which database each figure is of.
 """
 
 from __future__ import annotations
@@ -9,16 +11,16 @@ import argparse
 import difflib
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.utils import timezone
 
-from django_jobs import conf, control, limits, registry, status, tagging
+from django_jobs import control, limits, registry, status, tagging
 from django_jobs.exceptions import InvalidJob
 from django_jobs.management.arguments import (
     add_repeatable,
@@ -28,6 +30,7 @@ from django_jobs.management.arguments import (
     tag,
     workflow_name,
 )
+from django_jobs.management.databases import add_database, job_databases, on, several
 from django_jobs.management.tables import require_job_tables
 from django_jobs.store import JobStore
 from django_jobs.worker import ticker
@@ -95,6 +98,7 @@ class Command(BaseCommand):
             metavar="TAG",
             help="Only the jobs and letters with this tag, per queue (repeatable: with all).",
         )
+        add_database(show, "Only this job database (repeatable). Default: every one.")
         pause = sub.add_parser(
             "pause", help="Stop workers claiming from queues (running jobs finish)."
         )
@@ -110,19 +114,24 @@ class Command(BaseCommand):
             action="store_true",
             help="Pause a queue that no handler declares and that holds no jobs (yet).",
         )
+        add_database(pause, "Pause it in this job database (repeatable). Default: every one.")
         resume = sub.add_parser("resume", help="Let workers claim from paused queues again.")
         resume.add_argument("queues", nargs="+", type=queue_name, metavar="QUEUE")
-        sub.add_parser(
+        add_database(resume, "Resume it in this job database (repeatable). Default: every one.")
+        schedules = sub.add_parser(
             "schedules", help="List the periodic schedules: next run, last run, last job."
         )
+        add_database(schedules, "Only this job database (repeatable). Default: every one.")
         enable = sub.add_parser("enable", help="Enable schedules (missed ticks are not run).")
         enable.add_argument(
             "names", nargs="+", type=free_text(limits.MAX_SCHEDULE_LENGTH), metavar="SCHEDULE"
         )
+        add_database(enable, "Enable them in this job database (repeatable). Default: every one.")
         disable = sub.add_parser("disable", help="Disable schedules without a deploy.")
         disable.add_argument(
             "names", nargs="+", type=free_text(limits.MAX_SCHEDULE_LENGTH), metavar="SCHEDULE"
         )
+        add_database(disable, "Disable them in this job database (repeatable). Default: every one.")
         cancel = sub.add_parser(
             "cancel",
             help="Cancel jobs, or a workflow's steps: waiting ones now, running ones at their "
@@ -143,28 +152,79 @@ class Command(BaseCommand):
             metavar="TAG",
             help="Cancel the live jobs with this tag (repeatable: with all; instead of JOB_IDs).",
         )
+        add_database(
+            cancel,
+            "Only the jobs of this job database (repeatable). Default: whichever holds each.",
+        )
 
-    def handle(self, *, action: str, **options: Any) -> None:
-        require_job_tables()  # every action reads or writes the job tables
-        getattr(self, f"do_{action}")(**options)
+    def handle(self, *, action: str, databases: list[str] | None = None, **options: Any) -> None:
+        aliases = job_databases(databases)
+        for alias in aliases:  # every action reads or writes the job tables
+            require_job_tables(alias)
+        getattr(self, f"do_{action}")(databases=aliases, **options)
+
+    def _sections(self, aliases: list[str]) -> Iterator[str]:
+        """Yield each alias, headed by its name when the project has several job databases."""
+        for n, alias in enumerate(aliases):
+            if several():
+                if n:
+                    self.stdout.write("")
+                self.stdout.write(f"Job database {alias!r}")
+            yield alias
 
     # ---- actions -----------------------------------------------------------------
 
     def do_status(
-        self, *, json: bool = False, tags: list[str] | None = None, **options: Any
+        self,
+        *,
+        databases: list[str],
+        json: bool = False,
+        tags: list[str] | None = None,
+        **options: Any,
     ) -> None:
         if tags:
-            self._tagged_status(tags, json)
+            self._tagged_status(tags, json, databases)
             return
-        report = status.status()
         # runjobs serves these by default; the others only with --queue NAME.
         declared = registry.declared_queues()
+        reports: dict[str, status.Status | str] = {}
+        for alias in databases:
+            try:
+                reports[alias] = status.status(alias)
+            except DatabaseError as exc:
+                # One job database away must not hide the others: it is the moment an
+                # operator runs this. With a single one, the error is the whole answer.
+                if not several():
+                    raise
+                text = str(exc).strip()
+                reports[alias] = text.splitlines()[0] if text else type(exc).__name__
         if json:
-            data = report.as_dict()
-            for queue in data["queues"]:
-                queue["declared"] = queue["name"] in declared
-            self.stdout.write(_dumps(data))
-            return
+            found: dict[str, dict[str, Any]] = {}
+            for alias, report in reports.items():
+                if isinstance(report, str):
+                    found[alias] = {"error": report}
+                    continue
+                data = report.as_dict()
+                for queue in data["queues"]:
+                    queue["declared"] = queue["name"] in declared
+                found[alias] = data
+            self.stdout.write(_dumps(_by_database(found)))
+        else:
+            for alias in self._sections(databases):
+                report = reports[alias]
+                if isinstance(report, str):
+                    self.stdout.write(f"could not read it: {_printable(report)}")
+                else:
+                    self._write_status(report, declared, alias)
+        away = [alias for alias, report in reports.items() if isinstance(report, str)]
+        if away:
+            raise CommandError(
+                f"could not read job database(s) {', '.join(map(repr, away))}; "
+                "the figures above are the others'"
+            )
+
+    def _write_status(self, report: status.Status, declared: set[str], alias: str) -> None:
+        """Write the tables of one job database's status."""
         rows = [
             [
                 q.name,
@@ -221,8 +281,8 @@ class Command(BaseCommand):
         if report.flow:
             self.stdout.write("")
             self.stdout.write("Flow limits across the fleet (running now, starts this window)")
-            if not JobStore().enforces_limits:
-                vendor = connections[conf.database()].display_name
+            if not JobStore(alias).enforces_limits:
+                vendor = connections[alias].display_name
                 self.stdout.write(
                     f"not enforced: the jobs database is {vendor}, and only PostgreSQL "
                     "enforces them (django_jobs.W302)"
@@ -293,8 +353,25 @@ class Command(BaseCommand):
                         "until they return); it exits with code 3 for a restart when all are"
                     )
 
-    def do_pause(self, *, queues: list[str], reason: str, undeclared: bool, **options: Any) -> None:
-        unknown = [] if undeclared else control.unknown_queues(queues)
+    def do_pause(
+        self,
+        *,
+        databases: list[str],
+        queues: list[str],
+        reason: str,
+        undeclared: bool,
+        **options: Any,
+    ) -> None:
+        # Undeclared, and without jobs in every database it would be paused in.
+        unknown = (
+            []
+            if undeclared
+            else sorted(
+                set.intersection(
+                    *(set(control.unknown_queues(queues, using=alias)) for alias in databases)
+                )
+            )
+        )
         if unknown:
             declared = sorted(registry.declared_queues())
             hints = "".join(
@@ -308,72 +385,88 @@ class Command(BaseCommand):
                 f"{', '.join(declared)}){hints} To pause it before its handlers are deployed, "
                 "pass --undeclared."
             )
-        changed = control.pause(queues, by="manage.py jobs", reason=reason)
+        changed = {
+            alias: control.pause(queues, by="manage.py jobs", reason=reason, using=alias)
+            for alias in databases
+        }
         self.stdout.write(
-            f"paused {changed} queue(s); workers stop claiming from them within one poll interval"
+            f"paused {_per_database(changed, 'queue(s)')}; workers stop claiming from them "
+            "within one poll interval"
         )
 
-    def do_resume(self, *, queues: list[str], **options: Any) -> None:
-        changed = control.resume(queues)
-        self.stdout.write(f"resumed {changed} queue(s)")
+    def do_resume(self, *, databases: list[str], queues: list[str], **options: Any) -> None:
+        changed = {alias: control.resume(queues, using=alias) for alias in databases}
+        self.stdout.write(f"resumed {_per_database(changed, 'queue(s)')}")
 
-    def do_schedules(self, **options: Any) -> None:
+    def do_schedules(self, *, databases: list[str], **options: Any) -> None:
         from django_jobs.models import Schedule
 
-        try:
-            specs = ticker.sync()
-        except InvalidJob as exc:
-            raise CommandError(str(exc)) from None
-        now = ticker.db_now(conf.database())
-        rows = []
-        for row in Schedule.objects.all():
-            spec = specs.get(row.name)
-            zone = spec.timezone if spec and spec.cron else None  # `every` counts in UTC
-            upcoming = spec.next_tick(now) if spec and row.enabled and row.declared else None
-            state = "enabled" if row.enabled else "disabled"
-            if not row.declared:
-                state = "not declared"
-            rows.append(
-                [
-                    row.name,
-                    spec.describe() if spec else row.cron or f"every {row.every}s",
-                    row.job_name,
-                    state,
-                    _when(upcoming, now, zone),
-                    _when(row.last_tick_at, now, zone),
-                    row.last_job_id or "-",
-                ]
-            )
-        self.stdout.write(
-            _table(rows, ["schedule", "when", "job", "state", "next run", "last tick", "last job"])
-        )
+        for alias in self._sections(databases):
+            try:
+                specs = ticker.sync(alias)
+            except InvalidJob as exc:
+                raise CommandError(str(exc)) from None
+            now = ticker.db_now(alias)
+            rows = []
+            for row in Schedule.objects.using(alias):
+                spec = specs.get(row.name)
+                zone = spec.timezone if spec and spec.cron else None  # `every` counts in UTC
+                upcoming = spec.next_tick(now) if spec and row.enabled and row.declared else None
+                state = "enabled" if row.enabled else "disabled"
+                if not row.declared:
+                    state = "not declared"
+                rows.append(
+                    [
+                        row.name,
+                        spec.describe() if spec else row.cron or f"every {row.every}s",
+                        row.job_name,
+                        state,
+                        _when(upcoming, now, zone),
+                        _when(row.last_tick_at, now, zone),
+                        row.last_job_id or "-",
+                    ]
+                )
+            header = ["schedule", "when", "job", "state", "next run", "last tick", "last job"]
+            self.stdout.write(_table(rows, header))
 
-    def do_enable(self, *, names: list[str], **options: Any) -> None:
+    def do_enable(self, *, databases: list[str], names: list[str], **options: Any) -> None:
         from django_jobs.models import Schedule
 
-        self._known(names)
-        self.stdout.write(f"enabled {Schedule.objects.filter(name__in=names).enable()} schedule(s)")
+        self._known(names, databases)
+        changed = {
+            alias: Schedule.objects.using(alias).filter(name__in=names).enable()
+            for alias in databases
+        }
+        self.stdout.write(f"enabled {_per_database(changed, 'schedule(s)')}")
 
-    def do_disable(self, *, names: list[str], **options: Any) -> None:
+    def do_disable(self, *, databases: list[str], names: list[str], **options: Any) -> None:
         from django_jobs.models import Schedule
 
-        self._known(names)
-        self.stdout.write(
-            f"disabled {Schedule.objects.filter(name__in=names).disable()} schedule(s)"
-        )
+        self._known(names, databases)
+        changed = {
+            alias: Schedule.objects.using(alias).filter(name__in=names).disable()
+            for alias in databases
+        }
+        self.stdout.write(f"disabled {_per_database(changed, 'schedule(s)')}")
 
-    def _tagged_status(self, tags: list[str], json: bool) -> None:
-        rows = status.tagged_counts(tags)
+    def _tagged_status(self, tags: list[str], json: bool, databases: list[str]) -> None:
+        counts = {alias: status.tagged_counts(tags, alias) for alias in databases}
         if json:
-            self.stdout.write(_dumps({"tags": tags, "queues": [r._asdict() for r in rows]}))
+            found = {
+                alias: {"tags": tags, "queues": [r._asdict() for r in rows]}
+                for alias, rows in counts.items()
+            }
+            self.stdout.write(_dumps(_by_database(found)))
             return
-        self.stdout.write(f"Jobs and dead letters tagged {', '.join(map(repr, tags))}")
         header = ["queue", "waiting", "scheduled", "running", "blocked", "dead (not replayed)"]
-        self.stdout.write(_table([list(row) for row in rows], header))
+        for alias in self._sections(databases):
+            self.stdout.write(f"Jobs and dead letters tagged {', '.join(map(repr, tags))}")
+            self.stdout.write(_table([list(row) for row in counts[alias]], header))
 
     def do_cancel(
         self,
         *,
+        databases: list[str],
         ids: list[uuid.UUID],
         workflow: str | None = None,
         tags: list[str] | None = None,
@@ -387,44 +480,85 @@ class Command(BaseCommand):
         if tags:
             from django_jobs.models import Job
 
-            ids = list(tagging.tagged(Job.objects.all(), tags).values_list("id", flat=True))
+            ids = [
+                job
+                for alias in databases
+                for job in tagging.tagged(Job.objects.using(alias), tags).values_list(
+                    "id", flat=True
+                )
+            ]
             if not ids:
                 raise CommandError(f"no live job tagged {', '.join(map(repr, tags))}")
         if workflow is not None:
-            self._cancel_workflow(workflow)
+            self._cancel_workflow(workflow, databases)
             return
         if not ids:
             raise CommandError(
                 "say what to cancel: JOB_ID ... or --workflow NAME (or --tag TAG)", returncode=2
             )
-        result = control.cancel(ids, by="manage.py jobs")
-        self.stdout.write(_cancelled(result))
-        missing = len(ids) - result.cancelled - result.requested
+        # Each id is in one database at most: asking each one cancels it where it is.
+        results = {
+            alias: control.cancel(ids, by="manage.py jobs", using=alias) for alias in databases
+        }
+        for alias, result in results.items():
+            self.stdout.write(on(alias) + _cancelled(result))
+        missing = len(ids) - sum(r.cancelled + r.requested for r in results.values())
         if missing:
             self.stderr.write(
                 f"{missing} job(s) were not live (finished, dead or already cancelling)"
             )
 
-    def _cancel_workflow(self, name: str) -> None:
+    def _cancel_workflow(self, name: str, databases: list[str]) -> None:
         from django_jobs.models import WorkflowStep
 
-        if not WorkflowStep.objects.filter(workflow=name).exists():
+        holding = [
+            alias
+            for alias in databases
+            if WorkflowStep.objects.using(alias).filter(workflow=name).exists()
+        ]
+        if not holding:
             raise CommandError(f"no workflow named {name!r}")
-        result = control.cancel_workflow(name, by="manage.py jobs")
-        self.stdout.write(f"workflow {name!r}: {_cancelled(result)}")
-        if not (result.cancelled or result.requested):
+        live = False
+        for alias in holding:
+            result = control.cancel_workflow(name, by="manage.py jobs", using=alias)
+            self.stdout.write(f"{on(alias)}workflow {name!r}: {_cancelled(result)}")
+            live = live or bool(result.cancelled or result.requested)
+        if not live:
             self.stderr.write(
                 f"workflow {name!r} has no live step (all finished, dead or already cancelling)"
             )
 
-    def _known(self, names: list[str]) -> None:
+    def _known(self, names: list[str], databases: list[str]) -> None:
+        """Raise CommandError for a name that is a schedule in none of the databases."""
         from django_jobs.models import Schedule
 
-        ticker.sync()
-        found = set(Schedule.objects.filter(name__in=names).values_list("name", flat=True))
+        found: set[str] = set()
+        for alias in databases:
+            ticker.sync(alias)
+            rows = Schedule.objects.using(alias).filter(name__in=names)
+            found |= set(rows.values_list("name", flat=True))
         unknown = sorted(set(names) - found)
         if unknown:
             raise CommandError(f"no schedule named {', '.join(map(repr, unknown))}")
+
+
+def _per_database(counts: dict[str, int], what: str) -> str:
+    """Say how many rows changed: "2 queue(s)", or per database with several of them."""
+    if not several():
+        return f"{sum(counts.values())} {what}"
+    return ", ".join(f"{n} {what} on database {alias!r}" for alias, n in counts.items())
+
+
+def _by_database(found: dict[str, dict[str, Any]]) -> Any:
+    """Return the JSON of each database's figures, as one object.
+
+    With a single job database, its figures as they always were; with several,
+    {"databases": [{"database": ALIAS, ...its figures}, ...]}.
+    """
+    if not several():
+        (only,) = found.values()
+        return only
+    return {"databases": [{"database": alias, **data} for alias, data in found.items()]}
 
 
 def _cancelled(result: control.CancelResult) -> str:

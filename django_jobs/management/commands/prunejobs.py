@@ -1,6 +1,7 @@
 """python manage.py prunejobs: delete old completion markers and dead letters, in small batches.
 
 A job's workflow rows (its Dependency edges and WorkflowStep row) go with its last record.
+Every job database is pruned in turn (DJANGO_JOBS["DATABASES"]), or those --database names.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from django.core.management.base import BaseCommand
 
 from django_jobs import conf, retention
 from django_jobs.management.arguments import duration_or_none, positive_int
+from django_jobs.management.databases import add_database, job_databases, on
 from django_jobs.management.tables import require_job_tables
 
 
@@ -43,6 +45,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--batch", type=positive_int, help="Rows per DELETE (default PRUNE_BATCH)."
         )
+        add_database(parser, "Prune this job database (repeatable). Default: every one.")
 
     def handle(
         self,
@@ -52,16 +55,20 @@ class Command(BaseCommand):
         dead_letters: Any,
         batch: int | None,
         verbosity: int,
+        databases: list[str] | None = None,
         **options: Any,
     ) -> None:
-        require_job_tables()
+        aliases = job_databases(databases)
+        for alias in aliases:
+            require_job_tables(alias)
         keep = {"keep_markers": markers, "keep_dead_letters": dead_letters}
-        if dry_run:
-            result = retention.count_prunable(**keep)
-            self.stdout.write(f"would delete {_counts(result)}")
-            return
-        result = retention.prune(**keep, batch=batch or conf.get("PRUNE_BATCH"))
-        self.stdout.write(f"deleted {_counts(result)} in {result.batches} batch(es)")
+        for alias in aliases:
+            if dry_run:
+                result = retention.count_prunable(alias, **keep)
+                self.stdout.write(f"{on(alias)}would delete {_counts(result)}")
+                continue
+            result = retention.prune(alias, **keep, batch=batch or conf.get("PRUNE_BATCH"))
+            self.stdout.write(f"{on(alias)}deleted {_counts(result)} in {result.batches} batch(es)")
 
 
 def _counts(result: retention.PruneResult) -> str:

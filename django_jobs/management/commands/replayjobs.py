@@ -1,4 +1,8 @@
-"""python manage.py replayjobs: replay dead letters in bulk, by reason, name, queue and time."""
+"""python manage.py replayjobs: replay dead letters in bulk, by reason, name, queue and time.
+
+With several job databases (DJANGO_JOBS["DATABASES"]) each letter is replayed in the
+database that holds it, every job database's by default, or those --database names.
+"""
 
 from __future__ import annotations
 
@@ -25,8 +29,10 @@ from django_jobs.management.arguments import (
     seconds_or_zero,
     tag,
 )
+from django_jobs.management.databases import add_database, job_databases, on, several
 from django_jobs.management.tables import require_job_tables
-from django_jobs.models import DeadLetter, DeadReason
+from django_jobs.models import DeadLetter, DeadLetterQuerySet, DeadReason
+from django_jobs.rows import ReplayReport
 
 # Selections longer than this get a progress bar (or, when not on a terminal, progress lines).
 PROGRESS_FROM = 500
@@ -170,6 +176,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--dry-run", action="store_true", help="Show what would be replayed; change nothing."
         )
+        add_database(
+            parser, "Replay the letters of this job database (repeatable). Default: every one."
+        )
 
     def handle(
         self,
@@ -188,6 +197,7 @@ class Command(BaseCommand):
         by: str | None,
         dry_run: bool,
         verbosity: int,
+        databases: list[str] | None = None,
         **options: Any,
     ) -> None:
         if not (
@@ -200,40 +210,54 @@ class Command(BaseCommand):
             )
         if dead_after and dead_before and dead_after >= dead_before:
             raise CommandError("--dead-after must be earlier than --dead-before", returncode=2)
-        require_job_tables()
-        letters = DeadLetter.objects.all()
-        if not ids:
-            letters = letters.pending()
-        if ids:
-            letters = letters.filter(id__in=ids)
-        if reasons:
-            letters = letters.filter(reason__in=reasons)
-        if names:
-            letters = letters.filter(name__in=names)
-        if queues:
-            letters = letters.filter(queue__in=queues)
-        if tags:
-            letters = tagging.tagged(letters, tags)
-        if dead_after:
-            letters = letters.filter(dead_at__gte=dead_after)
-        if dead_before:
-            letters = letters.filter(dead_at__lt=dead_before)
-        letters = letters.order_by("dead_at", "id")
+        aliases = job_databases(databases)
+        for alias in aliases:
+            require_job_tables(alias)
+        selected = {}
+        for alias in aliases:
+            letters = DeadLetter.objects.using(alias).all()
+            if not ids:
+                letters = letters.pending()
+            if ids:
+                letters = letters.filter(id__in=ids)
+            if reasons:
+                letters = letters.filter(reason__in=reasons)
+            if names:
+                letters = letters.filter(name__in=names)
+            if queues:
+                letters = letters.filter(queue__in=queues)
+            if tags:
+                letters = tagging.tagged(letters, tags)
+            if dead_after:
+                letters = letters.filter(dead_at__gte=dead_after)
+            if dead_before:
+                letters = letters.filter(dead_at__lt=dead_before)
+            selected[alias] = letters.order_by("dead_at", "id")
         if limit:
-            letters = DeadLetter.objects.filter(
-                id__in=list(letters.values_list("id", flat=True)[:limit])
-            )
+            selected = _oldest(selected, limit)
 
         if dry_run:
-            self._dry_run(letters, verbosity)
+            self._dry_run(selected, verbosity)
             return
-        total = letters.count()
+        counts = {alias: letters.count() for alias, letters in selected.items()}
+        total = sum(counts.values())
         progress = self._progress(total) if total >= PROGRESS_FROM and verbosity >= 1 else None
-        report = control.replay(
-            letters, by=by or _default_by(), run_at=run_at, delay=delay, progress=progress
-        )
+        done = 0
+        for alias, letters in selected.items():
+            report = control.replay(
+                letters,
+                by=by or _default_by(),
+                run_at=run_at,
+                delay=delay,
+                progress=_offset(progress, done),
+            )
+            done += counts[alias]
+            self._report(report, on(alias), verbosity)
+
+    def _report(self, report: ReplayReport, prefix: str, verbosity: int) -> None:
+        """Say what one database's replay did, `prefix` naming the database when several."""
         if verbosity >= 1:
-            self.stdout.write(f"{report}.")
+            self.stdout.write(f"{prefix}{report}.")
             for label, items in (
                 ("already replayed", report.already),
                 ("key held by a live job", report.key_taken),
@@ -247,16 +271,27 @@ class Command(BaseCommand):
             for letter, job in report.replayed.items():
                 self.stdout.write(f"  replayed {letter} as job {job}")
 
-    def _dry_run(self, letters: Any, verbosity: int) -> None:
-        total = letters.count()
+    def _dry_run(self, selected: dict[str, DeadLetterQuerySet], verbosity: int) -> None:
+        total = sum(letters.count() for letters in selected.values())
         self.stdout.write(
             f"Dry run: {total} dead letter(s) would be replayed; nothing was changed."
         )
-        rows = letters.values_list("id", "name", "queue", "reason", "dead_at")
+        columns = ("dead_at", "id", "name", "queue", "reason")
+        rows = sorted(
+            (*row, alias)
+            for alias, letters in selected.items()
+            for row in (
+                letters.values_list(*columns)
+                if verbosity >= 2
+                else letters.values_list(*columns)[:LISTED]
+            )
+        )
         shown = rows if verbosity >= 2 else rows[:LISTED]
-        for pk, name, queue, why, dead_at in shown:
+        for dead_at, pk, name, queue, why, alias in shown:
+            where = f"  database={alias}" if several() else ""
             self.stdout.write(
-                f"  {pk}  {name}  queue={queue}  reason={why}  dead_at={dead_at:%Y-%m-%d %H:%M:%S}"
+                f"  {pk}  {name}  queue={queue}  reason={why}  "
+                f"dead_at={dead_at:%Y-%m-%d %H:%M:%S}{where}"
             )
         if verbosity < 2 and total > LISTED:
             self.stdout.write(f"  … and {total - LISTED} more (-v 2 lists them all)")
@@ -283,3 +318,27 @@ class Command(BaseCommand):
                 out.write(f"replayed {done}/{total} ({percent}%)")
 
         return show
+
+
+def _oldest(selected: dict[str, DeadLetterQuerySet], limit: int) -> dict[str, DeadLetterQuerySet]:
+    """Keep the `limit` oldest letters of the selection, across the databases it spans."""
+    found = sorted(
+        (dead_at, pk, alias)
+        for alias, letters in selected.items()
+        for dead_at, pk in letters.values_list("dead_at", "id")[:limit]
+    )[:limit]
+    return {
+        alias: DeadLetter.objects.using(alias)
+        .filter(id__in=[pk for _, pk, held in found if held == alias])
+        .order_by("dead_at", "id")
+        for alias in selected
+    }
+
+
+def _offset(
+    progress: Callable[[int, int], None] | None, done: int
+) -> Callable[[int, int], None] | None:
+    """Return progress for one database's replay, counting on from the `done` of those before."""
+    if progress is None:
+        return None
+    return lambda replayed, total: progress(done + replayed, total)
