@@ -294,7 +294,8 @@ class TestCancel:
 
 # ---- schedules ---------------------------------------------------------------------------
 
-NIGHTLY = {"nightly": {"cron": "0 3 * * *", "job": "tests.noop"}}
+# In every job database ("*"): a schedule fires in DATABASE alone unless it says so.
+NIGHTLY = {"nightly": {"cron": "0 3 * * *", "job": "tests.noop", "database": "*"}}
 
 
 class TestSchedules:
@@ -538,3 +539,13 @@ def test_status_shows_the_other_databases_when_one_is_away(two_job_databases, ca
         assert by["default"]["queues"] and by["jobs2"]["error"]
     out = run(capsys, "jobs", "status").out  # back: no error
     assert "could not read" not in out
+
+
+def test_a_schedule_of_database_alone_is_listed_there_only(two_job_databases, settings, capsys):
+    settings.DJANGO_JOBS = {
+        **settings.DJANGO_JOBS,
+        "SCHEDULES": {"nightly": {"cron": "0 3 * * *", "job": "tests.noop"}},
+    }
+    out = run(capsys, "jobs", "schedules").out
+    assert "nightly" in section(out, "default")
+    assert "nightly" not in section(out, "jobs2")
