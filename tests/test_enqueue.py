@@ -27,7 +27,7 @@ from django_jobs.models import CompletionMarker, DeadLetter, Job
 from django_jobs.registry import unregister
 from django_jobs.rows import ClaimRequest, Finished
 from django_jobs.signals import job_enqueued
-from django_jobs.store import JobStore, sql
+from django_jobs.store import JobStore, pgrun
 from tests.conftest import POSTGRES
 from tests.factories import MarkerFactory
 from tests.testapp import jobs
@@ -302,7 +302,7 @@ class TestTransactions:
         if POSTGRES:
             with transaction.atomic():
                 connection.close()
-            assert sql.run_locked("default", "k", "SELECT 1", None) == ([], [(1,)])
+            assert pgrun.run_locked("default", "k", "SELECT 1", None) == ([], [(1,)])
         # A block that is still broken is still refused.
         with transaction.atomic():
             transaction.set_rollback(True)

@@ -220,12 +220,12 @@ def test_a_refused_settle_of_a_limited_job_fails_only_that_job(handlers):
 
 def _claim_index_reads(group, limit):
     """Rows CLAIM_LIMITED reads along the claim index, by EXPLAIN ANALYZE (rolled back)."""
-    from django_jobs.store import sql
+    from django_jobs.store import pgrun, sql
 
     claim = sql.claim_params(["default"], limit, "w#explain", 30, names=None)
     params = sql.claim_limited_params(group, claim, [])
     with transaction.atomic():
-        [[plan]] = sql.run(
+        [[plan]] = pgrun.run(
             "default", "EXPLAIN (ANALYZE, FORMAT JSON) " + sql.CLAIM_LIMITED["name"], params
         )
         transaction.set_rollback(True)

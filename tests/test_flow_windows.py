@@ -77,11 +77,11 @@ def test_a_claim_counts_the_starts_claimed_under_a_limit_of_another_unit(handler
 def test_the_counters_of_the_release_before_are_still_read_and_written(handlers):
     # A worker of the release before counts in the group's plain key, in its own
     # window: during the deploy that brings the counters per length, both count.
-    from django_jobs.store import sql
+    from django_jobs.store import pgrun
 
     enqueue_many(handlers["rated"], [{"label": str(i)} for i in range(30)])
     [limit] = _limit("10/m")
-    now = sql.run("default", "SELECT statement_timestamp()")[0][0]
+    now = pgrun.run("default", "SELECT statement_timestamp()")[0][0]
     FlowWindow.objects.create(
         key=limit.key, partition="", window_start=flow.window_start(now, limit.rate), starts=7
     )

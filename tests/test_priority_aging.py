@@ -24,7 +24,7 @@ from django_jobs import enqueue, enqueue_many
 from django_jobs.checks.configuration import check_settings
 from django_jobs.models import Job
 from django_jobs.rows import ClaimRequest
-from django_jobs.store import JobStore, sql
+from django_jobs.store import JobStore, pgrun, sql
 from tests.conftest import ENGINE, POSTGRES, wait_for
 from tests.factories import JobFactory
 from tests.testapp import jobs
@@ -157,7 +157,7 @@ def test_the_unlimited_half_of_a_flow_claim_ages_too():
         "limited": ["tests.capped"],
         "aging": float(STEP),
     }
-    rows = sql.run("default", sql.CLAIM_UNLIMITED_AGED, params)
+    rows = pgrun.run("default", sql.CLAIM_UNLIMITED_AGED, params)
     assert [row[0] for row in rows] == [old.id]
     assert Job.objects.get(id=limited.id).locked_by is None
 

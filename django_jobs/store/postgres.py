@@ -19,7 +19,7 @@ from django_jobs import conf, flow
 from django_jobs.exceptions import LeaseLost
 from django_jobs.models import CompletionMarker, JobQuerySet
 from django_jobs.rows import ClaimedJob, ClaimRequest, EnqueueResult, Finished, NewJob, Settled
-from django_jobs.store import aging, sliding, sql
+from django_jobs.store import aging, pgrun, sliding, sql
 from django_jobs.store.base import DONE, Found, Holder, KeyRaced, WorkflowRows, json_text
 from django_jobs.store.portable import Portable, write_beat
 
@@ -51,7 +51,7 @@ class Postgres(Portable):
         return self.now(alias).astimezone(UTC)
 
     def now(self, alias: str) -> datetime:
-        return sql.run(alias, "SELECT statement_timestamp()")[0][0]  # type: ignore[no-any-return]
+        return pgrun.run(alias, "SELECT statement_timestamp()")[0][0]  # type: ignore[no-any-return]
 
     def notify(self, alias: str, queues: Iterable[str]) -> None:
         if not conf.get("LISTEN"):
@@ -63,7 +63,7 @@ class Postgres(Portable):
     def notify_freed(self, alias: str, keys: Iterable[str]) -> None:
         if not conf.get("LISTEN"):
             return
-        sql.run(
+        pgrun.run(
             alias,
             sql.NOTIFY_EACH,
             [conf.get("CHANNEL"), [flow.FREED + key for key in sorted(set(keys))]],
@@ -72,16 +72,16 @@ class Postgres(Portable):
     # ---- enqueue ------------------------------------------------------------
 
     def insert_plain(self, jobs: JobQuerySet, job: NewJob) -> EnqueueResult:
-        [(_notified, enqueued_at)] = sql.run(jobs.db, sql.INSERT, _insert_params(job))
+        [(_notified, enqueued_at)] = pgrun.run(jobs.db, sql.INSERT, _insert_params(job))
         return EnqueueResult(job.id, False, job.name, job.queue, enqueued_at, jobs.db)
 
     def insert_keyed(self, jobs: JobQuerySet, job: NewJob) -> Holder | None:
         alias = jobs.db
-        rows = sql.run(alias, sql.INSERT_KEYED, _insert_params(job))
+        rows = pgrun.run(alias, sql.INSERT_KEYED, _insert_params(job))
         if not rows:
             return None
         kind, job_id, fingerprint, _notified, enqueued_at, recheck = rows[0]
-        if recheck and (marker := sql.run(alias, sql.MARKER_OF_KEY, [job.key])):
+        if recheck and (marker := pgrun.run(alias, sql.MARKER_OF_KEY, [job.key])):
             jobs.filter(id=job_id).delete()  # in the caller's transaction
             [(done_id, done_fingerprint)] = marker
             return Holder("completed", done_id, done_fingerprint, None)
@@ -97,7 +97,7 @@ class Postgres(Portable):
 
     def insert_replays(self, jobs: JobQuerySet, new: Sequence[NewJob]) -> None:
         alias = jobs.db
-        rows = sql.run(alias, sql.INSERT_REPLAYS, _replay_params(new))
+        rows = pgrun.run(alias, sql.INSERT_REPLAYS, _replay_params(new))
         if len(rows) < len(new):
             raise KeyRaced
         key_of = {job.id: job.key for job in new}
@@ -138,8 +138,8 @@ class Postgres(Portable):
         seconds = aging.step()
         if seconds is not None:
             params["aging"] = seconds
-            return _claimed(sql.run(jobs.db, sql.CLAIM_AGED, params), request.token)
-        return _claimed(sql.run(jobs.db, sql.CLAIM, params), request.token)
+            return _claimed(pgrun.run(jobs.db, sql.CLAIM_AGED, params), request.token)
+        return _claimed(pgrun.run(jobs.db, sql.CLAIM, params), request.token)
 
     def claim_flow(
         self, jobs: JobQuerySet, request: ClaimRequest, finished: Sequence[Finished] = ()
@@ -190,7 +190,7 @@ class Postgres(Portable):
         statement = sql.CLAIM_UNLIMITED
         if (seconds := aging.step()) is not None:
             params["aging"], statement = seconds, sql.CLAIM_UNLIMITED_AGED
-        return done_at, claimed + _claimed(sql.run(alias, statement, params), request.token)
+        return done_at, claimed + _claimed(pgrun.run(alias, statement, params), request.token)
 
     # ---- settle -------------------------------------------------------------
 
@@ -199,7 +199,7 @@ class Postgres(Portable):
 
     def complete_atomically(self, jobs: JobQuerySet, job: ClaimedJob, result: str | None) -> bool:
         statement = sql.COMPLETE_ATOMIC_LOCKING if job.dependents else sql.COMPLETE_ATOMIC
-        [(deleted, marked, dependents)] = sql.run(
+        [(deleted, marked, dependents)] = pgrun.run(
             jobs.db, statement, {"id": job.id, "token": job.token, "result": result}
         )
         if not deleted:
@@ -210,21 +210,21 @@ class Postgres(Portable):
         return bool(marked)
 
     def release_dependents(self, jobs: JobQuerySet, keys: Sequence[str]) -> int:
-        [(made_due, _)] = sql.run(jobs.db, sql.RELEASE, {"keys": list(keys), **_notify_params()})
+        [(made_due, _)] = pgrun.run(jobs.db, sql.RELEASE, {"keys": list(keys), **_notify_params()})
         return int(made_due)
 
     def extend(
         self, jobs: JobQuerySet, ids: list[uuid.UUID], tokens: list[str], seconds: float
     ) -> dict[uuid.UUID, bool]:
-        return dict(sql.run(jobs.db, sql.EXTEND_LEASES, [float(seconds), ids, tokens]))
+        return dict(pgrun.run(jobs.db, sql.EXTEND_LEASES, [float(seconds), ids, tokens]))
 
     # ---- replay -------------------------------------------------------------
 
     def mark_replayed(self, alias: str, jobs: dict[uuid.UUID, NewJob], by: str) -> None:
         letters, new = list(jobs), [job.id for job in jobs.values()]
-        sql.run(alias, sql.MARK_REPLAYED, {"by": by, "letters": letters, "jobs": new})
+        pgrun.run(alias, sql.MARK_REPLAYED, {"by": by, "letters": letters, "jobs": new})
         keys = [job.key for job in jobs.values()]
-        sql.run(alias, sql.MOVE_REPLAYED_STEPS, {"letters": letters, "jobs": new, "keys": keys})
+        pgrun.run(alias, sql.MOVE_REPLAYED_STEPS, {"letters": letters, "jobs": new, "keys": keys})
 
 
 def _id_order(
@@ -263,7 +263,7 @@ def _complete_locked(alias: str, batch: Batch) -> Settled:
     with transaction.atomic(using=alias):
         now = {
             job_id: (locked_by, dependents)
-            for job_id, locked_by, dependents in sql.run(
+            for job_id, locked_by, dependents in pgrun.run(
                 alias, sql.LOCK_SETTLING, {"ids": ids, "tokens": tokens}
             )
         }
@@ -277,7 +277,7 @@ def _complete_locked(alias: str, batch: Batch) -> Settled:
 
 def _complete(alias: str, batch: Sequence[tuple[int, Finished]]) -> Settled:
     """Run sql.COMPLETE on (position, (id, token, result, dependents)); return positions settled."""
-    return _settled_of(sql.run(alias, *_complete_statement(batch)))
+    return _settled_of(pgrun.run(alias, *_complete_statement(batch)))
 
 
 def _complete_statement(
@@ -488,7 +488,7 @@ def _claim_groups(
     if len(groups) == 1 and limit > 0 and connections[alias].get_autocommit():
         # One group (a worker whose slot freed): settle, lock and claim in one round trip.
         [group] = groups
-        done, rows = sql.run_locked(
+        done, rows = pgrun.run_locked(
             alias,
             group.key,
             sliding.claim_statement(group),
@@ -501,10 +501,10 @@ def _claim_groups(
         with transaction.atomic(using=alias):
             if batch:
                 settled = _complete(alias, batch)
-            sql.run(alias, sql.FLOW_LOCK, [sorted(g.key for g in groups)])
+            pgrun.run(alias, pgrun.FLOW_LOCK, [sorted(g.key for g in groups)])
             for group in groups:
                 if len(claimed) >= limit:
                     break
-                rows = sql.run(alias, sliding.claim_statement(group), group_params(group))
+                rows = pgrun.run(alias, sliding.claim_statement(group), group_params(group))
                 claimed += _claimed(rows, token)
     return settled, claimed

@@ -12,15 +12,15 @@ before every job enqueued in it.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections
 
-from django_jobs import conf, flow
+from django_jobs import flow
 from django_jobs.attempts import LEASE_EXPIRED, LEASE_EXPIRED_MESSAGE
 from django_jobs.store import aging
+from django_jobs.store.pgrun import run
 
 # split_part(locked_by, '#', 1) below is the SQL twin of attempts.worker_of: the
 # worker id of a lease token (tests/test_claim.py compares the two).
@@ -28,39 +28,6 @@ assert "'" not in LEASE_EXPIRED + LEASE_EXPIRED_MESSAGE  # noqa: S101 - spliced 
 
 if TYPE_CHECKING:
     from django.db.backends.postgresql.base import DatabaseWrapper as PostgresWrapper
-
-
-def run(alias: str, statement: str, params: Any = None) -> list[tuple[Any, ...]]:
-    """Execute a statement of this module on alias's connection and return its rows.
-
-    It uses a server-side-binding psycopg cursor, so that each statement is
-    parsed and planned once per connection (a prepared statement) instead of
-    at every call; set DJANGO_JOBS["PREPARED_STATEMENTS"] = False behind a
-    pooler that cannot keep them (PgBouncer < 1.21 in transaction pooling).
-    Errors come out as django.db exceptions, as from any Django cursor.
-    """
-    import psycopg  # only PostgreSQL needs it
-
-    connection = connections[alias]
-    started = time.monotonic() if connection.queries_logged else 0.0
-    with connection.wrap_database_errors:
-        # Connect first, as Django's cursors do: connect() clears the needs_rollback
-        # a connection closed inside an atomic block keeps after it (run_from_argv
-        # closes every connection when a command ends).
-        connection.ensure_connection()
-        connection.validate_no_broken_transaction()
-        # One cursor per connection, kept: making one copies the adapters map each time.
-        cursor = getattr(connection, "_django_jobs_cursor", None)
-        if cursor is None or cursor.connection is not connection.connection or cursor.closed:
-            cursor = psycopg.Cursor(connection.connection)
-            connection._django_jobs_cursor = cursor  # type: ignore[attr-defined]  # kept on it
-        cursor.execute(statement, params, prepare=conf.get("PREPARED_STATEMENTS") or None)
-        rows = cursor.fetchall() if cursor.description else []
-    if started:
-        connection.queries_log.append(
-            {"sql": " ".join(statement.split()), "time": f"{time.monotonic() - started:.3f}"}
-        )
-    return rows
 
 
 # What a claim sets on each row it leases, and what it returns (CLAIM and CLAIM_LIMITED).
@@ -202,56 +169,6 @@ CLAIM_UNLIMITED = _claim(except_limited=True)
 # The two with priority aging on (DJANGO_JOBS["PRIORITY_AGING"]; %(aging)s: its seconds).
 CLAIM_AGED = _claim(except_limited=False, aged=True)
 CLAIM_UNLIMITED_AGED = _claim(except_limited=True, aged=True)
-
-# Flow control (docs/flow-control.md): take the transaction-scoped advisory lock
-# of each limited group, in the order given (sorted by the caller, so that two
-# claims never wait on each other in a cycle). Held to the end of the claim's
-# transaction: the next claimer of a group counts after this one committed.
-FLOW_LOCK = """
-SELECT pg_advisory_xact_lock(hashtextextended('django_jobs.flow:' || k, 0))
-FROM unnest(%s::text[]) AS k
-"""
-
-
-def run_locked(
-    alias: str,
-    key: str,
-    statement: str,
-    params: Any,
-    *,
-    before: tuple[str, Any] | None = None,
-) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """Run statement after FLOW_LOCK of key, in one transaction sent in one round trip.
-
-    BEGIN, `before` (a statement and its parameters: the settle of the jobs whose
-    slots the claim refills), the lock, the statement and COMMIT go out together
-    (psycopg's pipeline mode); the server still runs them in order, so the
-    statement's snapshot is taken once the lock is granted, and it sees what
-    `before` wrote. Returns the rows of `before` and of statement; an error rolls
-    both back. The connection must be in autocommit.
-    """
-    connection = connections[alias]
-    with connection.wrap_database_errors:
-        # Connect first: see run.
-        connection.ensure_connection()
-        connection.validate_no_broken_transaction()
-        raw = connection.connection
-        prepare = conf.get("PREPARED_STATEMENTS") or None
-        first, lock, cursor = raw.cursor(), raw.cursor(), raw.cursor()
-        try:
-            with raw.pipeline(), raw.transaction():
-                if before is not None:
-                    first.execute(before[0], before[1], prepare=prepare)
-                lock.execute(FLOW_LOCK, [[key]], prepare=prepare)
-                cursor.execute(statement, params, prepare=prepare)
-            earlier: list[tuple[Any, ...]] = first.fetchall() if before is not None else []
-            rows: list[tuple[Any, ...]] = cursor.fetchall()
-            return earlier, rows
-        finally:
-            first.close()
-            lock.close()
-            cursor.close()
-
 
 # The current window's start on the database clock: fixed windows aligned to the epoch.
 _WINDOW_START = (

@@ -210,7 +210,8 @@ class Worker:
         finally:
             self._ops.stopped()
             self._shutdown_executors()
-        logger.info("worker %s stopped: %s", self.id, self.stats.summary())
+        where = f" (database {self.database})" if len(conf.databases()) > 1 else ""
+        logger.info("worker %s stopped%s: %s", self.id, where, self.stats.summary())
         if self._timeouts.all_stuck is not None:
             raise HandlersStuck(self._timeouts.all_stuck)
 
@@ -421,18 +422,7 @@ class Worker:
     def pause_before_looking_again(self) -> float:
         """How long to wait for due work the last claim could not take (burst mode, drain)."""
         looks, self._empty_looks = self._empty_looks, self._empty_looks + 1
-        if not looks:  # the first empty claim after claims that found jobs: a lost race
-            return 0.0
-        # After more empty claims, wait longer each time, up to a poll interval: rows
-        # another worker is claiming or running, full slots of a limit.
-        pause = min(self.poll_interval, 0.005 * 2.0 ** min(looks - 1, 20))
-        rates = [g.rate for g in self._flow_limits if g.rate is not None]
-        if rates:
-            # A full rate window admits again at the next window's start, a sliding one
-            # as its oldest starts age out (flow.admits_again_in; the database's clock).
-            now = time.time()
-            pause = min(pause, min(flow.admits_again_in(r, now) for r in rates) + 0.002)
-        return pause
+        return options.look_again_in(looks, self.poll_interval, self._flow_limits)
 
     def _look_everywhere(self) -> None:
         """Make the next claim look at every limited group and at the other jobs."""

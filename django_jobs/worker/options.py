@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Protocol, cast
 
 from django.core.exceptions import ImproperlyConfigured
@@ -83,3 +84,21 @@ def flow_limits(store: JobStore) -> list[flow.Limit]:
             )
         return []
     return found
+
+
+def look_again_in(looks: int, poll_interval: float, limits: list[flow.Limit]) -> float:
+    """The pause before looking again for due work that `looks` empty claims in a row missed.
+
+    None after the first (a race lost to another claim); then longer each time, up to
+    a poll interval (rows another worker is claiming or running, full slots of a
+    limit), and no longer than until a full rate window admits again: at the next
+    window's start, or as a sliding one's oldest starts age out (on the database clock).
+    """
+    if not looks:
+        return 0.0
+    pause = min(poll_interval, 0.005 * 2.0 ** min(looks - 1, 20))
+    rates = [g.rate for g in limits if g.rate is not None]
+    if rates:
+        now = time.time()
+        pause = min(pause, min(flow.admits_again_in(r, now) for r in rates) + 0.002)
+    return pause
