@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.django_db(databases=DATABASES, transaction=True), pyte
 
 # Per database. SQLite takes one writer at a time per file: fewer there.
 STORM_JOBS = int(os.environ.get("JOBS_STORM_JOBS", 2_000 if ENGINE == "sqlite" else 5_000))
-STORM_SECONDS = 60  # at most; the storm blows until three quarters of the jobs are done
+STORM_SECONDS = 30  # at most; the storm blows until three quarters of the jobs are done
 LABEL = {"default": "d", "jobs2": "j"}
 
 
