@@ -210,3 +210,38 @@ def test_a_job_database_going_down_stops_only_its_own_jobs(two_job_databases, wo
         f"default served {served} jobs while jobs2 was down 15 s (10 at a time, the slowest "
         f"10 in {slowest:.2f}s); jobs2's 30 run after"
     )
+
+
+@pytest.mark.postgres
+@pytest.mark.chaos
+def test_a_worker_starts_and_stops_while_a_job_database_is_down(two_job_databases, worker_process):
+    """runjobs starts with jobs2 down (serving default), and exits at once on SIGTERM."""
+    _enqueue("jobs2", 20, "before")
+    try:
+        _cluster("stop", "-m", "fast")
+        worker = worker_process("--concurrency", "2", extra_env=two_job_databases)
+        _enqueue("default", 10, "down")
+        wait_for(lambda: _done("default") == 10, timeout=30, message="default's jobs")
+        _cluster("start")
+        wait_for(_jobs2_ready, timeout=60, interval=0.2, message="jobs2 to accept connections")
+        wait_for(
+            lambda: _on_jobs2(lambda: _done("jobs2")) == 20,
+            timeout=30,
+            interval=0.3,
+            message="jobs2's jobs once it is back",
+        )
+        _cluster("stop", "-m", "fast")
+        _enqueue("default", 10, "down-again")
+        wait_for(lambda: _done("default") == 20, message="default's jobs, jobs2 down again")
+        stopping = time.monotonic()
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0, worker.output()[-3000:]
+        took = time.monotonic() - stopping
+    finally:
+        if not _jobs2_ready():
+            _cluster("start")
+        wait_for(_jobs2_ready, timeout=60, interval=0.2, message="jobs2 to accept connections")
+        connections["jobs2"].close()
+    assert took < 10  # its jobs2 worker's retries wake for the stop
+    assert "could not check the migrations on database 'jobs2'" in worker.output()
+    print(f"started with jobs2 down, served both once it was back; SIGTERM: {took:.1f}s")
