@@ -182,9 +182,11 @@ class Worker:
     def run(self) -> None:
         """Work until stopped (or, in burst mode, until nothing is due)."""
         logger.info(
-            "worker %s starting: queues=%s concurrency=%d async_concurrency=%d batch=%d "
+            "worker %s starting: %squeues=%s concurrency=%d async_concurrency=%d batch=%d "
             "lease=%.0fs",
             self.id,
+            # With several job databases, which one: its warnings name only the worker.
+            f"database={self.database} " if len(conf.databases()) > 1 else "",
             ",".join(self.queues),
             self.concurrency,
             self.async_concurrency,
