@@ -185,7 +185,6 @@ class Worker:
             "worker %s starting: %squeues=%s concurrency=%d async_concurrency=%d batch=%d "
             "lease=%.0fs",
             self.id,
-            # With several job databases, which one: its warnings name only the worker.
             f"database={self.database} " if len(conf.databases()) > 1 else "",
             ",".join(self.queues),
             self.concurrency,
