@@ -17,6 +17,9 @@ Figures (no-op jobs, as the peers were measured):
   WF   a workflow: one root, 10,000 steps after it, one final step after them all,
        drained by one runjobs process as D1                         (steps/s)
   D2   the same, two runjobs processes                             (jobs/s)
+  D2X  D2's jobs spread over two job databases, half each (a second PostgreSQL server,
+       JOBS2_PGPORT, 5433), one runjobs process per database        (jobs/s)
+  D1X  the same jobs, one runjobs process serving both (a worker per database)
   D1F  D1 with flow limits configured on other handlers of the queue (jobs/s)
   D1M  D1 by a serving worker (--max-jobs, not --burst) that has async handlers too (jobs/s)
   RP   replay 10,000 dead letters in one call, half of them keyed  (letters/s)
@@ -34,7 +37,8 @@ Figures (no-op jobs, as the peers were measured):
   peak RSS of one worker (concurrency 4) draining 100,000 jobs     (MB)
   pgbench single-row INSERT per transaction, one client, for scale (tx/s)
 
-It creates its own database (BENCH_DB, default django_jobs_bench) and drops it at the end.
+It creates its own database (BENCH_DB, default django_jobs_bench) and drops it at the end;
+D2X and D1X also BENCH_DB + "_jobs2" on the second server (skipped when it is not there).
 Not a test: nothing here fails on speed.
 """
 
@@ -61,6 +65,14 @@ PG = {
     "port": os.environ.get("PGPORT", "5432"),
     "user": os.environ.get("PGUSER", "postgres"),
 }
+# D2X, D1X: the second job database, on a second server (bench/settings.py's "jobs2").
+DB2 = DB + "_jobs2"
+PG2 = {
+    **PG,
+    "host": os.environ.get("JOBS2_PGHOST", "127.0.0.1"),
+    "port": os.environ.get("JOBS2_PGPORT", "5433"),
+}
+TWO_DATABASES = "default,jobs2"
 
 
 # --engine mariadb (BENCH_ENGINE): only these figures; the others read PostgreSQL's
@@ -74,7 +86,7 @@ def mariadb() -> bool:
     return os.environ.get("BENCH_ENGINE") == "mariadb"
 
 
-def admin(sql: str, dbname: str = "postgres") -> list[tuple]:
+def admin(sql: str, dbname: str = "postgres", server: dict[str, str] = PG) -> list[tuple]:
     if mariadb():
         import MySQLdb
 
@@ -94,7 +106,7 @@ def admin(sql: str, dbname: str = "postgres") -> list[tuple]:
             conn.close()
     import psycopg
 
-    with psycopg.connect(dbname=dbname, autocommit=True, **PG) as conn:
+    with psycopg.connect(dbname=dbname, autocommit=True, **server) as conn:
         cur = conn.execute(sql)
         return cur.fetchall() if cur.description else []
 
@@ -117,12 +129,34 @@ def drop_database() -> None:
         if mariadb()
         else f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)'
     )
+    if not mariadb() and second_server():
+        admin(f'DROP DATABASE IF EXISTS "{DB2}" WITH (FORCE)', server=PG2)
+
+
+def second_server() -> bool:
+    """Whether the second PostgreSQL server of D2X and D1X answers (dev.py starts it)."""
+    import psycopg
+
+    try:
+        admin("SELECT 1", server=PG2)
+    except psycopg.OperationalError:
+        return False
+    return True
+
+
+def create_second_database() -> None:
+    """Make BENCH_DB + "_jobs2" on the second server, with the job tables."""
+    from django.core.management import call_command
+
+    admin(f'DROP DATABASE IF EXISTS "{DB2}" WITH (FORCE)', server=PG2)
+    admin(f'CREATE DATABASE "{DB2}"', server=PG2)
+    call_command("migrate", database="jobs2", verbosity=0)
 
 
 TABLES = ("django_jobs_job", "django_jobs_marker", "django_jobs_deadletter")
 
 
-def reset() -> None:
+def reset(dbname: str = DB, server: dict[str, str] = PG) -> None:
     """Empty the job tables and vacuum them, so every run starts alike."""
     if mariadb():
         for table in (*TABLES, "django_jobs_dependency", "django_jobs_workflow_step"):
@@ -132,9 +166,10 @@ def reset() -> None:
     admin(
         "TRUNCATE django_jobs_job, django_jobs_marker, django_jobs_deadletter, "
         "django_jobs_dependency, django_jobs_workflow_step",
-        DB,
+        dbname,
+        server,
     )
-    admin("VACUUM ANALYZE django_jobs_job", DB)
+    admin("VACUUM ANALYZE django_jobs_job", dbname, server)
 
 
 def compare(args: argparse.Namespace) -> int:
@@ -158,12 +193,15 @@ def compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def spawn_worker(*args: str, flow: bool = False, io: bool = False) -> subprocess.Popen:
+def spawn_worker(
+    *args: str, flow: bool = False, io: bool = False, databases: str = ""
+) -> subprocess.Popen:
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
         **({"BENCH_FLOW": "1"} if flow else {}),
         **({"BENCH_IO": "1"} if io else {}),
+        **({"BENCH_DATABASES": databases} if databases else {}),
     }
     # Its log goes to a file, not a pipe: at the default -v 1 a worker writes a line per
     # job, which would fill a pipe nobody reads while it runs and block the worker.
@@ -234,12 +272,13 @@ def enqueue_workflow(n: int) -> float:
     return (n + 2) / (time.perf_counter() - started)
 
 
-def fill(n: int) -> None:
+def fill(n: int, using: str | None = None) -> None:
     from bench.benchapp.jobs import noop
     from django_jobs import enqueue_many
 
     for start in range(0, n, 10_000):
-        enqueue_many(noop, [{"i": i} for i in range(start, min(n, start + 10_000))])
+        payloads = [{"i": i} for i in range(start, min(n, start + 10_000))]
+        enqueue_many(noop, payloads, using=using)
 
 
 def drain(n: int, workers: int, flow: bool = False, serving: bool = False) -> float:
@@ -259,6 +298,39 @@ def drain(n: int, workers: int, flow: bool = False, serving: bool = False) -> fl
     assert CompletionMarker.objects.count() == n, "a job without its marker"
     span = CompletionMarker.objects.aggregate(first=Min("started_at"), last=Max("completed_at"))
     return n / (span["last"] - span["first"]).total_seconds()
+
+
+def drain_two_databases(n: int, processes: int) -> float:
+    """D2's n jobs, half on each job database; drained by a process per database, or one.
+
+    The rate runs from the first start to the last completion over both databases (the
+    two servers share this machine's clock).
+    """
+    from django.conf import settings
+    from django.db.models import Max, Min
+    from django.test import override_settings
+
+    from django_jobs.models import CompletionMarker, Job
+
+    reset()
+    reset(DB2, PG2)
+    aliases = TWO_DATABASES.split(",")
+    with override_settings(DJANGO_JOBS={**settings.DJANGO_JOBS, "DATABASES": aliases}):
+        for index, alias in enumerate(aliases):
+            fill(n // 2 + (n % 2 if index == 0 else 0), using=alias)
+    served = [("--database", alias) for alias in aliases] if processes == 2 else [()]
+    procs = [spawn_worker("--burst", *each, databases=TWO_DATABASES) for each in served]
+    for proc in procs:
+        finish(proc)
+    spans = []
+    for alias in aliases:
+        assert not Job.objects.using(alias).exists(), f"jobs left on {alias} after the drain"
+        markers = CompletionMarker.objects.using(alias)
+        spans.append(markers.aggregate(first=Min("started_at"), last=Max("completed_at")))
+    assert sum(CompletionMarker.objects.using(a).count() for a in aliases) == n
+    first = min(span["first"] for span in spans)
+    last = max(span["last"] for span in spans)
+    return n / (last - first).total_seconds()
 
 
 def _fill_named(name: str, n: int, payload: dict) -> None:
@@ -762,6 +834,26 @@ def main() -> int:
         "jobs/s",
         ">= 8,000",
         measure("D2", drain, size["drain"], 2),
+    )
+    two = [] if (only and not only & {"D2X", "D1X"}) or mariadb() else ["D2X", "D1X"]
+    if two and not second_server():
+        print(f"  D2X, D1X skipped: no PostgreSQL at {PG2['host']}:{PG2['port']}")  # noqa: T201
+        two = []
+    if two:
+        create_second_database()
+    add(
+        "D2X",
+        f"drain {size['drain']:,} over 2 job databases, 1 worker process each",
+        "jobs/s",
+        "",
+        measure("D2X", drain_two_databases, size["drain"], 2) if two else [],
+    )
+    add(
+        "D1X",
+        f"drain {size['drain']:,} over 2 job databases, 1 worker process serving both",
+        "jobs/s",
+        "",
+        measure("D1X", drain_two_databases, size["drain"], 1) if two else [],
     )
     add(
         "D1M",

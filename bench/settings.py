@@ -30,8 +30,20 @@ if os.environ.get("BENCH_ENGINE") == "mariadb":
             "OPTIONS": {"charset": "utf8mb4"},
         }
     }
+else:
+    # D2X, D1X: a second job database on a second PostgreSQL server (dev.py's cluster
+    # "jobs2"), its name BENCH_DB's plus "_jobs2". Only those figures list it in
+    # DJANGO_JOBS["DATABASES"] (BENCH_DATABASES in the workers they start).
+    DATABASES["jobs2"] = {
+        **DATABASES["default"],
+        "HOST": os.environ.get("JOBS2_PGHOST", "127.0.0.1"),
+        "PORT": os.environ.get("JOBS2_PGPORT", "5433"),
+        "NAME": DATABASES["default"]["NAME"] + "_jobs2",
+    }
 # bench/run.py --claim orm: the ORM claim on PostgreSQL too.
 DJANGO_JOBS = {"CLAIM": os.environ.get("BENCH_CLAIM", "auto")}
+if os.environ.get("BENCH_DATABASES"):
+    DJANGO_JOBS["DATABASES"] = os.environ["BENCH_DATABASES"].split(",")
 # bench/run.py --tracing: the OpenTelemetry SDK on, its spans batched and dropped (the
 # cost of making and ending them, not of any exporter's network).
 if os.environ.get("BENCH_TRACING") == "1":

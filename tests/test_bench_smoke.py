@@ -30,6 +30,8 @@ def test_quick_benchmark_runs_and_prints_its_table():
         "D1 ",
         "WF ",
         "D2 ",
+        "D2X ",  # the second PostgreSQL server, as the several-databases tests need
+        "D1X ",
         "RP ",
         "L1 ",
         "IDLE ",
