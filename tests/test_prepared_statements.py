@@ -94,6 +94,7 @@ def test_a_lost_prepared_statement_is_run_again_unprepared(fresh_connection, cap
 
 
 @pytest.mark.slow
+@pytest.mark.pgbouncer  # there too: PgBouncer 1.18 in transaction pooling keeps no statement
 def test_a_worker_told_to_prepare_behind_any_pooler_runs_its_jobs(worker_process):
     """PREPARED_STATEMENTS on where the run may go through PgBouncer (dev.py's pgbouncer run)."""
     results = enqueue_many(record, [{"label": str(n)} for n in range(200)])
