@@ -7,11 +7,14 @@ SQLite); the pages that read it say so, and show the default database as usual.
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
+from django.db import connections
 
 from django_jobs import enqueue
 from tests.admin_fixtures import messages_of, url
-from tests.conftest import unreachable
+from tests.conftest import POSTGRES, throwaway_postgres_database, unreachable
 from tests.testapp.jobs import record
 
 pytestmark = pytest.mark.django_db(databases=["default", "jobs2"], transaction=True)
@@ -33,6 +36,24 @@ class TestDashboard:
         text = response.content.decode()
         assert 'id="django-jobs-unreadable-jobs2"' in text
         assert 'id="django-jobs-queues"' in text and 'id="django-jobs-queues-jobs2"' not in text
+
+    @pytest.mark.skipif(not POSTGRES, reason="a PostgreSQL database never migrated")
+    def test_a_database_not_migrated_says_so(self, two_job_databases, admin_client_):
+        conn, default = connections["jobs2"], connections["default"].settings_dict
+        kept = dict(conn.settings_dict)
+        with throwaway_postgres_database(f"django_jobs_bare_{uuid.uuid4().hex[:12]}") as name:
+            conn.close()
+            conn.settings_dict.update(NAME=name, HOST=default["HOST"], PORT=default["PORT"])
+            try:
+                response = admin_client_.get(url("dashboard"))
+            finally:
+                conn.close()
+                conn.settings_dict.clear()
+                conn.settings_dict.update(kept)
+        assert response.status_code == 200
+        error = response.context["sections"][1]["error"]
+        assert error.startswith("could not read database 'jobs2': relation "), error
+        assert "does not exist" in error
 
 
 class TestLists:

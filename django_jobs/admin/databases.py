@@ -32,6 +32,7 @@ from django_jobs import conf
 if TYPE_CHECKING:
     from django.contrib.admin.filters import _ListFilterChoices
     from django.contrib.admin.views.main import ChangeList
+    from django.db.models.options import Options
     from django_stubs_ext import StrOrPromise
 
     AnyModelAdmin = admin.ModelAdmin[Any]
@@ -198,7 +199,10 @@ class DatabaseChoice(AnyModelAdmin):
         changelist = reverse(
             f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_changelist"
         )
-        context = {"preserved_filters": self.get_preserved_filters(request), "opts": opts}
+        context: dict[str, Options[Any] | str] = {
+            "preserved_filters": self.get_preserved_filters(request),
+            "opts": opts,
+        }
         return HttpResponseRedirect(add_preserved_filters(context, changelist))
 
     def get_preserved_filters(self, request: HttpRequest) -> str:
