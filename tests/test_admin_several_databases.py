@@ -302,6 +302,17 @@ class TestLinksKeepTheDatabase:
         default = admin_client_.get(url("job_changelist") + "?q=needle")
         assert '(<a href="?">' in default.content.decode()
 
+    def test_clear_all_filters_keeps_the_database(self, two_job_databases, admin_client_):
+        filtered = admin_client_.get(jobs2(url("job_changelist") + "?queue=default"))
+        alone = admin_client_.get(jobs2(url("job_changelist")))
+
+        assert filtered.context["cl"].clear_all_filters_qs == "?database=jobs2"
+        assert 'href="?database=jobs2">&#10006; Clear all filters' in filtered.content.decode()
+        # The database alone is no filter to clear: no link that would lead to the same page.
+        assert "Clear all filters" not in alone.content.decode()
+        default = admin_client_.get(url("job_changelist") + "?queue=default")
+        assert default.context["cl"].clear_all_filters_qs == "?"
+
     @pytest.mark.parametrize("opened", ["direct", "from_list"])
     def test_the_crumbs_of_a_row_lead_to_its_list(self, two_job_databases, admin_client_, opened):
         job = enqueue(record, {"label": "there"}, using="jobs2").id

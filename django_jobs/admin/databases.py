@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.templatetags.admin_urls import add_preserved_filters
+from django.contrib.admin.views.main import ChangeList
 from django.db import DatabaseError
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
@@ -31,7 +32,6 @@ from django_jobs import conf
 
 if TYPE_CHECKING:
     from django.contrib.admin.filters import _ListFilterChoices
-    from django.contrib.admin.views.main import ChangeList
     from django.db.models.options import Options
     from django_stubs_ext import StrOrPromise
 
@@ -116,8 +116,29 @@ class DatabaseFilter(admin.SimpleListFilter):
         return queryset.using(value)
 
 
+class DatabaseChangeList(ChangeList):
+    """A list whose "Clear all filters" link clears the filters, not the database chosen.
+
+    The database is the list's subject more than a filter of it (it has no "All"): the
+    link leads to every row of the same database, and shows only when another filter is on.
+    """
+
+    def get_queryset(
+        self, request: HttpRequest, exclude_parameters: list[str | None] | None = None
+    ) -> QuerySet[Any]:
+        queryset = super().get_queryset(request, exclude_parameters)
+        if several() and PARAMETER in self.params:
+            others = [key for key in self.get_filters_params() if key != PARAMETER]
+            self.clear_all_filters_qs = self.get_query_string(remove=others)
+            self.has_active_filters = bool(others)
+        return queryset
+
+
 class DatabaseChoice(AnyModelAdmin):
     """A model admin whose list, actions and row pages act on the chosen job database."""
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return DatabaseChangeList
 
     def get_list_filter(self, request: HttpRequest) -> Any:
         listed = list(super().get_list_filter(request))
