@@ -11,7 +11,9 @@ MAINTENANCE_INTERVAL), so nothing needs a port on the workers. Counters carry a
 and increase() handle. ``django_jobs_enqueued_total`` counts the enqueues of the
 process serving the scrape (with DJANGO_JOBS["METRICS"] = True). With several job
 databases (DJANGO_JOBS["DATABASES"]) one scrape covers them all, each sample labelled
-with its ``database``.
+with its ``database``. A job database that cannot be read (down, not migrated) fails
+no scrape: ``django_jobs_database_up`` is 0 for it, its other series are absent, and
+the other databases' are there as usual.
 
 Access: a request with ``Authorization: Bearer <METRICS_TOKEN>``, or from a user who may
 see the admin's jobs dashboard (dashboard.may_see: active staff with any django_jobs
@@ -27,6 +29,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse
 
 from django_jobs import conf, dashboard, signals, status
@@ -68,6 +71,11 @@ class JobsCollector:
 
     def collect(self) -> Iterator[Any]:
         db = ["database"] if self.labeled else []
+        up = GaugeMetricFamily(
+            "django_jobs_database_up",
+            "1 if the scrape could read the job database, else 0.",
+            labels=db,
+        )
         jobs = GaugeMetricFamily(
             "django_jobs_queue_jobs",
             "Live jobs by queue and state.",
@@ -117,8 +125,21 @@ class JobsCollector:
             "django_jobs_job_duration_seconds", "Handler run time.", labels=labels, unit=""
         )
         for alias in self.aliases:
-            report = status.status(alias)
             where = [alias] if self.labeled else []
+            try:
+                report = status.status(alias)
+            except DatabaseError as exc:
+                # One database away must not blank the others' figures (a 500 would):
+                # its series are left out, and its up gauge says why they are.
+                up.add_metric(where, 0.0)
+                text = str(exc).strip()
+                logger.warning(
+                    "could not read job database %r for the metrics: %s",
+                    alias,
+                    text.splitlines()[0] if text else type(exc).__name__,
+                )
+                continue
+            up.add_metric(where, 1.0)
             for q in report.queues:
                 for state in ("waiting", "scheduled", "running", "blocked"):
                     jobs.add_metric([*where, q.name, state], getattr(q, state))
@@ -156,7 +177,7 @@ class JobsCollector:
                     duration.add_metric(key, buckets, total)
                 if stats.bad:
                     _warn_once(w.id, stats.bad)
-        yield from (jobs, oldest, paused, done, dead, workers)
+        yield from (up, jobs, oldest, paused, done, dead, workers)
         yield from (claimed, started, finished, reruns, ticks, duration)
         if _process_registry is not None:
             yield from _process_registry.collect()

@@ -218,6 +218,24 @@ def two_job_databases(settings):
 
 
 @contextlib.contextmanager
+def unreachable(alias):
+    """Point alias's connection at a server that is not there (a missing file on SQLite)."""
+    conn = connections[alias]
+    conn.close()
+    kept = dict(conn.settings_dict)
+    if conn.vendor == "sqlite":
+        conn.settings_dict["NAME"] = "/nonexistent/dir/jobs.sqlite3"
+    else:
+        conn.settings_dict.update(HOST="127.0.0.1", PORT="1")  # nothing listens there
+    try:
+        yield
+    finally:
+        conn.close()
+        conn.settings_dict.clear()
+        conn.settings_dict.update(kept)
+
+
+@contextlib.contextmanager
 def throwaway_postgres_database(name, also_drop=()):
     """Create PostgreSQL database `name` (never migrated); drop it, and `also_drop`, after."""
     import psycopg

@@ -287,6 +287,83 @@ class TestActions:
         assert list(DeadLetter.objects.using("default").values_list("pk", flat=True)) == [kept.pk]
 
 
+class TestLinksKeepTheDatabase:
+    """The links that lead back to a list or a row keep its database (not the default's)."""
+
+    def test_show_all_of_a_search_lists_that_database(self, two_job_databases, admin_client_):
+        enqueue(record, {"label": "a"}, using="jobs2", key="needle")
+        enqueue(record, {"label": "b"}, using="jobs2", key="hay")
+
+        response = admin_client_.get(jobs2(url("job_changelist")) + "&q=needle")
+
+        assert len(shown(response)) == 1
+        assert '(<a href="?database=jobs2">' in response.content.decode()
+        # The default database's list keeps Django's link.
+        default = admin_client_.get(url("job_changelist") + "?q=needle")
+        assert '(<a href="?">' in default.content.decode()
+
+    def test_clear_all_filters_keeps_the_database(self, two_job_databases, admin_client_):
+        filtered = admin_client_.get(jobs2(url("job_changelist") + "?queue=default"))
+        alone = admin_client_.get(jobs2(url("job_changelist")))
+
+        assert filtered.context["cl"].clear_all_filters_qs == "?database=jobs2"
+        assert 'href="?database=jobs2">&#10006; Clear all filters' in filtered.content.decode()
+        # The database alone is no filter to clear: no link that would lead to the same page.
+        assert "Clear all filters" not in alone.content.decode()
+        default = admin_client_.get(url("job_changelist") + "?queue=default")
+        assert default.context["cl"].clear_all_filters_qs == "?"
+
+    @pytest.mark.parametrize("opened", ["direct", "from_list"])
+    def test_the_crumbs_of_a_row_lead_to_its_list(self, two_job_databases, admin_client_, opened):
+        job = enqueue(record, {"label": "there"}, using="jobs2").id
+        letter = on("jobs2", DeadLetterFactory)
+        query = "?database=jobs2" if opened == "direct" else "?_changelist_filters=database%3Djobs2"
+        back = '<a href="/admin/django_jobs/{}/?database=jobs2">'
+
+        for page, model in [
+            (url("job_change", job), "job"),
+            (url("deadletter_change", letter.pk), "deadletter"),
+            (url("deadletter_delete", letter.pk), "deadletter"),
+            (url("deadletter_history", letter.pk), "deadletter"),
+        ]:
+            response = admin_client_.get(page + query)
+            assert response.status_code == 200, page
+            crumbs = response.content.decode().split('class="breadcrumbs"')[1].split("</ol>")[0]
+            assert back.format(model) in crumbs, (page, crumbs)
+            if "/change/" not in page:  # delete and history: the crumb to the row too
+                row = f'<a href="{url("deadletter_change", letter.pk)}?database=jobs2">'
+                assert row in crumbs, (page, crumbs)
+
+    def test_deleting_a_letter_goes_back_to_its_list(self, two_job_databases, admin_client_):
+        letter = on("jobs2", DeadLetterFactory)
+
+        response = admin_client_.post(jobs2(url("deadletter_delete", letter.pk)), {"post": "yes"})
+
+        assert response.status_code == 302
+        assert response["Location"] == jobs2(url("deadletter_changelist"))
+        assert not DeadLetter.objects.using("jobs2").exists()
+
+    def test_a_row_page_says_its_database(self, two_job_databases, admin_client_):
+        job = enqueue(record, {"label": "there"}, using="jobs2").id
+        letter = on("jobs2", DeadLetterFactory)
+        here = enqueue(record, {"label": "here"}).id
+        line = '<p class="django-jobs-row-database" id="django-jobs-row-database">Database: {}</p>'
+
+        for page, alias in [
+            (jobs2(url("job_change", job)), "jobs2"),
+            (jobs2(url("deadletter_change", letter.pk)), "jobs2"),
+            (url("job_change", here), "default"),
+        ]:
+            assert line.format(alias) in admin_client_.get(page).content.decode(), page
+
+    def test_one_database_says_none(self, admin_client_):
+        job = enqueue(record, {"label": "here"}).id
+        text = admin_client_.get(url("job_change", job)).content.decode()
+        assert "django-jobs-row-database" not in text
+        crumbs = text.split('class="breadcrumbs"')[1].split("</ol>")[0]
+        assert '<a href="/admin/django_jobs/job/">' in crumbs
+
+
 class TestWorkflows:
     def make(self, alias):
         with workflow(name=f"flow on {alias}", using=alias) as flow:

@@ -8,7 +8,6 @@ a second PostgreSQL server on PostgreSQL runs, a second file on SQLite.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 from datetime import timedelta
@@ -16,7 +15,6 @@ from datetime import timedelta
 import pytest
 from django.core.management import ManagementUtility, call_command
 from django.core.management.base import CommandError
-from django.db import connections
 from django.utils import timezone
 
 from django_jobs import control, enqueue, workflow
@@ -30,6 +28,7 @@ from django_jobs.models import (
     Schedule,
 )
 from django_jobs.worker import Worker
+from tests.conftest import unreachable
 from tests.factories import DeadLetterFactory, JobFactory, MarkerFactory, WorkerBeatFactory
 from tests.testapp.jobs import record, record_where
 
@@ -504,24 +503,6 @@ def test_worker_on_jobs2_does_not_claim_a_queue_paused_there(two_job_databases):
     control.resume(["default"])
     Worker(database="jobs2", burst=True).run()
     assert not jobs_on("jobs2").exists()
-
-
-@contextlib.contextmanager
-def unreachable(alias):
-    """Point alias's connection at a server that is not there (a missing file on SQLite)."""
-    conn = connections[alias]
-    conn.close()
-    kept = dict(conn.settings_dict)
-    if conn.vendor == "sqlite":
-        conn.settings_dict["NAME"] = "/nonexistent/dir/jobs.sqlite3"
-    else:
-        conn.settings_dict.update(HOST="127.0.0.1", PORT="1")  # nothing listens there
-    try:
-        yield
-    finally:
-        conn.close()
-        conn.settings_dict.clear()
-        conn.settings_dict.update(kept)
 
 
 def test_status_shows_the_other_databases_when_one_is_away(two_job_databases, capsys):

@@ -29,7 +29,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
 from django_jobs import limits
-from django_jobs.admin.databases import DatabaseChoice
+from django_jobs.admin.databases import DatabaseChangeList, DatabaseChoice
 from django_jobs.admin.display import Unreadable, cell
 from django_jobs.models import CompletionMarker, Job
 from django_jobs.store import JobStore
@@ -117,7 +117,7 @@ class UndeclaredFilter(DisallowedModelAdminLookup):
         super().__init__(f"Filtering by {self.shown} not allowed")
 
 
-class DeclaredFiltersChangeList(ChangeList):
+class DeclaredFiltersChangeList(DatabaseChangeList):
     """A change list that filters by its declared filters only, never by any lookup asked.
 
     Django's admin applies every query-string parameter that no list filter takes as a

@@ -1,7 +1,8 @@
 """The jobs dashboard page: queues, the last hour's completions and dead letters, at a glance.
 
 With several job databases, a section per database (each its own figures and workers),
-its links to the lists saying which database.
+its links to the lists saying which database; a database that cannot be read (down, not
+migrated) gets a section that says so, and the others show as usual.
 
 The figures and the chart come from django_jobs.dashboard; this is its admin view, mounted
 under the jobs list (``admin:django_jobs_dashboard``) and linked from the site's index.
@@ -13,6 +14,7 @@ from typing import Any
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -22,7 +24,7 @@ from django.utils.translation import gettext_lazy as _
 
 from django_jobs import conf, dashboard
 from django_jobs.admin.base import AnyModelAdmin
-from django_jobs.admin.databases import PARAMETER, keep, several
+from django_jobs.admin.databases import PARAMETER, could_not_read, keep, several
 
 
 class DashboardView(AnyModelAdmin):
@@ -51,15 +53,27 @@ class DashboardView(AnyModelAdmin):
         return TemplateResponse(request, "admin/django_jobs/dashboard.html", context)
 
     def _section(self, alias: str) -> dict[str, Any]:
-        """The figures and charts of job database alias, and what its links add to a URL."""
-        snap = dashboard.snapshot(alias)
+        """The figures and charts of job database alias, and what its links add to a URL.
+
+        With several job databases, one that cannot be read gives a section with the
+        error's first line alone: the others' figures are what an operator needs then.
+        """
         default = alias == conf.database()
-        workers = reverse(f"{self.admin_site.name}:django_jobs_workerbeat_changelist")
-        return {
+        frame = {
             "alias": alias,
             "heading": several(),
             # The default's element ids are the page's of one database: others' say theirs.
             "suffix": "" if default else f"-{slugify(alias)}",
+        }
+        try:
+            snap = dashboard.snapshot(alias)
+        except DatabaseError as exc:
+            if not several():
+                raise
+            return {**frame, "error": could_not_read(alias, exc)}
+        workers = reverse(f"{self.admin_site.name}:django_jobs_workerbeat_changelist")
+        return {
+            **frame,
             "query": "" if default else f"{urlencode({PARAMETER: alias})}&",  # then more
             "change_query": keep("", alias),  # alone, after a row's URL
             "snap": snap,

@@ -6,6 +6,10 @@ when absent): the list, its actions and the pages of its rows read and write tha
 database, and the links of those pages carry the parameter on. The rows of two
 databases are never listed together: their ids, counts and orders are each their own.
 With one job database none of this shows, and no URL changes.
+
+A job database that cannot be read (its server down, its tables not migrated) does not
+take the admin down with it: the dashboard's section of it says so, and its list
+answers with Django's app page and an error message rather than a 500.
 """
 
 from __future__ import annotations
@@ -13,10 +17,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.templatetags.admin_urls import add_preserved_filters
+from django.contrib.admin.views.main import ChangeList
+from django.db import DatabaseError
 from django.db.models import QuerySet
-from django.http import HttpRequest, QueryDict
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
+from django.urls import reverse
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 
@@ -24,7 +32,7 @@ from django_jobs import conf
 
 if TYPE_CHECKING:
     from django.contrib.admin.filters import _ListFilterChoices
-    from django.contrib.admin.views.main import ChangeList
+    from django.db.models.options import Options
     from django_stubs_ext import StrOrPromise
 
     AnyModelAdmin = admin.ModelAdmin[Any]
@@ -61,6 +69,22 @@ def keep(url: str, alias: str | None) -> str:
     return f"{url}{'&' if '?' in url else '?'}{urlencode({PARAMETER: alias})}"
 
 
+def could_not_read(alias: str, exc: DatabaseError) -> str:
+    """What a page says of job database alias when reading it raised exc: its first line.
+
+    The first line names the cause (connection refused, no such table) without the
+    driver's hints below it; a message past 300 characters is cut.
+    """
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    if len(first) > 300:
+        first = f"{first[:299]}…"
+    return str(_("could not read database %(alias)s: %(error)s")) % {
+        "alias": repr(alias),
+        "error": first,
+    }
+
+
 class DatabaseFilter(admin.SimpleListFilter):
     """Which job database the list shows: one of them, the default unless chosen (no "All")."""
 
@@ -92,8 +116,29 @@ class DatabaseFilter(admin.SimpleListFilter):
         return queryset.using(value)
 
 
+class DatabaseChangeList(ChangeList):
+    """A list whose "Clear all filters" link clears the filters, not the database chosen.
+
+    The database is the list's subject more than a filter of it (it has no "All"): the
+    link leads to every row of the same database, and shows only when another filter is on.
+    """
+
+    def get_queryset(
+        self, request: HttpRequest, exclude_parameters: list[str | None] | None = None
+    ) -> QuerySet[Any]:
+        queryset = super().get_queryset(request, exclude_parameters)
+        if several() and PARAMETER in self.params:
+            others = [key for key in self.get_filters_params() if key != PARAMETER]
+            self.clear_all_filters_qs = self.get_query_string(remove=others)
+            self.has_active_filters = bool(others)
+        return queryset
+
+
 class DatabaseChoice(AnyModelAdmin):
     """A model admin whose list, actions and row pages act on the chosen job database."""
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return DatabaseChangeList
 
     def get_list_filter(self, request: HttpRequest) -> Any:
         listed = list(super().get_list_filter(request))
@@ -104,6 +149,82 @@ class DatabaseChoice(AnyModelAdmin):
         # and history pages, and the actions' selection.
         queryset = super().get_queryset(request)
         return queryset.using(chosen(request)) if several() else queryset
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        try:
+            return super().changelist_view(request, extra_context=extra_context)
+        except DatabaseError as exc:
+            if not several():
+                raise  # the one job database away: nothing else to show
+            # One database away must not read as the admin broken: the app's page (it
+            # reads no job table) with what went wrong, the other databases a click away.
+            messages.error(request, could_not_read(chosen(request), exc))
+            app = reverse(
+                f"{self.admin_site.name}:app_list", kwargs={"app_label": self.opts.app_label}
+            )
+            return HttpResponseRedirect(app)
+
+    def _row_links(self, request: HttpRequest, object_id: str) -> dict[str, Any]:
+        """The links of a row's pages back to its list and its page, in its database.
+
+        Django's breadcrumbs link the list with no query string: to the default database's.
+        Here they keep the row's database (and only that, as Django keeps no filter);
+        with several databases the change page also says which one the row lives in.
+        """
+        if not several():
+            return {}
+        alias = chosen(request)
+        site, opts = self.admin_site.name, self.opts
+        base = f"{site}:{opts.app_label}_{opts.model_name}"
+        return {
+            "django_jobs_database": alias,
+            "django_jobs_list_url": keep(reverse(f"{base}_changelist"), alias),
+            # object_id as the URL spelled it: already quoted.
+            "django_jobs_change_url": keep(reverse(f"{base}_change", args=[object_id]), alias),
+        }
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        extra = {**self._row_links(request, object_id), **(extra_context or {})}
+        return super().change_view(request, object_id, form_url, extra_context=extra)
+
+    def delete_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        extra = {**self._row_links(request, object_id), **(extra_context or {})}
+        return super().delete_view(request, object_id, extra_context=extra)
+
+    def history_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        extra = {**self._row_links(request, object_id), **(extra_context or {})}
+        return super().history_view(request, object_id, extra_context=extra)
+
+    def response_delete(self, request: HttpRequest, obj_display: str, obj_id: Any) -> HttpResponse:
+        # Django goes back to the list only for a user who may change rows, else to the
+        # site's index: a read-only list (the dead letters) is left for the index, and
+        # with it the database the row was in. Whoever may view the list goes back to it.
+        response = super().response_delete(request, obj_display, obj_id)
+        index = reverse("admin:index", current_app=self.admin_site.name)
+        redirected = isinstance(response, HttpResponseRedirect)
+        if not redirected or response["Location"] != index or not self.has_view_permission(request):
+            return response
+        opts = self.opts
+        changelist = reverse(
+            f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_changelist"
+        )
+        context: dict[str, Options[Any] | str] = {
+            "preserved_filters": self.get_preserved_filters(request),
+            "opts": opts,
+        }
+        return HttpResponseRedirect(add_preserved_filters(context, changelist))
 
     def get_preserved_filters(self, request: HttpRequest) -> str:
         # A row's page opened by a link that says ?database= (not from its list): its
