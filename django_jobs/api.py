@@ -164,8 +164,9 @@ def _refuse_a_transaction_elsewhere(alias: str) -> None:
                 f"enqueue_on_commit: a transaction is open on database {conn.alias!r} but "
                 f"not on the jobs database {alias!r}, so the job would be written at once "
                 f"and outlive a rollback of {conn.alias!r}. Pass commit_of={conn.alias!r} "
-                "to write it when that transaction commits, or call enqueue() to write it "
-                "now (docs/enqueue.md)"
+                "to write it when that transaction commits, call enqueue() to write it "
+                f"now, or, if {conn.alias!r} holds job tables, list it in "
+                "DJANGO_JOBS['DATABASES'] (docs/enqueue.md, docs/scaling.md)"
             )
 
 

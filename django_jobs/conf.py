@@ -139,9 +139,15 @@ def route() -> Callable[[str, str, Any], str | None] | None:
     """Return DJANGO_JOBS["ROUTE"] as a callable (imported when a dotted path), or None."""
     value = get_settings()["ROUTE"]
     if isinstance(value, str):
+        from django.core.exceptions import ImproperlyConfigured
         from django.utils.module_loading import import_string
 
-        value = import_string(value)
+        try:
+            value = import_string(value)
+        except ImportError as exc:
+            raise ImproperlyConfigured(
+                f"DJANGO_JOBS['ROUTE'] cannot be imported: {exc} (django_jobs.E019)"
+            ) from exc
     return value  # type: ignore[no-any-return]
 
 

@@ -380,6 +380,7 @@ class TestHelpers:
         ({"DATABASES": ["jobs2"], "DATABASE": "default"}, "django_jobs.E018"),
         ({"DATABASES": []}, "django_jobs.E018"),
         ({"DATABASES": "jobs2"}, "django_jobs.E018"),
+        ({"DATABASES": 7}, "django_jobs.E018"),
         ({"ROUTE": "tests.nowhere.route"}, "django_jobs.E019"),
         ({"ROUTE": 42}, "django_jobs.E019"),
     ],
@@ -475,3 +476,24 @@ def test_a_job_enqueued_in_open_job_transactions_never_outlives_their_rollback(
         pass
     assert jobs_on(result.database, id=result.id).exists() == commit
     Job.objects.using(result.database).filter(id=result.id).delete()
+
+
+def test_a_misspelt_alias_in_databases_is_named_with_the_real_ones(settings):
+    settings.DJANGO_JOBS = {**settings.DJANGO_JOBS, "DATABASES": ["default", "ue"]}
+    (error,) = [m for m in run_checks() if m.id == "django_jobs.E018"]
+    assert "'ue' not in DATABASES" in error.msg
+    assert "'jobs2'" in error.hint and "'other'" in error.hint
+
+
+def test_a_route_that_cannot_be_imported_says_so_at_enqueue(two_job_databases, settings):
+    from django.core.exceptions import ImproperlyConfigured
+
+    settings.DJANGO_JOBS = {**settings.DJANGO_JOBS, "ROUTE": "tests.nowhere.route"}
+    with pytest.raises(ImproperlyConfigured, match=r"DJANGO_JOBS\['ROUTE'\] cannot be imported"):
+        enqueue(record, {"label": "x"})
+
+
+def test_the_refusal_names_databases_as_a_way_out(two_job_databases):
+    with transaction.atomic(using="other"):
+        with pytest.raises(InvalidJob, match=r"if 'other' holds job tables, list it in"):
+            enqueue_on_commit(record, {"label": "a"})

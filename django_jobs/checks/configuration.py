@@ -7,6 +7,7 @@ from typing import Any
 from django.apps import apps
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
 from django_jobs import conf, encryption, flow, limits, registry
@@ -202,26 +203,38 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
 def _check_databases(listed: Any, route: Any, alias: str) -> list[Any]:
     """Check DATABASES (aliases of DATABASES, holding DATABASE) and ROUTE (E018, E019)."""
     errors = []
-    if listed is not None and (
-        not isinstance(listed, list | tuple)
-        or not listed
-        or any(not isinstance(a, str) or a not in settings.DATABASES for a in listed)
-        or alias not in listed
-    ):
-        errors.append(
-            Error(
-                f"DJANGO_JOBS['DATABASES'] is {limits.shown(listed)}: it must be a list of "
-                f"aliases of DATABASES that includes DJANGO_JOBS['DATABASE'] ({alias!r}).",
-                hint="List every alias that holds the job tables (each migrated with "
-                "`migrate --database ALIAS`), or leave DATABASES out for one database.",
-                id="django_jobs.E018",
-            )
+    if listed is not None:
+        valid = isinstance(listed, list | tuple) and bool(listed)
+        unknown = [
+            a
+            for a in (listed if valid else ())
+            if not isinstance(a, str) or a not in settings.DATABASES
+        ]
+        problem = (
+            "it must be a non-empty list of aliases"
+            if not valid
+            else f"{', '.join(map(limits.shown, unknown))} not in DATABASES"
+            if unknown
+            else f"it leaves out DJANGO_JOBS['DATABASE'] ({alias!r})"
+            if alias not in listed
+            else ""
         )
+        if problem:
+            errors.append(
+                Error(
+                    f"DJANGO_JOBS['DATABASES'] is {limits.shown(listed)}: {problem}.",
+                    hint="List every alias of DATABASES that holds the job tables (each "
+                    f"migrated with `migrate --database ALIAS`; DATABASES has "
+                    f"{', '.join(map(repr, settings.DATABASES))}), DJANGO_JOBS['DATABASE'] "
+                    "among them, or leave DJANGO_JOBS['DATABASES'] out for one database.",
+                    id="django_jobs.E018",
+                )
+            )
     if route is not None:
         try:
             found = conf.route()
-        except ImportError as exc:
-            found, problem = None, f"cannot be imported ({exc})"
+        except ImproperlyConfigured as exc:
+            found, problem = None, f"cannot be imported ({exc.__cause__})"
         else:
             problem = "is not callable"
         if not callable(found):
