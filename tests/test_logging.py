@@ -49,7 +49,7 @@ QUOTED = [
     ("docs/worker.md", "job NAME[ID] attempt N: dead"),
     ("docs/worker.md", "job NAME[ID] attempt 1/8 failed (...); retrying in 1.8s"),
     ("docs/worker.md", "job NAME[ID] dead-lettered (fatal) after 1 attempt(s): ..."),
-    ("docs/monitoring.md", "concurrency=4 batch=100 lease=30s"),
+    ("docs/monitoring.md", "concurrency=4 async_concurrency=100 batch=100 lease=30s"),
     ("docs/monitoring.md", "stopped: 1520 succeeded, 3 retried, 1 dead"),
     (
         "docs/monitoring.md",
