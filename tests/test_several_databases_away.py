@@ -14,7 +14,7 @@ from django.db import connections
 
 from django_jobs import enqueue
 from tests.admin_fixtures import messages_of, url
-from tests.conftest import POSTGRES, throwaway_postgres_database, unreachable
+from tests.conftest import throwaway_postgres_database, unreachable
 from tests.testapp.jobs import record
 
 pytestmark = pytest.mark.django_db(databases=["default", "jobs2"], transaction=True)
@@ -37,7 +37,7 @@ class TestDashboard:
         assert 'id="django-jobs-unreadable-jobs2"' in text
         assert 'id="django-jobs-queues"' in text and 'id="django-jobs-queues-jobs2"' not in text
 
-    @pytest.mark.skipif(not POSTGRES, reason="a PostgreSQL database never migrated")
+    @pytest.mark.postgres  # a PostgreSQL database never migrated
     def test_a_database_not_migrated_says_so(self, two_job_databases, admin_client_):
         conn, default = connections["jobs2"], connections["default"].settings_dict
         kept = dict(conn.settings_dict)
