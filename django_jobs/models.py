@@ -15,7 +15,7 @@ schedules) live in ``fleet.py``, which imports nothing of these.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
@@ -98,9 +98,12 @@ BLOCKED_UNTIL = datetime(9000, 1, 1, tzinfo=UTC)
 def released_run_at() -> Greatest:
     """The run_at of a blocked job its last parent releases, on the database clock: its
     release_delay from now, and not before its not_before (as sql._release sets it)."""
-    # Coalesce: MySQL's GREATEST and SQLite's MAX are NULL when an argument is.
+    # Coalesce: MySQL's GREATEST and SQLite's MAX are NULL when an argument is. Without a
+    # delay, Now() itself: SQLite's text of now() + 0 has six decimals where its now() has
+    # three, and text compares as text, so the job would read as scheduled (not claimable)
+    # for the rest of that millisecond.
     return Greatest(
-        Now() + Coalesce(F("release_delay"), Value(timedelta(0))),
+        Coalesce(Now() + F("release_delay"), Now()),
         Coalesce(F("not_before"), Now()),
     )
 
