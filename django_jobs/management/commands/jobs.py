@@ -430,24 +430,22 @@ class Command(BaseCommand):
             self.stdout.write(_table(rows, header))
 
     def do_enable(self, *, databases: list[str], names: list[str], **options: Any) -> None:
-        from django_jobs.models import Schedule
-
-        self._known(names, databases)
-        changed = {
-            alias: Schedule.objects.using(alias).filter(name__in=names).enable()
-            for alias in databases
-        }
-        self.stdout.write(f"enabled {_per_database(changed, 'schedule(s)')}")
+        self._switch(names, databases, enable=True)
 
     def do_disable(self, *, databases: list[str], names: list[str], **options: Any) -> None:
+        self._switch(names, databases, enable=False)
+
+    def _switch(self, names: list[str], databases: list[str], *, enable: bool) -> None:
+        """Enable or disable the schedules `names` in each of `databases`."""
         from django_jobs.models import Schedule
 
         self._known(names, databases)
-        changed = {
-            alias: Schedule.objects.using(alias).filter(name__in=names).disable()
-            for alias in databases
-        }
-        self.stdout.write(f"disabled {_per_database(changed, 'schedule(s)')}")
+        changed = {}
+        for alias in databases:
+            rows = Schedule.objects.using(alias).filter(name__in=names)
+            changed[alias] = rows.enable() if enable else rows.disable()
+        verb = "enabled" if enable else "disabled"
+        self.stdout.write(f"{verb} {_per_database(changed, 'schedule(s)')}")
 
     def _tagged_status(self, tags: list[str], json: bool, databases: list[str]) -> None:
         counts = {alias: status.tagged_counts(tags, alias) for alias in databases}
