@@ -70,6 +70,20 @@ class TestLists:
         [message] = messages_of(page)
         assert message.startswith("could not read database 'jobs2': ")
 
+    @pytest.mark.parametrize("page", ["change", "delete", "history"])
+    def test_a_row_page_of_the_away_database_answers_with_a_message(
+        self, two_job_databases, admin_client_, page
+    ):
+        job = enqueue(record, {"label": "j2"}, using="jobs2").id
+        with unreachable("jobs2"):
+            response = admin_client_.get(f"{url('job_' + page, job)}?database=jobs2")
+            assert response.status_code == 302
+            assert response["Location"] == "/admin/django_jobs/"
+            shown = admin_client_.get(response["Location"])
+        assert shown.status_code == 200
+        [message] = messages_of(shown)
+        assert message.startswith("could not read database 'jobs2': ")
+
     def test_the_default_list_still_opens(self, two_job_databases, admin_client_):
         job = enqueue(record, {"label": "d"}).id
         with unreachable("jobs2"):

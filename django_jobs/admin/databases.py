@@ -9,12 +9,13 @@ With one job database none of this shows, and no URL changes.
 
 A job database that cannot be read (its server down, its tables not migrated) does not
 take the admin down with it: the dashboard's section of it says so, and its list
-answers with Django's app page and an error message rather than a 500.
+and the pages of its rows answer with Django's app page and an error message rather
+than a 500.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
@@ -153,13 +154,22 @@ class DatabaseChoice(AnyModelAdmin):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
+        return self._unless_away(
+            request, lambda: super(DatabaseChoice, self).changelist_view(request, extra_context)
+        )
+
+    def _unless_away(self, request: HttpRequest, view: Callable[[], HttpResponse]) -> HttpResponse:
+        """view's response; if its job database cannot be read, the app's page saying so.
+
+        One database away must not read as the admin broken: the app's page (it reads
+        no job table) with what went wrong, the other databases a click away. With one
+        job database there is nothing else to show: the error is Django's, as before.
+        """
         try:
-            return super().changelist_view(request, extra_context=extra_context)
+            return view()
         except DatabaseError as exc:
             if not several():
-                raise  # the one job database away: nothing else to show
-            # One database away must not read as the admin broken: the app's page (it
-            # reads no job table) with what went wrong, the other databases a click away.
+                raise
             messages.error(request, could_not_read(chosen(request), exc))
             app = reverse(
                 f"{self.admin_site.name}:app_list", kwargs={"app_label": self.opts.app_label}
@@ -193,19 +203,34 @@ class DatabaseChoice(AnyModelAdmin):
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
         extra = {**self._row_links(request, object_id), **(extra_context or {})}
-        return super().change_view(request, object_id, form_url, extra_context=extra)
+        return self._unless_away(
+            request,
+            lambda: super(DatabaseChoice, self).change_view(
+                request, object_id, form_url, extra_context=extra
+            ),
+        )
 
     def delete_view(
         self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         extra = {**self._row_links(request, object_id), **(extra_context or {})}
-        return super().delete_view(request, object_id, extra_context=extra)
+        return self._unless_away(
+            request,
+            lambda: super(DatabaseChoice, self).delete_view(
+                request, object_id, extra_context=extra
+            ),
+        )
 
     def history_view(
         self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         extra = {**self._row_links(request, object_id), **(extra_context or {})}
-        return super().history_view(request, object_id, extra_context=extra)
+        return self._unless_away(
+            request,
+            lambda: super(DatabaseChoice, self).history_view(
+                request, object_id, extra_context=extra
+            ),
+        )
 
     def response_delete(self, request: HttpRequest, obj_display: str, obj_id: Any) -> HttpResponse:
         # Django goes back to the list only for a user who may change rows, else to the
