@@ -135,3 +135,57 @@ class TestMetrics:
         text = response.content.decode()
         assert "django_jobs_database_up 0.0" in text
         assert "\ndjango_jobs_workers " not in text  # its HELP line only, no sample
+
+
+class TestBurst:
+    """A burst worker whose database fails every statement gives up; a serving one waits."""
+
+    @pytest.fixture(autouse=True)
+    def _short_patience(self, monkeypatch):
+        from django_jobs.worker import runs
+
+        monkeypatch.setattr(runs, "BURST_PATIENCE", 0.5)
+
+    def test_a_burst_worker_gives_up_and_says_why(self, two_job_databases):
+        from django_jobs.worker import DatabaseAway, Worker
+
+        worker = Worker(database="jobs2", burst=True, poll_interval=0.05)
+        with unreachable("jobs2"), pytest.raises(DatabaseAway) as raised:
+            worker.run()
+        assert str(raised.value).startswith("database 'jobs2' failed every statement for ")
+        assert "a burst worker gives up" in str(raised.value)
+
+    def test_the_other_database_is_drained_and_runjobs_exits_1(self, two_job_databases):
+        from django.core.management import CommandError, call_command
+
+        from django_jobs.models import CompletionMarker
+
+        job = enqueue(record, {"label": "d"}).id
+        with unreachable("jobs2"), pytest.raises(CommandError) as raised:
+            call_command("runjobs", "--burst", "--poll-interval", "0.05")
+        assert raised.value.returncode == 1
+        assert "database 'jobs2' failed every statement" in str(raised.value)
+        assert CompletionMarker.objects.using("default").filter(job_id=job).exists()
+
+    def test_a_serving_worker_waits_for_its_database(self, two_job_databases):
+        import threading
+
+        from django_jobs.worker import Worker
+
+        worker = Worker(database="jobs2", poll_interval=0.05, listen=False)
+        failed = []
+
+        def serve():
+            try:
+                worker.run()
+            except BaseException as exc:  # noqa: BLE001 - what the test looks for
+                failed.append(exc)
+
+        with unreachable("jobs2"):
+            thread = threading.Thread(target=serve)
+            thread.start()
+            thread.join(timeout=2.0)  # four times the patience of a burst worker
+            still_serving = thread.is_alive()
+            worker.stop()
+            thread.join(timeout=10)
+        assert still_serving and not thread.is_alive() and failed == []

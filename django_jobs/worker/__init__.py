@@ -34,6 +34,6 @@ dispatcher's database access), ``options``, ``listener`` (NOTIFY), ``upkeep``
 """
 
 from django_jobs.worker.dispatcher import Worker
-from django_jobs.worker.runs import EXIT_STUCK, HandlersStuck, WorkerStats
+from django_jobs.worker.runs import EXIT_STUCK, DatabaseAway, HandlersStuck, WorkerStats
 
-__all__ = ["EXIT_STUCK", "HandlersStuck", "Worker", "WorkerStats"]
+__all__ = ["EXIT_STUCK", "DatabaseAway", "HandlersStuck", "Worker", "WorkerStats"]

@@ -33,13 +33,14 @@ from django_jobs.models import Job, JobQuerySet
 from django_jobs.registry import Handler
 from django_jobs.rows import ClaimedJob, ClaimRequest
 from django_jobs.store import JobStore
-from django_jobs.worker import options
+from django_jobs.worker import options, runs
 from django_jobs.worker.chunks import Chunks
 from django_jobs.worker.eventloop import LoopExecutor
 from django_jobs.worker.executor import ThreadExecutor
 from django_jobs.worker.guard import DbGuard
 from django_jobs.worker.listener import Listener
 from django_jobs.worker.runs import (
+    DatabaseAway,
     Extend,
     Finished,
     HandlersStuck,
@@ -208,7 +209,8 @@ class Worker:
             self._ops.start()
             self._loop()
         finally:
-            self._ops.stopped()
+            if not self._guard.away_for(time.monotonic()):  # else it would only wait again
+                self._ops.stopped()
             self._shutdown_executors()
         where = f" (database {self.database})" if len(conf.databases()) > 1 else ""
         logger.info("worker %s stopped%s: %s", self.id, where, self.stats.summary())
@@ -254,6 +256,12 @@ class Worker:
             if self._stopping and grace_deadline is None:
                 grace_deadline = self._begin_shutdown()
             now = time.monotonic()
+            if self.burst and (away := self._guard.away_for(now)) >= runs.BURST_PATIENCE:
+                raise DatabaseAway(
+                    f"database {self.database!r} failed every statement for {away:.0f}s: "
+                    "a burst worker gives up (its unsettled jobs are rescued once their "
+                    "leases expire)"
+                )
 
             if self._timeouts.timed:
                 self._timeouts.expire(now)

@@ -9,6 +9,7 @@ constraint) comes back as a DbRefused for a settle to record against its job.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +36,11 @@ class DbGuard:
         self._worker_id = worker_id
         self._pause = pause
         self._failures = 0
+        self._away_since: float | None = None  # monotonic: the first of these failures
+
+    def away_for(self, now: float) -> float:
+        """How long the database has failed every statement (0 while it answers)."""
+        return 0.0 if self._away_since is None else now - self._away_since
 
     def run(self, operation: Callable[[], Any], *, settle: bool = False) -> Any:
         """Run operation; on a connection error, reconnect later and return None.
@@ -52,6 +58,8 @@ class DbGuard:
                     close_quietly(conn)
                 return self._refused_by_db(exc, settle=settle)
             self._failures += 1
+            if self._away_since is None:
+                self._away_since = time.monotonic()
             pause = min(RETRY_MAX, RETRY_MIN * 2 ** min(self._failures - 1, 10))
             logger.warning(
                 "worker %s: database error (%s); retrying in %.1fs",
@@ -63,6 +71,7 @@ class DbGuard:
             self._pause(pause)
             return None
         self._failures = 0
+        self._away_since = None
         return result
 
     def _refused_by_db(self, exc: Exception, *, settle: bool) -> DbRefused | None:

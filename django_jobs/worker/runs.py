@@ -91,6 +91,19 @@ class HandlersStuck(RuntimeError):
     """
 
 
+class DatabaseAway(RuntimeError):
+    """A burst worker's database failed every statement for BURST_PATIENCE seconds.
+
+    A serving worker waits for its database as long as it takes; one in burst mode
+    (a cron job, a CI step) gives up instead of hanging: Worker.run() raises this once
+    it has stopped, its unsettled jobs left to the rescue of expired leases.
+    """
+
+
+# How long a burst worker waits for a database that fails every statement (seconds).
+BURST_PATIENCE = 30.0
+
+
 # runjobs' exit code when its threads are all stuck in abandoned handlers (docs/worker.md).
 EXIT_STUCK = 3
 

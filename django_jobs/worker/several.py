@@ -17,7 +17,7 @@ from typing import Any
 from django.db import connections
 
 from django_jobs.worker.dispatcher import Worker
-from django_jobs.worker.runs import HandlersStuck
+from django_jobs.worker.runs import DatabaseAway, HandlersStuck
 
 logger = logging.getLogger("django_jobs.worker")
 
@@ -44,7 +44,8 @@ class Workers:
         """Run the first worker on this thread and the others on threads of their own.
 
         Returns once every worker has returned. A worker that fails (HandlersStuck, a
-        bug) stops the others, and its exception is raised here once they have stopped.
+        bug) stops the others, and its exception is raised here once they have stopped;
+        a burst worker whose database is away (DatabaseAway) lets the others finish.
         """
         if len(self.workers) == 1:
             self.workers[0].run()
@@ -69,6 +70,9 @@ class Workers:
     def _run(self, worker: Worker) -> None:
         try:
             worker.run()
+        except DatabaseAway as exc:
+            logger.error("worker %s: %s", worker.id, exc)
+            self._failed.append(exc)
         except BaseException as exc:
             if not isinstance(exc, HandlersStuck):
                 logger.exception(

@@ -27,7 +27,7 @@ from django_jobs.management.arguments import (
 )
 from django_jobs.management.tables import require_job_tables
 from django_jobs.models import QueueState
-from django_jobs.worker import EXIT_STUCK, HandlersStuck, Worker
+from django_jobs.worker import EXIT_STUCK, DatabaseAway, HandlersStuck, Worker
 from django_jobs.worker.several import Workers
 
 # -v 0: warnings and errors; -v 1 (the default): one line per job outcome too; -v 2+: debug.
@@ -170,6 +170,8 @@ class Command(BaseCommand):
                 workers.run()
             except HandlersStuck as exc:  # logged by the worker; only a restart frees threads
                 raise CommandError(f"{exc}: exiting for a restart", returncode=EXIT_STUCK) from None
+            except DatabaseAway as exc:  # --burst only: a serving worker waits for its database
+                raise CommandError(str(exc), returncode=1) from None
 
     def _databases(self, databases: list[str] | None) -> list[str]:
         aliases = conf.databases()
