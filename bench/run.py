@@ -31,7 +31,9 @@ Figures (no-op jobs, as the peers were measured):
   IOS  the same with a sync handler calling time.sleep(0.01), --concurrency 100
   IO1  IO10 with 1 ms awaits (compare with D1)
   IOT  1,000 async jobs in flight in one process: its threads and peak RSS (MB)
-  L1   enqueue-commit to handler start at 20 and 500 jobs/s, p50 and p99, and its parts (ms)
+  L1   enqueue-commit to handler start at 20 and 500 jobs/s, p50 and p99, and its parts (ms);
+       its floor: a NOTIFY and one claim round trip in raw psycopg, with the claim's WAL
+       flushed and with synchronous_commit off (what any worker pays on this machine)
   idle CPU of a waiting worker (% of one core) and its database round trips per poll
   claim median with 1,000 jobs vs 1,000,000 scheduled + 100,000 due (ms, and the ratio)
   peak RSS of one worker (concurrency 4) draining 100,000 jobs     (MB)
@@ -579,6 +581,83 @@ def latency(rate: float, seconds: float) -> tuple[float, float, float, float]:
     )
 
 
+# L1's floor: what one NOTIFY and one claim round trip cost on this machine, without
+# Django or django-jobs. This process (the enqueuer) commits an INSERT and a pg_notify
+# and notes the time; the listener (another process, raw psycopg) waits for the
+# notification and, on the connection that received it, runs one prepared UPDATE ...
+# RETURNING that leases the row, and notes the time the answer arrived.
+_FLOOR_LISTENER = """
+import json, os, sys, time
+import psycopg
+
+conn = psycopg.connect(os.environ["FLOOR_DSN"], autocommit=True)
+if os.environ["FLOOR_SYNC"] == "off":
+    conn.execute("SET synchronous_commit = off")
+conn.execute("LISTEN bench_floor")
+print("ready", flush=True)
+claimed = {}
+want = int(os.environ["FLOOR_N"])
+while len(claimed) < want:
+    noted = list(conn.notifies(timeout=10, stop_after=1))
+    if not noted:
+        break
+    for row in conn.execute(
+        "UPDATE bench_floor SET claimed = true WHERE id = (SELECT id FROM bench_floor"
+        " WHERE NOT claimed ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING id",
+        prepare=True,
+    ):
+        claimed[row[0]] = time.time()
+print(json.dumps(claimed), flush=True)
+"""
+
+
+def latency_floor(rate: float, seconds: float, synchronous: bool) -> tuple[float, float]:
+    """p50 and p99 of commit to a claim's answer, raw psycopg: L1's floor on this machine.
+
+    A NOTIFY and one claim round trip on the listening connection, no Django, no
+    thread hand-off: what any worker pays before its own work. `synchronous`: the
+    claim commits as PostgreSQL's default does (its WAL flushed); else
+    synchronous_commit = off.
+    """
+    import psycopg
+
+    reset()
+    dsn = " ".join(f"{key}={value}" for key, value in {**PG, "dbname": DB}.items())
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS bench_floor")
+        conn.execute(
+            "CREATE TABLE bench_floor (id bigserial PRIMARY KEY, claimed boolean DEFAULT false)"
+        )
+        count = int(rate * seconds)
+        env = {
+            **os.environ,
+            "FLOOR_DSN": dsn,
+            "FLOOR_N": str(count),
+            "FLOOR_SYNC": "on" if synchronous else "off",
+        }
+        listener = subprocess.Popen(
+            [sys.executable, "-c", _FLOOR_LISTENER], env=env, stdout=subprocess.PIPE, text=True
+        )
+        assert listener.stdout is not None
+        assert listener.stdout.readline().strip() == "ready", "the floor's listener did not start"
+        committed = {}
+        interval = 1.0 / rate
+        next_at = time.perf_counter()
+        for _ in range(count):
+            with conn.transaction():
+                [(job_id,)] = conn.execute("INSERT INTO bench_floor DEFAULT VALUES RETURNING id")
+                conn.execute("SELECT pg_notify('bench_floor', '')")
+            committed[job_id] = time.time()
+            next_at += interval
+            time.sleep(max(0.0, next_at - time.perf_counter()))
+        out, _ = listener.communicate(timeout=60)
+        conn.execute("DROP TABLE bench_floor")
+    claimed = {int(key): at for key, at in json.loads(out.strip().splitlines()[-1]).items()}
+    assert len(claimed) == count, "the floor's listener missed notifications"
+    waits = sorted((claimed[job_id] - at) * 1000 for job_id, at in committed.items())
+    return _percentile(waits, 50), _percentile(waits, 99)
+
+
 def _percentile(values: list[float], pct: float) -> float:
     index = max(0, min(len(values) - 1, round(pct / 100 * len(values) + 0.5) - 1))
     return values[index]
@@ -939,6 +1018,11 @@ def main() -> int:
             add("L1", f"enqueue to start p99 at {rate}/s", "ms", p99, [p[1] for p in found])
             add("L1", f"  commit to claim p50 at {rate}/s", "ms", "", [p[2] for p in found])
             add("L1", f"  claim to handler p50 at {rate}/s", "ms", "", [p[3] for p in found])
+        for synchronous in (True, False):
+            floors = [latency_floor(20, size["latency_s"], synchronous) for _ in range(runs)]
+            how = "WAL flushed" if synchronous else "synchronous_commit off"
+            add("L1", f"  floor p50 at 20/s, {how}", "ms", "", [f[0] for f in floors])
+            add("L1", f"  floor p99 at 20/s, {how}", "ms", "", [f[1] for f in floors])
     if not only or "IDLE" in only:
         pairs = [idle(size["idle_s"]) for _ in range(runs)]
         add("IDLE", "idle worker CPU", "% of a core", "< 1", [p[0] for p in pairs])
