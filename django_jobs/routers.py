@@ -54,9 +54,9 @@ def job_database(using: str | None, name: str, queue: str, payload: Any) -> str:
     """
     aliases = conf.databases()
     if using is not None:
-        if using not in aliases:
+        if type(using) is not str or using not in aliases:
             raise InvalidJob(
-                f"using={using!r} is not a job database: DJANGO_JOBS['DATABASES'] holds "
+                f"using={_shown(using)} is not a job database: DJANGO_JOBS['DATABASES'] holds "
                 f"{', '.join(map(repr, aliases))}"
             )
         return using
@@ -71,12 +71,18 @@ def job_database(using: str | None, name: str, queue: str, payload: Any) -> str:
 
 def _routed(route: Any, name: str, queue: str, payload: Any, aliases: tuple[str, ...]) -> Any:
     alias = route(name, queue, payload)
-    if alias is not None and alias not in aliases:
+    if alias is not None and (type(alias) is not str or alias not in aliases):
         raise InvalidJob(
-            f"DJANGO_JOBS['ROUTE'] returned {alias!r} for job {name!r}, which is not a job "
+            f"DJANGO_JOBS['ROUTE'] returned {_shown(alias)} for job {name!r}, which is not a job "
             f"database: DJANGO_JOBS['DATABASES'] holds {', '.join(map(repr, aliases))}"
         )
     return alias
+
+
+def _shown(value: Any) -> str:
+    """value's repr for an error message, cut to 100 characters (a value can be huge)."""
+    text = repr(value)
+    return text if len(text) <= 100 else f"{text[:99]}…"
 
 
 def _innermost(aliases: tuple[str, ...], routed: str | None) -> str | None:

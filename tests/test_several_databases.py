@@ -497,3 +497,33 @@ def test_the_refusal_names_databases_as_a_way_out(two_job_databases):
     with transaction.atomic(using="other"):
         with pytest.raises(InvalidJob, match=r"if 'other' holds job tables, list it in"):
             enqueue_on_commit(record, {"label": "a"})
+
+
+@hypothesis.settings(max_examples=60, deadline=None)
+@hypothesis.given(
+    using=st.one_of(
+        st.text(max_size=300).filter(lambda t: t not in ("default", "jobs2")),
+        st.integers(),
+        st.lists(st.just("default"), max_size=2),
+        st.binary(max_size=20),
+    ),
+    via=st.sampled_from(["using", "route"]),
+)
+def test_an_alias_that_is_no_job_database_is_refused_in_a_short_message(using, via):
+    """Any value given as using= or returned by ROUTE that is not a job database: InvalidJob.
+
+    NUL bytes, surrogates, huge strings, non-strings and a list holding an alias are each
+    refused before anything is written, in a message of bounded length.
+    """
+    from django.test import override_settings
+
+    from django_jobs import conf
+    from django_jobs.routers import job_database
+
+    jobs = {**conf.get_settings(), "DATABASES": ["default", "jobs2"]}
+    if via == "route":
+        jobs["ROUTE"] = lambda name, queue, payload: using
+    with override_settings(DJANGO_JOBS=jobs), pytest.raises(InvalidJob) as raised:
+        job_database(using if via == "using" else None, "n", "default", {})
+    assert len(str(raised.value)) < 400
+    assert "is not a job database" in str(raised.value)
