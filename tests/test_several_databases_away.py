@@ -61,28 +61,14 @@ class TestLists:
     def test_a_list_of_the_away_database_answers_with_a_message(
         self, two_job_databases, admin_client_, model
     ):
-        with unreachable("jobs2"):
-            response = admin_client_.get(f"{url(model + '_changelist')}?database=jobs2")
-            assert response.status_code == 302
-            assert response["Location"] == "/admin/django_jobs/"
-            page = admin_client_.get(response["Location"])
-        assert page.status_code == 200
-        [message] = messages_of(page)
-        assert message.startswith("could not read database 'jobs2': ")
+        _answers_with_a_message(admin_client_, f"{url(model + '_changelist')}?database=jobs2")
 
     @pytest.mark.parametrize("page", ["change", "delete", "history"])
     def test_a_row_page_of_the_away_database_answers_with_a_message(
         self, two_job_databases, admin_client_, page
     ):
         job = enqueue(record, {"label": "j2"}, using="jobs2").id
-        with unreachable("jobs2"):
-            response = admin_client_.get(f"{url('job_' + page, job)}?database=jobs2")
-            assert response.status_code == 302
-            assert response["Location"] == "/admin/django_jobs/"
-            shown = admin_client_.get(response["Location"])
-        assert shown.status_code == 200
-        [message] = messages_of(shown)
-        assert message.startswith("could not read database 'jobs2': ")
+        _answers_with_a_message(admin_client_, f"{url('job_' + page, job)}?database=jobs2")
 
     def test_the_default_list_still_opens(self, two_job_databases, admin_client_):
         job = enqueue(record, {"label": "d"}).id
@@ -90,6 +76,18 @@ class TestLists:
             response = admin_client_.get(url("job_changelist"))
         assert response.status_code == 200
         assert [row.pk for row in response.context["cl"].result_list] == [job]
+
+
+def _answers_with_a_message(client, page):
+    """page, jobs2 away: a redirect to the app's page, which says why."""
+    with unreachable("jobs2"):
+        response = client.get(page)
+        assert response.status_code == 302
+        assert response["Location"] == "/admin/django_jobs/"
+        shown = client.get(response["Location"])
+    assert shown.status_code == 200
+    [message] = messages_of(shown)
+    assert message.startswith("could not read database 'jobs2': ")
 
 
 class TestMetrics:
