@@ -159,6 +159,19 @@ class WorkerProcess:
         self.log.flush()
         return Path(self.log_path).read_text(errors="replace")
 
+    def wait_serving(self, timeout=30):
+        """Wait for its "starting" line: from then on a SIGTERM is a graceful stop.
+
+        Before it (Django still loading), SIGTERM ends the process as it ends any
+        other, status -15: a test that stops a worker it has just started waits here.
+        """
+        wait_for(
+            lambda: " starting: " in self.output() or self.proc.poll() is not None,
+            timeout=timeout,
+            message="the worker to start",
+        )
+        assert self.proc.poll() is None, self.output()[-3000:]
+
     def stop(self):
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)

@@ -55,6 +55,7 @@ def _run_with_a_kill(worker_process, handler, claim):
     done_at_kill = CompletionMarker.objects.count()
     assert done_at_kill < TOTAL, "the run finished before the kill"
     workers.append(worker_process(*args, extra_env=env))  # its restart
+    workers[-1].wait_serving()  # else the others may finish first and SIGTERM it mid-start
     wait_for(
         lambda: CompletionMarker.objects.count() == TOTAL and not Job.objects.exists(),
         timeout=30,
