@@ -103,6 +103,8 @@ def test_kill_storm_loses_nothing_and_doubles_no_effect(worker_process):
     )
     elapsed = time.monotonic() - started
     for worker in workers:
+        worker.wait_serving()  # the last one started may still be loading Django
+    for worker in workers:
         worker.signal(signal.SIGTERM)
     assert [w.wait(timeout=30) for w in workers] == [0, 0, 0]
     audits = Audit.objects.count()

@@ -88,6 +88,8 @@ def test_a_kill_storm_across_two_databases_runs_every_job_exactly_once(
     )
     elapsed = time.monotonic() - started
     for worker in workers:
+        worker.wait_serving()  # the last one started may still be loading Django
+    for worker in workers:
         worker.signal(signal.SIGTERM)
     assert [w.wait(timeout=30) for w in workers] == [0, 0, 0], [w.output()[-3000:] for w in workers]
     retried = 0
