@@ -154,9 +154,8 @@ class DatabaseChoice(AnyModelAdmin):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        return self._unless_away(
-            request, lambda: super(DatabaseChoice, self).changelist_view(request, extra_context)
-        )
+        view = super().changelist_view
+        return self._unless_away(request, lambda: view(request, extra_context))
 
     def _unless_away(self, request: HttpRequest, view: Callable[[], HttpResponse]) -> HttpResponse:
         """view's response; if its job database cannot be read, the app's page saying so.
@@ -202,35 +201,41 @@ class DatabaseChoice(AnyModelAdmin):
         form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
-        extra = {**self._row_links(request, object_id), **(extra_context or {})}
-        return self._unless_away(
+        view = super().change_view
+        return self._row_page(
             request,
-            lambda: super(DatabaseChoice, self).change_view(
-                request, object_id, form_url, extra_context=extra
-            ),
+            object_id,
+            extra_context,
+            lambda extra: view(request, object_id, form_url, extra),
         )
 
     def delete_view(
         self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        extra = {**self._row_links(request, object_id), **(extra_context or {})}
-        return self._unless_away(
-            request,
-            lambda: super(DatabaseChoice, self).delete_view(
-                request, object_id, extra_context=extra
-            ),
+        view = super().delete_view
+        return self._row_page(
+            request, object_id, extra_context, lambda extra: view(request, object_id, extra)
         )
 
     def history_view(
         self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        extra = {**self._row_links(request, object_id), **(extra_context or {})}
-        return self._unless_away(
-            request,
-            lambda: super(DatabaseChoice, self).history_view(
-                request, object_id, extra_context=extra
-            ),
+        view = super().history_view
+        return self._row_page(
+            request, object_id, extra_context, lambda extra: view(request, object_id, extra)
         )
+
+    def _row_page(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        extra_context: dict[str, Any] | None,
+        view: Callable[[dict[str, Any]], HttpResponse],
+    ) -> HttpResponse:
+        """A row's page (view, given its extra context) with its links; its database away: see
+        _unless_away."""
+        extra = {**self._row_links(request, object_id), **(extra_context or {})}
+        return self._unless_away(request, lambda: view(extra))
 
     def response_delete(self, request: HttpRequest, obj_display: str, obj_id: Any) -> HttpResponse:
         # Django goes back to the list only for a user who may change rows, else to the
