@@ -15,7 +15,7 @@ from typing import Any
 from django.db import connections
 from django.db.models import Model
 
-from django_jobs import conf
+from django_jobs import conf, limits
 from django_jobs.exceptions import InvalidJob
 
 APP_LABEL = "django_jobs"
@@ -56,8 +56,8 @@ def job_database(using: str | None, name: str, queue: str, payload: Any) -> str:
     if using is not None:
         if type(using) is not str or using not in aliases:
             raise InvalidJob(
-                f"using={_shown(using)} is not a job database: DJANGO_JOBS['DATABASES'] holds "
-                f"{', '.join(map(repr, aliases))}"
+                f"using={limits.shown(using, 100)} is not a job database: "
+                f"DJANGO_JOBS['DATABASES'] holds {', '.join(map(repr, aliases))}"
             )
         return using
     route = conf.route()
@@ -73,16 +73,10 @@ def _routed(route: Any, name: str, queue: str, payload: Any, aliases: tuple[str,
     alias = route(name, queue, payload)
     if alias is not None and (type(alias) is not str or alias not in aliases):
         raise InvalidJob(
-            f"DJANGO_JOBS['ROUTE'] returned {_shown(alias)} for job {name!r}, which is not a job "
-            f"database: DJANGO_JOBS['DATABASES'] holds {', '.join(map(repr, aliases))}"
+            f"DJANGO_JOBS['ROUTE'] returned {limits.shown(alias, 100)} for job {name!r}, which is "
+            f"not a job database: DJANGO_JOBS['DATABASES'] holds {', '.join(map(repr, aliases))}"
         )
     return alias
-
-
-def _shown(value: Any) -> str:
-    """value's repr for an error message, cut to 100 characters (a value can be huge)."""
-    text = repr(value)
-    return text if len(text) <= 100 else f"{text[:99]}…"
 
 
 def _innermost(aliases: tuple[str, ...], routed: str | None) -> str | None:

@@ -504,6 +504,7 @@ def test_the_refusal_names_databases_as_a_way_out(two_job_databases):
     using=st.one_of(
         st.text(max_size=300).filter(lambda t: t not in ("default", "jobs2")),
         st.integers(),
+        st.just(10**5000),  # its repr() raises ValueError (int_max_str_digits)
         st.lists(st.just("default"), max_size=2),
         st.binary(max_size=20),
     ),
